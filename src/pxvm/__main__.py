@@ -1,0 +1,5 @@
+"""`python -m pxvm` runs the `pxvm` command."""
+
+from .cli import main
+
+main()

@@ -1,0 +1,118 @@
+"""`Batch` (alias `GpuCommandBatch`): record a chain of ops, run it with one submit.
+
+    batch = Batch()                 # or Batch("cpu"); the same code runs on numpy
+    x = batch.upload(array)
+    y = batch.scale(batch.relu(x), 2.0)
+    batch.execute()                 # one submit; results nobody consumed are staged
+    result = batch.read(y)          # one readback
+
+Queuing an op only encodes it into the batch's command buffer: nothing runs on the
+GPU until `execute()`. On the numpy backend ops run as they are queued.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+
+from .backends import get_backend
+from .ops.registry import REGISTRY
+from .runtime.errors import PxvmError
+from .tensor import Tensor
+
+
+class BatchStateError(PxvmError):
+    """A batch was used out of order (read before execute, queue after execute)."""
+
+
+class Batch:
+    def __init__(self, backend="auto", timestamps: bool = False):
+        self.backend = get_backend(backend)
+        self._gpu = hasattr(self.backend, "context")
+        self._ctx = self.backend.context(timestamps) if self._gpu else None
+        self._outputs: list[weakref.ref] = []
+        self._consumed: set[int] = set()
+        self._staged: dict[int, object] = {}
+        self.executed = False
+
+    # ---- queueing -------------------------------------------------------------
+    def upload(self, array) -> Tensor:
+        self._check_open()
+        return self.backend.from_numpy(array)
+
+    def queue(self, name: str, *args, **kwargs) -> Tensor:
+        """Queue op `name` (any op of pxvm.ops) on this batch."""
+        self._check_open()
+        op = REGISTRY.get(name)
+        if op is None:
+            raise AttributeError(f"no op named {name!r}; known ops: {', '.join(sorted(REGISTRY))}")
+        inputs, params = op.bind(args, kwargs)
+        tensors = [x if isinstance(x, Tensor) and x.backend is self.backend
+                   else self.backend.from_numpy(np.asarray(x)) for x in inputs]
+        op.infer(tensors, params)
+        for t in tensors:
+            self._consumed.add(id(t))
+        if self._gpu:
+            out = op.gpu(self._ctx, *tensors, **params)
+        else:
+            out = self.backend.run(op, tensors, params)
+        self._outputs.append(weakref.ref(out))
+        return out
+
+    def __getattr__(self, name: str):
+        if name.startswith("_") or name not in REGISTRY:
+            raise AttributeError(name)
+        return lambda *args, **kwargs: self.queue(name, *args, **kwargs)
+
+    # ---- running --------------------------------------------------------------
+    def _stage_leaves(self):
+        for ref in self._outputs:
+            t = ref()
+            if t is not None and id(t) not in self._consumed:
+                self._staged[id(t)] = (ref, self._ctx.recorder.stage(t.storage))
+
+    def execute(self) -> "Batch":
+        """Run everything queued with one submit."""
+        self._check_open()
+        if self._gpu:
+            self._stage_leaves()
+            self._ctx.recorder.submit()
+        self.executed = True
+        return self
+
+    async def execute_async(self) -> "Batch":
+        """As execute(), then await the GPU without blocking the event loop."""
+        self.execute()
+        if self._gpu:
+            await self.backend.device.queue.on_submitted_work_done_async()
+        return self
+
+    def read(self, tensor: Tensor) -> np.ndarray:
+        if not self.executed:
+            raise BatchStateError("read() before execute(): call batch.execute() first")
+        staged = self._staged.pop(id(tensor), None)
+        if staged is not None and staged[0]() is tensor:
+            return staged[1].result(tensor.dtype, tensor.size).reshape(tensor.shape)
+        return tensor.numpy()
+
+    async def read_async(self, tensor: Tensor) -> np.ndarray:
+        if not self.executed:
+            raise BatchStateError("read_async() before execute(): call batch.execute() first")
+        staged = self._staged.pop(id(tensor), None)
+        if staged is not None and staged[0]() is tensor:
+            arr = await staged[1].result_async(tensor.dtype, tensor.size)
+            return arr.reshape(tensor.shape)
+        return await tensor.numpy_async()
+
+    @property
+    def gpu_seconds(self) -> float | None:
+        """GPU time of the batch when created with timestamps=True and supported."""
+        return self._ctx.recorder.gpu_seconds if self._gpu else None
+
+    def _check_open(self):
+        if self.executed:
+            raise BatchStateError("this batch was already executed; start a new Batch")
+
+
+GpuCommandBatch = Batch

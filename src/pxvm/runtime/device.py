@@ -1,0 +1,517 @@
+"""The WebGPU device: buffers (pooled), pipelines (cached), recording and submitting work.
+
+This module knows nothing about ops. A caller asks for a pipeline by
+(kernel file, entry point, override constants), allocates `Allocation`s, records
+dispatches into a `Recorder` (one compute pass, one submit) and reads results back.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+
+from .adapters import AdapterDescription, choose_adapter, import_wgpu
+from .errors import (
+    BindingTooLargeError,
+    DeviceLostError,
+    GpuUnavailableError,
+    OutOfDeviceMemoryError,
+    ShaderCompileError,
+)
+from .shaders import declared_bindings, load_wgsl
+
+log = logging.getLogger("pxvm.runtime")
+
+#: Features used when the adapter offers them; code checks `Device.has(...)` before use.
+WANTED_FEATURES = ("shader-f16", "timestamp-query", "subgroup")
+#: Limits requested at the adapter's own maximum.
+WANTED_LIMITS = (
+    "max-buffer-size",
+    "max-storage-buffer-binding-size",
+    "max-compute-workgroup-storage-size",
+    "max-compute-invocations-per-workgroup",
+    "max-compute-workgroup-size-x",
+    "max-compute-workgroup-size-y",
+    "max-compute-workgroup-size-z",
+    "max-compute-workgroups-per-dimension",
+    "max-storage-buffers-per-shader-stage",
+    "max-uniform-buffer-binding-size",
+)
+UNIFORM_SLOT = 256  # bytes per dispatch's parameter block (WebGPU's offset alignment)
+UNIFORM_ARENA = 64 * 1024
+POOL_KEEP_BYTES = 1 << 30  # freed buffers kept for reuse at most
+#: When true, every allocation is filled with 0xFF bytes (NaN as f32, -1 as i32) so a
+#: kernel that leaves an output element unwritten is caught by tests.
+POISON = os.environ.get("PXVM_POISON") == "1"
+
+
+def _size_class(nbytes: int) -> int:
+    """Round a request up so that similar sizes share pooled buffers (<= 25% waste)."""
+    n = max(256, (int(nbytes) + 3) // 4 * 4)
+    step = max(256, 1 << max(0, n.bit_length() - 3))
+    return (n + step - 1) // step * step
+
+
+class Allocation:
+    """A device buffer lent from the pool; given back when this object is collected."""
+
+    __slots__ = ("buffer", "nbytes", "_pool", "__weakref__")
+
+    def __init__(self, buffer, nbytes: int, pool: "BufferPool"):
+        self.buffer = buffer
+        self.nbytes = nbytes
+        self._pool = pool
+
+    def binding_size(self) -> int:
+        return max(4, (self.nbytes + 3) // 4 * 4)
+
+    def __del__(self):
+        pool = self._pool
+        if pool is not None:
+            self._pool = None
+            pool.give_back(self.buffer)
+
+
+class BufferPool:
+    """Reuses freed buffers by size class so loops of small ops do not grow memory."""
+
+    def __init__(self, create):
+        self._create = create
+        self._free: dict[tuple[int, int], list] = defaultdict(list)
+        self._kept = 0
+        self._lock = threading.Lock()
+        self.created = 0
+
+    def take(self, nbytes: int, usage: int):
+        cls = _size_class(nbytes)
+        with self._lock:
+            bucket = self._free.get((cls, usage))
+            if bucket:
+                self._kept -= cls
+                return bucket.pop()
+        self.created += 1
+        return self._create(cls, usage)
+
+    def give_back(self, buffer) -> None:
+        key = (int(buffer.size), int(buffer.usage))
+        with self._lock:
+            if self._kept + key[0] <= POOL_KEEP_BYTES:
+                self._free[key].append(buffer)
+                self._kept += key[0]
+                return
+        try:
+            buffer.destroy()
+        except Exception:  # the device may already be gone at interpreter exit
+            pass
+
+    def clear(self) -> None:
+        with self._lock:
+            self._free.clear()
+            self._kept = 0
+
+
+@dataclass
+class Pipeline:
+    pipeline: object
+    layout: object
+    kernel: str
+
+
+def workgroup_grid(n_groups: int, max_per_dim: int = 65535) -> tuple[int, int, int]:
+    """Spread `n_groups` workgroups over x and y (a dimension holds at most 65535)."""
+    n_groups = max(1, int(n_groups))
+    if n_groups <= max_per_dim:
+        return (n_groups, 1, 1)
+    y = (n_groups + max_per_dim - 1) // max_per_dim
+    return ((n_groups + y - 1) // y, y, 1)
+
+
+class Device:
+    """One WebGPU device with its pipeline cache and buffer pool."""
+
+    def __init__(self, request: str | int | None = None):
+        self.wgpu = wgpu = import_wgpu()
+        if os.environ.get("WGPU_DEBUG") == "1":
+            wgpu.logger.setLevel("DEBUG")
+            logging.getLogger("wgpu").setLevel(logging.DEBUG)
+        self.adapter_desc, self.choice_reason = choose_adapter(request)
+        adapter = self.adapter_desc.adapter
+        features = [f for f in WANTED_FEATURES if f in adapter.features]
+        limits = {k: adapter.limits[k] for k in WANTED_LIMITS if k in adapter.limits}
+        try:
+            self.device = adapter.request_device_sync(
+                label="pxvm", required_features=features, required_limits=limits
+            )
+        except Exception as exc:
+            raise GpuUnavailableError(
+                f"could not create a device on {self.adapter_desc.name}: {exc}"
+            ) from exc
+        self.features = frozenset(self.device.features)
+        self.limits = dict(self.device.limits)
+        self.max_binding = int(self.limits["max-storage-buffer-binding-size"])
+        self.max_buffer = int(self.limits["max-buffer-size"])
+        self.max_groups = int(self.limits["max-compute-workgroups-per-dimension"])
+        self.queue = self.device.queue
+        self._lost_reason: str | None = None
+        self._pipelines: dict[tuple, Pipeline] = {}
+        U = wgpu.BufferUsage
+        self.STORAGE = U.STORAGE | U.COPY_SRC | U.COPY_DST
+        self.UNIFORM = U.UNIFORM | U.COPY_DST
+        self.STAGING = U.MAP_READ | U.COPY_DST
+        self.pool = BufferPool(self._create_buffer)
+        log.info("pxvm device: %s (%s)", self.adapter_desc.name, self.choice_reason)
+
+    # ---- identity -------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.adapter_desc.name
+
+    @property
+    def description(self) -> AdapterDescription:
+        return self.adapter_desc
+
+    def has(self, feature: str) -> bool:
+        return feature in self.features
+
+    # ---- lifetime -------------------------------------------------------------
+    def _check_alive(self) -> None:
+        if self._lost_reason is not None:
+            raise DeviceLostError(
+                f"the GPU device {self.name!r} was lost ({self._lost_reason}); "
+                "create a new pxvm device (pxvm.runtime.reset_device()) or use backend='cpu'"
+            )
+
+    def mark_lost(self, reason: str) -> None:
+        self._lost_reason = reason
+        self.pool.clear()
+
+    def destroy(self) -> None:
+        """Release the device; later calls raise DeviceLostError."""
+        self.mark_lost("destroyed by the program")
+        try:
+            self.device.destroy()
+        except Exception:
+            pass
+
+    def _wrap_gpu_error(self, exc: Exception, what: str) -> Exception:
+        text = str(exc)
+        if isinstance(exc, self.wgpu.GPUOutOfMemoryError) or "out of memory" in text.lower():
+            return OutOfDeviceMemoryError(
+                f"out of device memory while {what} on {self.name}: free tensors you no "
+                "longer need, use smaller batches, or a device with more memory"
+            )
+        if "lost" in text.lower() or "destroyed" in text.lower():
+            self.mark_lost(text.splitlines()[0] if text else "unknown reason")
+            return DeviceLostError(f"GPU device lost while {what}: {text}")
+        return exc
+
+    # ---- buffers --------------------------------------------------------------
+    def _create_buffer(self, size: int, usage: int):
+        if size > self.max_buffer:
+            raise BindingTooLargeError(size, self.max_buffer, "buffer")
+        try:
+            return self.device.create_buffer(size=size, usage=usage)
+        except Exception as exc:
+            raise self._wrap_gpu_error(exc, f"allocating {size:,} bytes") from exc
+
+    def alloc(self, nbytes: int, what: str = "tensor") -> Allocation:
+        """A storage buffer of at least `nbytes`, bindable by shaders."""
+        self._check_alive()
+        if nbytes > self.max_binding:
+            raise BindingTooLargeError(int(nbytes), self.max_binding, what)
+        alloc = Allocation(self.pool.take(nbytes, self.STORAGE), int(nbytes), self.pool)
+        if POISON:
+            self.queue.write_buffer(alloc.buffer, 0, b"\xff" * alloc.binding_size())
+        return alloc
+
+    def upload(self, array: np.ndarray, what: str = "tensor") -> Allocation:
+        data = np.ascontiguousarray(array)
+        raw = data.view(np.uint8).reshape(-1)
+        alloc = self.alloc(max(4, raw.nbytes), what)
+        padded = (raw.nbytes + 3) // 4 * 4
+        if padded != raw.nbytes:
+            raw = np.concatenate([raw, np.zeros(padded - raw.nbytes, np.uint8)])
+        if raw.nbytes:
+            try:
+                self.queue.write_buffer(alloc.buffer, 0, raw)
+            except Exception as exc:
+                raise self._wrap_gpu_error(exc, "uploading") from exc
+        alloc.nbytes = data.nbytes
+        return alloc
+
+    # ---- pipelines ------------------------------------------------------------
+    def pipeline(self, kernel: str, entry: str = "main", constants: dict | None = None) -> Pipeline:
+        """The compute pipeline of `entry` in kernel file `kernel`, cached per constants."""
+        self._check_alive()
+        consts = tuple(sorted((constants or {}).items()))
+        key = (kernel, entry, consts)
+        found = self._pipelines.get(key)
+        if found is not None:
+            return found
+        source = load_wgsl(kernel)
+        if "enable f16;" in source and not self.has("shader-f16"):
+            raise ShaderCompileError(
+                f"kernel {kernel} needs shader-f16, which {self.name} does not offer"
+            )
+        try:
+            module = self.device.create_shader_module(label=kernel, code=source)
+            layout = self._layout(kernel)
+            pipe = self.device.create_compute_pipeline(
+                label=f"{kernel}:{entry}",
+                layout=self.device.create_pipeline_layout(bind_group_layouts=[layout]),
+                compute={
+                    "module": module,
+                    "entry_point": entry,
+                    "constants": {k: float(v) for k, v in consts},
+                },
+            )
+        except Exception as exc:
+            wrapped = self._wrap_gpu_error(exc, f"compiling {kernel}")
+            if isinstance(wrapped, DeviceLostError):
+                raise wrapped from exc
+            raise ShaderCompileError(
+                f"kernel {kernel} (entry {entry}, constants {dict(consts)}) failed to "
+                f"compile on {self.name}:\n{exc}"
+            ) from exc
+        result = Pipeline(pipe, layout, kernel)
+        self._pipelines[key] = result
+        return result
+
+    def _layout(self, kernel: str):
+        """One explicit bind group layout per kernel file, from its declared bindings."""
+        key = ("layout", kernel)
+        if key not in self._pipelines:
+            C = self.wgpu.ShaderStage.COMPUTE
+            entries = [
+                {"binding": i, "visibility": C, "buffer": {"type": kind}}
+                for i, kind in declared_bindings(kernel)
+            ]
+            self._pipelines[key] = self.device.create_bind_group_layout(entries=entries)
+        return self._pipelines[key]
+
+    # ---- recording ------------------------------------------------------------
+    def recorder(self, timestamps: bool = False) -> "Recorder":
+        self._check_alive()
+        return Recorder(self, timestamps and self.has("timestamp-query"))
+
+    def read(self, alloc: Allocation, dtype, count: int | None = None) -> np.ndarray:
+        """Copy an allocation back to the host (one submit, one map)."""
+        rec = self.recorder()
+        staged = rec.stage(alloc)
+        rec.submit()
+        return staged.result(dtype, count)
+
+    async def read_async(self, alloc: Allocation, dtype, count: int | None = None) -> np.ndarray:
+        rec = self.recorder()
+        staged = rec.stage(alloc)
+        rec.submit()
+        return await staged.result_async(dtype, count)
+
+
+class Staged:
+    """A readback copy recorded in a Recorder; map it after the submit."""
+
+    def __init__(self, device: Device, staging, nbytes: int):
+        self._device = device
+        self._staging = staging
+        self.nbytes = nbytes
+
+    def _finish(self, dtype, count):
+        buf = self._staging
+        data = np.frombuffer(buf.read_mapped(0, buf.size), np.uint8)[: self.nbytes].copy()
+        buf.unmap()
+        self._device.pool.give_back(buf)
+        arr = data.view(np.dtype(dtype)) if self.nbytes else np.zeros(0, dtype)
+        return arr if count is None else arr[:count]
+
+    def result(self, dtype, count: int | None = None) -> np.ndarray:
+        dev = self._device
+        dev._check_alive()
+        try:
+            self._staging.map_sync(dev.wgpu.MapMode.READ)
+        except Exception as exc:
+            raise dev._wrap_gpu_error(exc, "reading back") from exc
+        return self._finish(dtype, count)
+
+    async def result_async(self, dtype, count: int | None = None) -> np.ndarray:
+        dev = self._device
+        dev._check_alive()
+        try:
+            await self._staging.map_async(dev.wgpu.MapMode.READ)
+        except Exception as exc:
+            raise dev._wrap_gpu_error(exc, "reading back") from exc
+        return self._finish(dtype, count)
+
+
+class Recorder:
+    """Collects dispatches (and readback copies) for one command buffer and one submit.
+
+    Every allocation bound here is kept alive until the submit, so pooled buffers are
+    never reused while queued work still reads them.
+    """
+
+    def __init__(self, device: Device, timestamps: bool = False):
+        self.device = device
+        self.encoder = device.device.create_command_encoder()
+        self._pass = None
+        self._keep: list = []
+        self._arenas: list[tuple[object, bytearray]] = []
+        self._slot = UNIFORM_ARENA  # forces a new arena on first use
+        self.dispatches = 0
+        self.submitted = False
+        self._query = None
+        self._elapsed_ns: float | None = None
+        if timestamps:
+            self._query = device.device.create_query_set(type="timestamp", count=2)
+            self._first_pass = True
+
+    def _open_pass(self):
+        if self._pass is None:
+            kwargs = {}
+            if self._query is not None and self.dispatches == 0:
+                kwargs["timestamp_writes"] = {
+                    "query_set": self._query,
+                    "beginning_of_pass_write_index": 0,
+                }
+            self._pass = self.encoder.begin_compute_pass(**kwargs)
+        return self._pass
+
+    def _close_pass(self):
+        if self._pass is not None:
+            self._pass.end()
+            self._pass = None
+
+    def _uniform(self, params: bytes):
+        if len(params) > UNIFORM_SLOT:
+            raise ValueError(f"kernel parameters of {len(params)} bytes exceed {UNIFORM_SLOT}")
+        if self._slot + UNIFORM_SLOT > UNIFORM_ARENA:
+            buf = self.device.pool.take(UNIFORM_ARENA, self.device.UNIFORM)
+            self._arenas.append((buf, bytearray(UNIFORM_ARENA)))
+            self._slot = 0
+        buf, data = self._arenas[-1]
+        offset = self._slot
+        data[offset : offset + len(params)] = params
+        self._slot += UNIFORM_SLOT
+        return buf, offset
+
+    def dispatch(
+        self,
+        pipeline: Pipeline,
+        buffers: list[Allocation],
+        params: bytes | None,
+        groups: tuple[int, int, int] | int,
+    ) -> None:
+        """Record one dispatch. Bindings 0..n-1 are `buffers`; binding n is the uniform
+        parameter block when `params` is given."""
+        if isinstance(groups, int):
+            groups = workgroup_grid(groups, self.device.max_groups)
+        entries = []
+        for i, alloc in enumerate(buffers):
+            entries.append(
+                {
+                    "binding": i,
+                    "resource": {"buffer": alloc.buffer, "offset": 0, "size": alloc.binding_size()},
+                }
+            )
+            self._keep.append(alloc)
+        if params is not None:
+            ubuf, off = self._uniform(params)
+            entries.append(
+                {
+                    "binding": len(buffers),
+                    "resource": {"buffer": ubuf, "offset": off, "size": UNIFORM_SLOT},
+                }
+            )
+        dev = self.device.device
+        try:
+            group = dev.create_bind_group(layout=pipeline.layout, entries=entries)
+            cpass = self._open_pass()
+            cpass.set_pipeline(pipeline.pipeline)
+            cpass.set_bind_group(0, group)
+            cpass.dispatch_workgroups(*groups)
+        except Exception as exc:
+            raise self.device._wrap_gpu_error(exc, f"recording {pipeline.kernel}") from exc
+        self.dispatches += 1
+
+    def copy(self, src: Allocation, dst: Allocation, nbytes: int | None = None) -> None:
+        self._close_pass()
+        n = (nbytes if nbytes is not None else src.binding_size()) // 4 * 4
+        self.encoder.copy_buffer_to_buffer(src.buffer, 0, dst.buffer, 0, n)
+        self._keep += [src, dst]
+
+    def stage(self, alloc: Allocation) -> Staged:
+        """Record a copy of `alloc` into a mappable buffer; map it after submit."""
+        self._close_pass()
+        size = max(4, (alloc.nbytes + 3) // 4 * 4)
+        staging = self.device.pool.take(size, self.device.STAGING)
+        self.encoder.copy_buffer_to_buffer(alloc.buffer, 0, staging, 0, size)
+        self._keep.append(alloc)
+        return Staged(self.device, staging, alloc.nbytes)
+
+    def submit(self) -> None:
+        if self.submitted:
+            raise RuntimeError("this Recorder was already submitted")
+        dev = self.device
+        dev._check_alive()
+        ts_staged = None
+        if self._query is not None:
+            if self._pass is None:
+                self._open_pass()
+            self._pass.end()
+            self._pass = None
+            # The end timestamp goes in a pass of its own so it follows all dispatches.
+            end_pass = self.encoder.begin_compute_pass(
+                timestamp_writes={"query_set": self._query, "end_of_pass_write_index": 1}
+            )
+            end_pass.end()
+            resolve = dev.alloc(16, "timestamps")
+            self.encoder.resolve_query_set(self._query, 0, 2, resolve.buffer, 0)
+            ts_staged = self.stage(resolve)
+        self._close_pass()
+        try:
+            for i, (buf, data) in enumerate(self._arenas):
+                used = self._slot if i == len(self._arenas) - 1 else UNIFORM_ARENA
+                dev.queue.write_buffer(buf, 0, bytes(data[:used]))
+            dev.queue.submit([self.encoder.finish()])
+        except Exception as exc:
+            raise dev._wrap_gpu_error(exc, "submitting") from exc
+        self.submitted = True
+        for buf, _ in self._arenas:
+            dev.pool.give_back(buf)
+        self._arenas = []
+        self._keep = []
+        if ts_staged is not None:
+            t = ts_staged.result(np.uint64)
+            self._elapsed_ns = float(t[1] - t[0]) if t[1] >= t[0] else None
+
+    @property
+    def gpu_seconds(self) -> float | None:
+        """GPU time between the first dispatch and the end of the last (timestamp queries)."""
+        return None if self._elapsed_ns is None else self._elapsed_ns * 1e-9
+
+    def wait(self) -> None:
+        """Block until the submitted work is done."""
+        self.device.queue.on_submitted_work_done_sync()
+
+
+class Timer:
+    """Wall-clock timing of a region that ends with the GPU idle."""
+
+    def __init__(self, device: Device | None = None):
+        self.device = device
+        self.seconds = 0.0
+
+    def __enter__(self):
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        if self.device is not None:
+            self.device.queue.on_submitted_work_done_sync()
+        self.seconds = time.perf_counter() - self._t0

@@ -1,0 +1,45 @@
+"""Loading WGSL kernel files shipped as package data (`pxvm/kernels/*.wgsl`).
+
+Kernels are specialised only through WGSL `override` constants, so the text loaded
+here is exactly what a browser loads from the same file.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from importlib import resources
+
+
+@functools.lru_cache(maxsize=None)
+def load_wgsl(filename: str) -> str:
+    """Return the source of `pxvm/kernels/<filename>`."""
+    return resources.files("pxvm.kernels").joinpath(filename).read_text(encoding="utf-8")
+
+
+def kernel_files() -> list[str]:
+    """Names of every shipped kernel file."""
+    return sorted(
+        p.name for p in resources.files("pxvm.kernels").iterdir() if p.name.endswith(".wgsl")
+    )
+
+
+_BINDING = re.compile(
+    r"@group\(\s*0\s*\)\s*@binding\(\s*(\d+)\s*\)\s*var\s*<\s*(storage|uniform)\s*(?:,\s*(read_write|read))?\s*>"
+)
+
+
+@functools.lru_cache(maxsize=None)
+def declared_bindings(filename: str) -> tuple[tuple[int, str], ...]:
+    """(binding, kind) of every group-0 resource declared in a kernel file; kind is
+    "read-only-storage", "storage" or "uniform". All entry points of a file share this
+    layout, so an entry point need not use every binding."""
+    found = {}
+    for m in _BINDING.finditer(load_wgsl(filename)):
+        index, space, access = int(m.group(1)), m.group(2), m.group(3)
+        kind = "uniform" if space == "uniform" else (
+            "storage" if access == "read_write" else "read-only-storage")
+        if found.get(index, kind) != kind:
+            raise ValueError(f"{filename}: binding {index} is declared with two kinds")
+        found[index] = kind
+    return tuple(sorted(found.items()))

@@ -1,0 +1,106 @@
+"""`Tensor`: an n-dimensional array that lives on one backend (a GPU buffer or numpy).
+
+Ops take and return tensors without a host round trip; `.numpy()` reads back.
+numpy arrays are accepted wherever a tensor is.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .runtime.errors import ShapeError
+
+#: dtypes a tensor may have; f16 on the GPU only where the device grants shader-f16.
+DTYPES = {
+    "f32": np.dtype(np.float32),
+    "f16": np.dtype(np.float16),
+    "i32": np.dtype(np.int32),
+    "u32": np.dtype(np.uint32),
+    "u8": np.dtype(np.uint8),
+}
+_NAME_OF = {v: k for k, v in DTYPES.items()}
+
+
+def dtype_name(dtype) -> str:
+    dt = np.dtype(dtype)
+    if dt not in _NAME_OF:
+        raise ShapeError(
+            f"dtype {dt} is not supported; use one of {', '.join(DTYPES)} "
+            "(convert with array.astype(np.float32), for example)"
+        )
+    return _NAME_OF[dt]
+
+
+def as_supported_array(value) -> np.ndarray:
+    """numpy view of `value` in a supported dtype (float64 becomes f32, int64 becomes i32)."""
+    arr = np.asarray(value)
+    if arr.dtype == np.float64:
+        arr = arr.astype(np.float32)
+    elif arr.dtype == np.int64:
+        if arr.size and (arr.min() < -(2**31) or arr.max() >= 2**31):
+            raise ShapeError("int64 values do not fit in i32; pxvm tensors hold at most 32 bits")
+        arr = arr.astype(np.int32)
+    elif arr.dtype == np.bool_:
+        arr = arr.astype(np.uint8)
+    dtype_name(arr.dtype)
+    return arr
+
+
+class Tensor:
+    """Shape, dtype and storage on one backend. Create with `pxvm.tensor(...)`."""
+
+    __slots__ = ("shape", "dtype", "backend", "storage", "__weakref__")
+
+    def __init__(self, shape, dtype, backend, storage):
+        self.shape = tuple(int(s) for s in shape)
+        self.dtype = np.dtype(dtype)
+        self.backend = backend
+        self.storage = storage  # np.ndarray (numpy backend) or runtime Allocation (GPU)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    def numpy(self) -> np.ndarray:
+        """The values as a new numpy array (reads back from the device)."""
+        return self.backend.to_numpy(self)
+
+    async def numpy_async(self) -> np.ndarray:
+        return await self.backend.to_numpy_async(self)
+
+    def __array__(self, dtype=None, copy=None):
+        arr = self.numpy()
+        return arr if dtype is None else arr.astype(dtype)
+
+    def to(self, backend) -> "Tensor":
+        from .backends import get_backend
+
+        target = get_backend(backend)
+        if target is self.backend:
+            return self
+        return target.from_numpy(self.numpy())
+
+    def reshape(self, *shape) -> "Tensor":
+        """Same storage, new shape (no copy)."""
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = tuple(shape[0])
+        size = self.size
+        shape = list(shape)
+        if shape.count(-1) == 1:
+            known = int(np.prod([s for s in shape if s != -1], dtype=np.int64))
+            shape[shape.index(-1)] = size // max(known, 1)
+        if int(np.prod(shape, dtype=np.int64)) != size:
+            raise ShapeError(f"cannot reshape a tensor of shape {self.shape} to {tuple(shape)}")
+        storage = self.storage.reshape(shape) if isinstance(self.storage, np.ndarray) else self.storage
+        return Tensor(shape, self.dtype, self.backend, storage)
+
+    def __repr__(self) -> str:
+        return f"Tensor(shape={self.shape}, dtype={dtype_name(self.dtype)}, backend={self.backend.name})"

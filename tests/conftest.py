@@ -1,0 +1,85 @@
+"""Shared test set-up: pick a WebGPU adapter (lavapipe when there is no GPU), poison every
+new device buffer, and fail outright in CI when no adapter exists at all."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from pxvm.runtime import device as device_module
+from pxvm.runtime.adapters import list_adapters
+
+
+def _pick_test_adapter() -> str | None:
+    """Hardware if present (auto), else the first software adapter, named explicitly."""
+    if os.environ.get("PXVM_DEVICE"):
+        return os.environ["PXVM_DEVICE"]
+    try:
+        adapters = list_adapters()
+    except Exception:
+        return None
+    if any(not a.is_software for a in adapters):
+        return "auto"
+    vulkan = [a for a in adapters if a.backend == "Vulkan"] or adapters
+    return str(vulkan[0].index) if vulkan else None
+
+
+TEST_ADAPTER = _pick_test_adapter()
+if TEST_ADAPTER is not None:
+    os.environ["PXVM_DEVICE"] = TEST_ADAPTER
+device_module.POISON = True  # unwritten outputs read as NaN / -1
+
+
+def pytest_report_header(config):
+    if TEST_ADAPTER is None:
+        return "pxvm: NO WebGPU adapter: GPU tests will be skipped (and fail under CI)"
+    from pxvm.runtime import get_device
+
+    dev = get_device()
+    return f"pxvm: GPU tests run on {dev.name} ({dev.description.backend}, {dev.description.adapter_type})"
+
+
+@pytest.fixture(scope="session")
+def gpu_device():
+    if TEST_ADAPTER is None:
+        pytest.skip("no WebGPU adapter on this machine")
+    from pxvm.runtime import get_device
+
+    return get_device()
+
+
+@pytest.fixture
+def rng(request):
+    """A generator seeded per test so failures reproduce, but differing across tests."""
+    seed = abs(hash(request.node.nodeid)) % (2**32)
+    return np.random.default_rng(seed)
+
+
+def nmse(actual, expected) -> float:
+    """sum((a-b)^2) / sum(b^2) over finite entries; NaN/inf positions must agree exactly."""
+    a = np.asarray(actual, dtype=np.float64)
+    b = np.asarray(expected, dtype=np.float64)
+    assert a.shape == b.shape, f"shape {a.shape} != expected {b.shape}"
+    nan_a, nan_b = np.isnan(a), np.isnan(b)
+    assert np.array_equal(nan_a, nan_b), f"NaN positions differ: {np.argwhere(nan_a != nan_b)[:5]}"
+    inf_a, inf_b = np.isinf(a), np.isinf(b)
+    assert np.array_equal(inf_a, inf_b) and np.array_equal(a[inf_a], b[inf_b]), "inf entries differ"
+    finite = ~(nan_b | inf_b)
+    denom = float(np.sum(b[finite] ** 2))
+    num = float(np.sum((a[finite] - b[finite]) ** 2))
+    if denom == 0.0:
+        return num
+    return num / denom
+
+
+def assert_close(actual, expected, threshold: float):
+    err = nmse(actual, expected)
+    assert err <= threshold, f"NMSE {err:.3e} exceeds {threshold:.0e}"
+
+
+NMSE_ELEMENTWISE = 1e-7
+NMSE_F16 = 1e-6
+NMSE_LONG = 5e-4
+ODD_SIZES = (1, 7, 33, 257)

@@ -39,6 +39,13 @@ class GpuContext:
         alloc.nbytes = nbytes
         return Tensor(shape, dtype, self.backend, alloc)
 
+    def tensor(self, array) -> Tensor:
+        """Upload host data as an input of the work being recorded."""
+        return self.backend.from_numpy(array)
+
+    def has(self, feature: str) -> bool:
+        return self.device.has(feature)
+
     def dispatch(self, kernel: str, entry: str, tensors, params: tuple | bytes | None,
                  groups, constants: dict | None = None) -> None:
         """Record `entry` of `kernel` over `groups` workgroups (an int is spread over x/y).

@@ -1,13 +1,15 @@
 """The op library. Every op has one numpy reference and one WGSL implementation with the
 same signature on both backends: `op(*inputs, **params, backend="auto"|"gpu"|"cpu")`.
+
+Each family module registers its ops in `REGISTRY`; they are exported here by name.
 """
 
 from __future__ import annotations
 
+from . import attention, convolution, elementwise, matmul, normalization, quantized, reductions
 from .registry import REGISTRY, Op
-from .elementwise import (add, clip, div, elu, gelu, gelu_tanh, leaky_relu, maximum, minimum,
-                          mul, relu, scale, sigmoid, silu, sub, swish, tanh)
 
-__all__ = ["REGISTRY", "Op", "add", "clip", "div", "elu", "gelu", "gelu_tanh", "leaky_relu",
-           "maximum", "minimum", "mul", "relu", "scale", "sigmoid", "silu", "sub", "swish",
-           "tanh"]
+globals().update(REGISTRY)
+swish = REGISTRY["silu"]
+
+__all__ = ["REGISTRY", "Op", "swish", *sorted(REGISTRY)]

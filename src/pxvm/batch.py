@@ -33,6 +33,7 @@ class Batch:
         self._ctx = self.backend.context(timestamps) if self._gpu else None
         self._outputs: list[weakref.ref] = []
         self._consumed: set[int] = set()
+        self._alive: list[Tensor] = []  # inputs kept until execute so their ids stay unique
         self._staged: dict[int, object] = {}
         self.executed = False
 
@@ -53,6 +54,7 @@ class Batch:
         op.infer(tensors, params)
         for t in tensors:
             self._consumed.add(id(t))
+        self._alive.extend(tensors)
         if self._gpu:
             out = op.gpu(self._ctx, *tensors, **params)
         else:
@@ -79,13 +81,14 @@ class Batch:
             self._stage_leaves()
             self._ctx.recorder.submit()
         self.executed = True
+        self._alive = []
         return self
 
     async def execute_async(self) -> "Batch":
         """As execute(), then await the GPU without blocking the event loop."""
         self.execute()
         if self._gpu:
-            await self.backend.device.queue.on_submitted_work_done_async()
+            await self.backend.device.wait_async()
         return self
 
     def read(self, tensor: Tensor) -> np.ndarray:

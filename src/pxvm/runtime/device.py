@@ -160,6 +160,7 @@ class Device:
         self.queue = self.device.queue
         self._lost_reason: str | None = None
         self._pipelines: dict[tuple, Pipeline] = {}
+        self._fence_alloc: Allocation | None = None
         U = wgpu.BufferUsage
         self.STORAGE = U.STORAGE | U.COPY_SRC | U.COPY_DST
         self.UNIFORM = U.UNIFORM | U.COPY_DST
@@ -306,6 +307,24 @@ class Device:
         staged = rec.stage(alloc)
         rec.submit()
         return staged.result(dtype, count)
+
+    def _fence(self) -> Staged:
+        # A 4-byte readback submitted after everything else: once it maps, all earlier
+        # work is done. (wgpu 0.32's on_submitted_work_done_async is broken.)
+        if self._fence_alloc is None:
+            self._fence_alloc = self.alloc(4, "fence")
+        rec = self.recorder()
+        staged = rec.stage(self._fence_alloc)
+        rec.submit()
+        return staged
+
+    def wait(self) -> None:
+        """Block until all submitted work is done."""
+        self._fence().result(np.uint32)
+
+    async def wait_async(self) -> None:
+        """Await all submitted work without blocking the event loop."""
+        await self._fence().result_async(np.uint32)
 
     async def read_async(self, alloc: Allocation, dtype, count: int | None = None) -> np.ndarray:
         rec = self.recorder()
@@ -470,7 +489,8 @@ class Recorder:
                 timestamp_writes={"query_set": self._query, "end_of_pass_write_index": 1}
             )
             end_pass.end()
-            resolve = dev.alloc(16, "timestamps")
+            usage = dev.wgpu.BufferUsage.QUERY_RESOLVE | dev.wgpu.BufferUsage.COPY_SRC
+            resolve = Allocation(dev.pool.take(16, usage), 16, dev.pool)
             self.encoder.resolve_query_set(self._query, 0, 2, resolve.buffer, 0)
             ts_staged = self.stage(resolve)
         self._close_pass()
@@ -497,7 +517,7 @@ class Recorder:
 
     def wait(self) -> None:
         """Block until the submitted work is done."""
-        self.device.queue.on_submitted_work_done_sync()
+        self.device.wait()
 
 
 class Timer:
@@ -513,5 +533,5 @@ class Timer:
 
     def __exit__(self, *exc):
         if self.device is not None:
-            self.device.queue.on_submitted_work_done_sync()
+            self.device.wait()
         self.seconds = time.perf_counter() - self._t0

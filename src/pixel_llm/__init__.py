@@ -1,0 +1,1 @@
+"""The seeds' `pixel_llm` namespace: compatibility entry points over pxvm."""

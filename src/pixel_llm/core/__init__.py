@@ -1,0 +1,1 @@
+"""Core entry points of the seeds' `pixel_llm` package."""

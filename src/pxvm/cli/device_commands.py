@@ -1,0 +1,104 @@
+"""`pxvm info` (adapters, features, limits, and what auto picks) and `pxvm demo`."""
+
+from __future__ import annotations
+
+import json
+import time
+from importlib import resources
+
+import numpy as np
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ..runtime import PxvmError, choose_adapter, list_adapters
+from ..runtime.adapters import KEY_FEATURES, KEY_LIMITS
+
+console = Console()
+
+
+def info(
+    as_json: bool = typer.Option(False, "--json", help="Print machine-readable JSON."),
+    all_features: bool = typer.Option(False, "--all-features", help="List every feature."),
+):
+    """List WebGPU adapters (backend, type, features, limits) and which one auto picks."""
+    try:
+        adapters = list_adapters()
+    except PxvmError as exc:
+        adapters, error = [], str(exc)
+    else:
+        error = None
+    try:
+        chosen, reason = choose_adapter("auto", adapters) if adapters else (None, error or "")
+    except PxvmError as exc:
+        chosen, reason = None, str(exc)
+    if as_json:
+        print(json.dumps({
+            "adapters": [{
+                "index": a.index, "name": a.name, "vendor": a.vendor, "backend": a.backend,
+                "type": a.adapter_type, "software": a.is_software, "features": a.features,
+                "limits": a.limits} for a in adapters],
+            "auto": None if chosen is None else chosen.index,
+            "reason": reason,
+        }, indent=2))
+        return
+    if not adapters:
+        console.print(f"[red]No WebGPU adapter:[/] {error or 'none found'}")
+        console.print("pxvm will run every op on numpy (backend='cpu').")
+        return
+    for a in adapters:
+        mark = "[green]auto -> [/]" if chosen is not None and a.index == chosen.index else ""
+        table = Table(title=f"{mark}[{a.index}] {a.name}", title_justify="left", show_header=False)
+        table.add_row("backend / type", f"{a.backend} / {a.adapter_type}"
+                      + ("  (software: used only when asked for)" if a.is_software else ""))
+        table.add_row("key features", ", ".join(f for f in KEY_FEATURES if f in a.features) or "-")
+        for key in KEY_LIMITS:
+            if key in a.limits:
+                table.add_row(key, f"{a.limits[key]:,}")
+        if all_features:
+            table.add_row("all features", ", ".join(a.features))
+        console.print(table)
+    if chosen is not None:
+        console.print(f"auto picks [bold][{chosen.index}] {chosen.name}[/]: {reason}")
+    else:
+        console.print(f"[yellow]auto picks no adapter:[/] {reason}")
+    console.print("Override with PXVM_DEVICE=<index or part of a name>.")
+
+
+def demo(
+    backend: str = typer.Option("auto", help="auto, gpu or cpu"),
+    size: int = typer.Option(1024, help="Matrix size for the matmul."),
+):
+    """Run a matmul and the dot-product pixel program; print the backend and the times."""
+    from .. import ops
+    from ..backends import get_backend
+
+    be = get_backend(backend)
+    console.print(f"backend: [bold]{be.name}[/] - {be.describe()}")
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((size, size), dtype=np.float32)
+    b = rng.standard_normal((size, size), dtype=np.float32)
+    ops.matmul(a[:8, :8], b[:8, :8], backend=be).numpy()  # compile / warm up
+    t0 = time.perf_counter()
+    c = ops.matmul(a, b, backend=be).numpy()
+    dt = time.perf_counter() - t0
+    err = float(np.sum((c - a @ b) ** 2) / np.sum((a @ b) ** 2))
+    console.print(f"matmul {size}x{size}x{size}: {dt * 1e3:.1f} ms including upload and "
+                  f"readback ({2 * size**3 / dt / 1e9:.1f} GFLOP/s), NMSE vs numpy {err:.1e}")
+    from ..vm import load_pxi, run_program_cpu, run_program_gpu
+
+    path = resources.files("pxvm.examples").joinpath("dot_test.pxi")
+    img = load_pxi(str(path))
+    run = run_program_gpu if be.name == "gpu" else run_program_cpu
+    run(img)
+    t0 = time.perf_counter()
+    out = run(img)
+    dt = time.perf_counter() - t0
+    value = int(out[3, 0, 0]) + 256 * int(out[3, 0, 1])
+    console.print(f"dot_test.pxi on {be.name}: pixel (0,3) = {value} (expected 300) "
+                  f"in {dt * 1e3:.2f} ms")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("info")(info)
+    app.command("demo")(demo)

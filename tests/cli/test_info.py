@@ -1,0 +1,29 @@
+"""`pxvm info` lists adapters and says what auto picks; errors exit non-zero."""
+
+import json
+import subprocess
+import sys
+
+
+def run_pxvm(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "pxvm", *args], capture_output=True, text=True,
+                          timeout=120, env=env)
+
+
+def test_info_lists_every_adapter_and_the_auto_choice(gpu_device):
+    proc = run_pxvm("info", "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["adapters"], "no adapters listed"
+    for a in data["adapters"]:
+        assert {"name", "backend", "type", "features", "limits"} <= a.keys()
+        assert "max-storage-buffer-binding-size" in a["limits"]
+    if all(a["software"] for a in data["adapters"]):
+        assert data["auto"] is None and "only software adapters" in data["reason"]
+    else:
+        assert not data["adapters"][data["auto"]]["software"]
+
+
+def test_help_explains_the_subcommands():
+    proc = run_pxvm("--help")
+    assert proc.returncode == 0 and "info" in proc.stdout

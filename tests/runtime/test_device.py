@@ -1,0 +1,130 @@
+"""The runtime's promises: binding limits, pooled buffers, compile errors, device loss,
+one submit per batch, GPU timing and async readback."""
+
+import asyncio
+import os
+
+import numpy as np
+import pytest
+
+import pxvm
+from pxvm.runtime import Device, device as device_module
+from pxvm.runtime.errors import (BindingTooLargeError, DeviceLostError, ShaderCompileError)
+
+
+def test_buffer_over_the_binding_limit_names_both_sizes(gpu_device):
+    limit = gpu_device.max_binding
+    with pytest.raises(BindingTooLargeError) as info:
+        gpu_device.alloc(limit + 4)
+    assert f"{limit + 4:,}" in str(info.value) and f"{limit:,}" in str(info.value)
+
+
+def test_op_on_a_tensor_over_the_binding_limit_raises_before_running(gpu_device):
+    limit = gpu_device.max_binding
+    n = limit // 4 + 1
+    big = np.broadcast_to(np.float32(1.0), (n,))  # no memory behind it until uploaded
+    with pytest.raises(BindingTooLargeError):
+        pxvm.ops.relu(big, backend="gpu")
+
+
+def test_many_small_ops_reuse_pooled_buffers(gpu_device, rng):
+    x = rng.standard_normal(33).astype(np.float32)
+    t = pxvm.tensor(x, backend="gpu")
+    for _ in range(20):  # warm the pool
+        pxvm.ops.scale(t, 1.0)
+    created = gpu_device.pool.created
+    for _ in range(2000):
+        t2 = pxvm.ops.scale(t, 1.0)
+    assert gpu_device.pool.created - created <= 4
+    np.testing.assert_array_equal(t2.numpy(), x)
+
+
+def test_shader_compile_error_names_kernel_and_line(gpu_device, monkeypatch):
+    source = "@group(0) @binding(0) var<storage, read_write> x: array<f32>;\n\n" \
+             "@compute @workgroup_size(1) fn main() { x[0] = undefined_name; }\n"
+    monkeypatch.setattr(device_module, "load_wgsl", lambda name: source)
+    monkeypatch.setattr(device_module, "declared_bindings", lambda name: ((0, "storage"),))
+    with pytest.raises(ShaderCompileError) as info:
+        gpu_device.pipeline("broken_for_test.wgsl", "main", {"BOGUS": 1})
+    text = str(info.value)
+    assert "broken_for_test.wgsl" in text and "undefined_name" in text and ":3:" in text
+
+
+def test_lost_device_raises_clear_error_on_every_later_call(gpu_device, rng):
+    dev = Device(os.environ.get("PXVM_DEVICE"))
+    from pxvm.backends import WebGPUBackend
+
+    backend = WebGPUBackend(dev)
+    t = backend.from_numpy(rng.standard_normal(7).astype(np.float32))
+    dev.destroy()
+    for call in (lambda: t.numpy(), lambda: pxvm.ops.relu(t), lambda: backend.from_numpy([1.0])):
+        with pytest.raises(DeviceLostError, match="was lost"):
+            call()
+
+
+class CountingQueue:
+    def __init__(self, queue):
+        self._queue, self.submits = queue, 0
+
+    def submit(self, buffers):
+        self.submits += 1
+        return self._queue.submit(buffers)
+
+    def __getattr__(self, name):
+        return getattr(self._queue, name)
+
+
+def test_batch_runs_a_chain_with_one_submit_and_records_nothing_before(gpu_device, rng, monkeypatch):
+    counting = CountingQueue(gpu_device.queue)
+    monkeypatch.setattr(gpu_device, "queue", counting)
+    x = rng.standard_normal(257).astype(np.float32)
+    batch = pxvm.Batch("gpu")
+    t = batch.upload(x)
+    y = batch.scale(batch.relu(batch.add(t, t)), 0.5)
+    assert counting.submits == 0
+    batch.execute()
+    result = batch.read(y)
+    assert counting.submits == 1  # the readback copy rode along in the same submit
+    np.testing.assert_allclose(result, np.maximum(2 * x, 0) * 0.5, rtol=1e-6)
+
+
+def test_batch_gives_the_same_result_on_numpy(rng):
+    x = rng.standard_normal(9).astype(np.float32)
+    batch = pxvm.Batch("cpu")
+    y = batch.sigmoid(batch.upload(x))
+    batch.execute()
+    np.testing.assert_allclose(batch.read(y), 1 / (1 + np.exp(-x)), rtol=1e-6)
+
+
+def test_reading_a_batch_before_execute_is_an_error():
+    batch = pxvm.Batch("cpu")
+    y = batch.relu(batch.upload([1.0, -1.0]))
+    with pytest.raises(pxvm.PxvmError, match="execute"):
+        batch.read(y)
+
+
+def test_gpu_timestamps_measure_a_batch(gpu_device, rng):
+    if not gpu_device.has("timestamp-query"):
+        pytest.skip("adapter has no timestamp-query")
+    batch = pxvm.Batch("gpu", timestamps=True)
+    t = batch.upload(rng.standard_normal(1 << 16).astype(np.float32))
+    for _ in range(4):
+        t = batch.gelu(t)
+    batch.execute()
+    assert batch.gpu_seconds is not None and batch.gpu_seconds > 0
+
+
+def test_async_readback_and_batch_do_not_need_the_sync_api(gpu_device, rng):
+    x = rng.standard_normal(33).astype(np.float32)
+
+    async def main():
+        t = pxvm.ops.relu(x, backend="gpu")
+        direct = await t.numpy_async()
+        batch = pxvm.Batch("gpu")
+        y = batch.scale(batch.upload(x), 2.0)
+        await batch.execute_async()
+        return direct, await batch.read_async(y)
+
+    direct, scaled = asyncio.run(main())
+    np.testing.assert_array_equal(direct, np.where(x < 0, 0, x))
+    np.testing.assert_array_equal(scaled, x * 2)

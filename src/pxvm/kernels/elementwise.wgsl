@@ -82,6 +82,9 @@ fn safe_tanh(x: f32) -> f32 {
 }
 
 fn unary_f32(x: f32) -> f32 {
+    // Drivers may compile selects and comparisons as if NaN did not exist (NVIDIA's
+    // Vulkan driver turns relu into fmax), so NaN is passed through explicitly.
+    if (is_nan(x)) { return x; }
     switch OP {
         case RELU: { return select(x, 0.0, x < 0.0); }
         case LEAKY_RELU: { return select(x, x * p.alpha, x < 0.0); }

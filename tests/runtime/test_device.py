@@ -128,3 +128,22 @@ def test_async_readback_and_batch_do_not_need_the_sync_api(gpu_device, rng):
     direct, scaled = asyncio.run(main())
     np.testing.assert_array_equal(direct, np.where(x < 0, 0, x))
     np.testing.assert_array_equal(scaled, x * 2)
+
+
+def test_profiled_recorder_times_every_dispatch_by_kernel(gpu_device, rng):
+    if not gpu_device.has("timestamp-query"):
+        pytest.skip("adapter has no timestamp-query")
+    from pxvm.backends import gpu_backend
+    from pxvm.backends.webgpu_backend import GpuContext
+
+    backend = gpu_backend()
+    ctx = GpuContext(backend, gpu_device.recorder(profile=True))
+    t = ctx.tensor(rng.standard_normal(4096).astype(np.float32))
+    out = pxvm.ops.REGISTRY["relu"].gpu(ctx, t)
+    out = pxvm.ops.REGISTRY["add"].gpu(ctx, out, t)
+    ctx.recorder.submit()
+    labels = [label for label, _ in ctx.recorder.profile]
+    assert labels == ["elementwise.wgsl:unary", "elementwise.wgsl:binary"]
+    assert all(seconds >= 0 for _, seconds in ctx.recorder.profile)
+    expected = np.where(t.numpy() < 0, 0, t.numpy()) + t.numpy()
+    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-6)

@@ -79,8 +79,8 @@ class WebGPUBackend:
         flat = await self.device.read_async(tensor.storage, tensor.dtype, tensor.size)
         return flat.reshape(tensor.shape)
 
-    def context(self, timestamps: bool = False) -> GpuContext:
-        return GpuContext(self, self.device.recorder(timestamps))
+    def context(self, timestamps: bool = False, profile: bool = False) -> GpuContext:
+        return GpuContext(self, self.device.recorder(timestamps, profile))
 
     def run(self, op, inputs, params) -> Tensor:
         op.infer(inputs, params)

@@ -45,6 +45,7 @@ WANTED_LIMITS = (
 )
 UNIFORM_SLOT = 256  # bytes per dispatch's parameter block (WebGPU's offset alignment)
 UNIFORM_ARENA = 64 * 1024
+MAX_PROFILED = 2048  # dispatches timed individually in one profiled submit
 POOL_KEEP_BYTES = 1 << 30  # freed buffers kept for reuse at most
 #: When true, every allocation is filled with 0xFF bytes (NaN as f32, -1 as i32) so a
 #: kernel that leaves an output element unwritten is caught by tests.
@@ -121,6 +122,11 @@ class Pipeline:
     pipeline: object
     layout: object
     kernel: str
+    entry: str = "main"
+
+    @property
+    def label(self) -> str:
+        return f"{self.kernel}:{self.entry}"
 
 
 def workgroup_grid(n_groups: int, max_per_dim: int = 65535) -> tuple[int, int, int]:
@@ -280,7 +286,7 @@ class Device:
                 f"kernel {kernel} (entry {entry}, constants {dict(consts)}) failed to "
                 f"compile on {self.name}:\n{exc}"
             ) from exc
-        result = Pipeline(pipe, layout, kernel)
+        result = Pipeline(pipe, layout, kernel, entry)
         self._pipelines[key] = result
         return result
 
@@ -297,9 +303,12 @@ class Device:
         return self._pipelines[key]
 
     # ---- recording ------------------------------------------------------------
-    def recorder(self, timestamps: bool = False) -> "Recorder":
+    def recorder(self, timestamps: bool = False, profile: bool = False) -> "Recorder":
+        """A Recorder; `timestamps` times the whole submit on the GPU, `profile` times
+        every dispatch (each in its own pass, so a little slower than normal)."""
         self._check_alive()
-        return Recorder(self, timestamps and self.has("timestamp-query"))
+        ok = self.has("timestamp-query")
+        return Recorder(self, timestamps and ok, profile and ok)
 
     def read(self, alloc: Allocation, dtype, count: int | None = None) -> np.ndarray:
         """Copy an allocation back to the host (one submit, one map)."""
@@ -375,7 +384,7 @@ class Recorder:
     never reused while queued work still reads them.
     """
 
-    def __init__(self, device: Device, timestamps: bool = False):
+    def __init__(self, device: Device, timestamps: bool = False, profile: bool = False):
         self.device = device
         self.encoder = device.device.create_command_encoder()
         self._pass = None
@@ -388,7 +397,12 @@ class Recorder:
         self._elapsed_ns: float | None = None
         if timestamps:
             self._query = device.device.create_query_set(type="timestamp", count=2)
-            self._first_pass = True
+        self._profile_query = None
+        self._profile_labels: list[str] = []
+        self.profile: list[tuple[str, float]] | None = None
+        if profile:
+            self._profile_query = device.device.create_query_set(
+                type="timestamp", count=2 * MAX_PROFILED)
 
     def _open_pass(self):
         if self._pass is None:
@@ -450,10 +464,21 @@ class Recorder:
         dev = self.device.device
         try:
             group = dev.create_bind_group(layout=pipeline.layout, entries=entries)
+            if self._profile_query is not None and len(self._profile_labels) < MAX_PROFILED:
+                self._close_pass()
+                i = len(self._profile_labels)
+                self._profile_labels.append(pipeline.label)
+                self._pass = self.encoder.begin_compute_pass(timestamp_writes={
+                    "query_set": self._profile_query,
+                    "beginning_of_pass_write_index": 2 * i,
+                    "end_of_pass_write_index": 2 * i + 1,
+                })
             cpass = self._open_pass()
             cpass.set_pipeline(pipeline.pipeline)
             cpass.set_bind_group(0, group)
             cpass.dispatch_workgroups(*groups)
+            if self._profile_query is not None:
+                self._close_pass()
         except Exception as exc:
             raise self.device._wrap_gpu_error(exc, f"recording {pipeline.kernel}") from exc
         self.dispatches += 1
@@ -493,6 +518,14 @@ class Recorder:
             resolve = Allocation(dev.pool.take(16, usage), 16, dev.pool)
             self.encoder.resolve_query_set(self._query, 0, 2, resolve.buffer, 0)
             ts_staged = self.stage(resolve)
+        prof_staged = None
+        if self._profile_labels:
+            self._close_pass()
+            n = 2 * len(self._profile_labels)
+            usage = dev.wgpu.BufferUsage.QUERY_RESOLVE | dev.wgpu.BufferUsage.COPY_SRC
+            resolve = Allocation(dev.pool.take(8 * n, usage), 8 * n, dev.pool)
+            self.encoder.resolve_query_set(self._profile_query, 0, n, resolve.buffer, 0)
+            prof_staged = self.stage(resolve)
         self._close_pass()
         try:
             for i, (buf, data) in enumerate(self._arenas):
@@ -509,6 +542,10 @@ class Recorder:
         if ts_staged is not None:
             t = ts_staged.result(np.uint64)
             self._elapsed_ns = float(t[1] - t[0]) if t[1] >= t[0] else None
+        if prof_staged is not None:
+            t = prof_staged.result(np.uint64).astype(np.int64)
+            spans = np.maximum(t[1::2] - t[0::2], 0) * 1e-9
+            self.profile = list(zip(self._profile_labels, spans.tolist()))
 
     @property
     def gpu_seconds(self) -> float | None:

@@ -1,1 +1,115 @@
-"""(being written)"""
+"""Reductions (reduce.wgsl): sum, max and dot over all elements, and argmax (flat or per
+row). Two passes for any length: bounded workgroups reduce grid-strided shares, then
+one workgroup reduces the partials; both passes are recorded in the same submit."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .registry import meta, register, require
+
+KERNEL = "reduce.wgsl"
+WG = 256
+MAX_GROUPS = 1024
+ARGMAX_CHUNK = 4096  # elements per workgroup in the first pass of a flat argmax
+
+
+def sum_ref(x):
+    """Sum of all elements (float64 accumulation, returned as f32)."""
+    return np.float32(np.sum(np.asarray(x, np.float64)))
+
+
+def max_ref(x):
+    """Largest element; NaN if any element is NaN (numpy semantics)."""
+    return np.float32(np.max(np.asarray(x, np.float32)))
+
+
+def dot_ref(a, b):
+    """Dot product of two 1-D vectors (float64 accumulation, returned as f32)."""
+    return np.float32(np.dot(np.asarray(a, np.float64), np.asarray(b, np.float64)))
+
+
+def argmax_ref(x, axis=None):
+    """numpy.argmax as int32: flat index (axis=None) or per row of the last axis (-1);
+    ties pick the first index and the first NaN wins."""
+    return np.asarray(np.argmax(np.asarray(x, np.float32), axis=axis), dtype=np.int32)
+
+
+def _nonempty(x, name):
+    require(int(np.prod(x.shape, dtype=np.int64)) > 0,
+            f"{name} of an empty tensor is undefined; pass at least one element")
+
+
+def _infer_full(x):
+    _nonempty(x, "reduction")
+    return meta((), np.float32)
+
+
+def _infer_dot(a, b):
+    require(len(a.shape) == 1 and len(b.shape) == 1,
+            f"dot takes two 1-D vectors, got shapes {tuple(a.shape)} and {tuple(b.shape)}")
+    require(a.shape == b.shape,
+            f"dot needs vectors of equal length, got {a.shape[0]} and {b.shape[0]}")
+    _nonempty(a, "dot")
+    return meta((), np.float32)
+
+
+def _infer_argmax(x, axis=None):
+    _nonempty(x, "argmax")
+    require(axis in (None, -1, len(x.shape) - 1),
+            f"argmax supports axis=None (flat) or axis=-1 (last axis), got axis={axis}")
+    if axis is None:
+        return meta((), np.int32)
+    require(x.shape[-1] > 0, "argmax over an empty last axis is undefined")
+    return meta(tuple(x.shape[:-1]), np.int32)
+
+
+def _reduce_gpu(op_code, x, y, ctx):
+    n = x.size
+    groups = min(MAX_GROUPS, (n + WG - 1) // WG)
+    partials = ctx.empty((groups,), np.float32, "reduction partials")
+    dummy_i = ctx.empty((1,), np.int32, "unused")
+    ctx.dispatch(KERNEL, "partial", [x, y, partials, dummy_i], (n, 0, groups), (groups, 1, 1),
+                 {"OP": op_code})
+    out = ctx.empty((), np.float32)
+    ctx.dispatch(KERNEL, "finish", [partials, partials, out, dummy_i], (groups, 0, 1), (1, 1, 1),
+                 {"OP": 0 if op_code == 2 else op_code})
+    return out
+
+
+def sum_gpu(ctx, x):
+    return _reduce_gpu(0, x, x, ctx)
+
+
+def max_gpu(ctx, x):
+    return _reduce_gpu(1, x, x, ctx)
+
+
+def dot_gpu(ctx, a, b):
+    return _reduce_gpu(2, a, b, ctx)
+
+
+def argmax_gpu(ctx, x, axis=None):
+    n = x.size
+    if axis is not None:
+        row_len = x.shape[-1]
+        rows = n // row_len
+        values = ctx.empty((rows,), np.float32, "row maxima")
+        out = ctx.empty(x.shape[:-1], np.int32)
+        ctx.dispatch(KERNEL, "argmax_rows", [x, x, values, out], (n, row_len, 0), rows)
+        return out
+    chunks = (n + ARGMAX_CHUNK - 1) // ARGMAX_CHUNK
+    values = ctx.empty((chunks,), np.float32, "chunk maxima")
+    indices = ctx.empty((chunks,), np.int32, "chunk argmax")
+    ctx.dispatch(KERNEL, "argmax_rows", [x, x, values, indices], (n, ARGMAX_CHUNK, 0), chunks)
+    out = ctx.empty((), np.int32)
+    unused = ctx.empty((1,), np.float32, "unused")
+    ctx.dispatch(KERNEL, "argmax_finish", [values, indices, unused, out],
+                 (chunks, ARGMAX_CHUNK, 0), (1, 1, 1))
+    return out
+
+
+sum = register("sum", 1, sum_ref, sum_gpu, _infer_full)  # noqa: A001 - numpy's name
+max = register("max", 1, max_ref, max_gpu, _infer_full)  # noqa: A001
+dot = register("dot", 2, dot_ref, dot_gpu, _infer_dot)
+argmax = register("argmax", 1, argmax_ref, argmax_gpu, _infer_argmax)

@@ -1,0 +1,55 @@
+"""matmul: every kernel and layout against numpy, odd shapes, properties, errors."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import pxvm
+from pxvm.runtime.errors import BindingTooLargeError
+from conftest import NMSE_LONG, assert_close
+
+SHAPES = [(1, 1, 1), (1, 7, 33), (7, 1, 5), (33, 257, 7), (65, 70, 129), (257, 33, 130),
+          (3, 576, 192), (128, 64, 64)]
+
+
+@pytest.mark.parametrize("kernel", ["auto", "naive", "tiled", "gemv"])
+@pytest.mark.parametrize("transpose_b", [False, True])
+@pytest.mark.parametrize("m,k,n", SHAPES)
+def test_matmul_matches_numpy(gpu_device, rng, kernel, transpose_b, m, k, n):
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    b_arg = np.ascontiguousarray(b.T) if transpose_b else b
+    got = pxvm.ops.matmul(a, b_arg, transpose_b=transpose_b, kernel=kernel, backend="gpu").numpy()
+    assert_close(got, a.astype(np.float64) @ b, NMSE_LONG)
+
+
+@settings(max_examples=25, deadline=None)
+@given(m=st.integers(1, 150), k=st.integers(1, 150), n=st.integers(1, 150),
+       transpose_b=st.booleans(), seed=st.integers(0, 2**32 - 1))
+def test_matmul_property_over_shapes(gpu_device, m, k, n, transpose_b, seed):
+    r = np.random.default_rng(seed)
+    a = r.standard_normal((m, k)).astype(np.float32)
+    b = r.standard_normal((n, k) if transpose_b else (k, n)).astype(np.float32)
+    got = pxvm.ops.matmul(a, b, transpose_b=transpose_b, backend="gpu").numpy()
+    assert_close(got, pxvm.ops.matmul.reference(a, b, transpose_b), NMSE_LONG)
+
+
+def test_matmul_chains_on_device(gpu_device, rng):
+    a = rng.standard_normal((33, 20)).astype(np.float32)
+    b = rng.standard_normal((20, 40)).astype(np.float32)
+    c = rng.standard_normal((40, 7)).astype(np.float32)
+    got = pxvm.ops.matmul(pxvm.ops.matmul(a, b, backend="gpu"), c).numpy()
+    assert_close(got, a.astype(np.float64) @ b @ c, NMSE_LONG)
+
+
+def test_inner_dimension_mismatch_names_both_shapes():
+    for backend in ("cpu", "gpu"):
+        with pytest.raises(pxvm.ShapeError, match=r"A is \(3, 4\), B is \(5, 6\)"):
+            pxvm.ops.matmul(np.ones((3, 4), np.float32), np.ones((5, 6), np.float32), backend=backend)
+
+
+def test_operand_over_the_binding_limit_is_refused_with_both_sizes(gpu_device):
+    rows = gpu_device.max_binding // (4 * 64) + 1
+    a = np.broadcast_to(np.float32(1), (rows, 64))  # no memory until uploaded
+    with pytest.raises(BindingTooLargeError, match=f"{gpu_device.max_binding:,}"):
+        pxvm.ops.matmul(a, np.ones((64, 2), np.float32), backend="gpu")

@@ -1,0 +1,113 @@
+"""pxVM subcommands: asm, disasm, run, compare, show, digits."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import typer
+from rich.console import Console
+
+console = Console()
+
+
+def _load(path: Path) -> np.ndarray:
+    from ..vm import load_pxi
+
+    return load_pxi(path)
+
+
+def _changes(before: np.ndarray, after: np.ndarray, limit: int = 20) -> list[str]:
+    ys, xs = np.nonzero(np.any(before != after, axis=2))
+    lines = [f"pixel (x={x}, y={y}): {tuple(int(v) for v in before[y, x])} -> "
+             f"{tuple(int(v) for v in after[y, x])}" for y, x in zip(ys[:limit], xs[:limit])]
+    if len(ys) > limit:
+        lines.append(f"... and {len(ys) - limit} more pixels")
+    return lines
+
+
+def asm(source: Path = typer.Argument(..., help="Assembly text (.pxs)."),
+        output: Path = typer.Option(..., "-o", "--output", help="The .pxi to write.")):
+    """Assemble pxVM assembly text into a .pxi program image."""
+    from ..vm import save_pxi
+    from ..vm.assembler import assemble
+
+    img = assemble(source.read_text(encoding="utf-8"))
+    save_pxi(img, output)
+    console.print(f"wrote {output} ({img.shape[1]}x{img.shape[0]})")
+
+
+def disasm(program: Path = typer.Argument(..., help="A .pxi program.")):
+    """Print a .pxi program as assembly text (assembles back to the same bytes)."""
+    from ..vm.assembler import disassemble
+
+    print(disassemble(_load(program)), end="")
+
+
+def run(program: Path = typer.Argument(..., help="A .pxi program."),
+        backend: str = typer.Option("auto", help="cpu, gpu or auto."),
+        output: Path = typer.Option(None, "-o", "--output", help="Write the resulting image.")):
+    """Run a .pxi program and print the pixels it wrote."""
+    from ..backends import get_backend
+    from ..vm import run_program_cpu, run_program_gpu, save_pxi
+
+    img = _load(program)
+    be = get_backend(backend)
+    t0 = time.perf_counter()
+    out = run_program_gpu(img, be) if be.name == "gpu" else run_program_cpu(img)
+    dt = time.perf_counter() - t0
+    console.print(f"ran on {be.describe()} in {dt * 1e3:.2f} ms")
+    changes = _changes(img, out)
+    console.print("\n".join(changes) if changes else "the program wrote nothing")
+    if output is not None:
+        save_pxi(out, output)
+        console.print(f"wrote {output}")
+
+
+def compare(program: Path = typer.Argument(..., help="A .pxi program.")):
+    """Run a program on both executors, time both, and check the images are identical."""
+    from ..backends import gpu_backend
+    from ..vm import run_program_cpu, run_program_gpu
+
+    img = _load(program)
+    be = gpu_backend()
+    run_program_gpu(img, be)  # compile the interpreter once before timing
+    t0 = time.perf_counter()
+    cpu = run_program_cpu(img)
+    t_cpu = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    gpu = run_program_gpu(img, be)
+    t_gpu = time.perf_counter() - t0
+    console.print(f"CPU executor: {t_cpu * 1e3:.2f} ms")
+    console.print(f"GPU executor: {t_gpu * 1e3:.2f} ms on {be.describe()}")
+    if np.array_equal(cpu, gpu):
+        console.print(f"[green]IDENTICAL[/]: {img.shape[1]}x{img.shape[0]} images are byte-identical")
+        return
+    console.print("[red]DIFFERENT[/]:")
+    console.print("\n".join(_changes(cpu, gpu)))
+    raise typer.Exit(1)
+
+
+def show(program: Path = typer.Argument(..., help="A .pxi program."),
+         output: Path = typer.Option(..., "-o", "--output", help="PNG to write."),
+         scale: int = typer.Option(0, help="Pixels per program pixel (0: automatic).")):
+    """Draw a program enlarged, with its instructions labelled."""
+    from ..vm.render import render_program
+
+    render_program(_load(program), scale).save(output)
+    console.print(f"wrote {output}")
+
+
+def digits(output: Path = typer.Option(None, "-o", "--output", help="Write the network's .pxi."),
+           hidden: int = typer.Option(32, help="Hidden units."),
+           backend: str = typer.Option("auto", help="Also run on: cpu, gpu or auto (both).")):
+    """Train an MLP on scikit-learn's digits, compile it to a .pxi, compare accuracies."""
+    from ..vm.digits import report
+
+    report(output, hidden, backend, console)
+
+
+def register(app: typer.Typer) -> None:
+    for fn in (asm, disasm, run, compare, show, digits):
+        app.command(fn.__name__)(fn)

@@ -1,0 +1,1 @@
+"""Runnable examples from the seeds (`python -m pxvm.examples.<name>`) and shipped programs."""

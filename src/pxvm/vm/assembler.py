@@ -157,6 +157,7 @@ def disassemble(img: np.ndarray) -> str:
     for x in range(w):
         r, g, b, a = (int(v) for v in img[0, x])
         if halted or r not in MNEMONICS:
+            halted = True  # instructions are placed in order from column 0: stop decoding
             if (r, g, b, a) != (0, 0, 0, 0):
                 lines.append(f".pixel {x} 0 {r} {g} {b} {a}")
             continue

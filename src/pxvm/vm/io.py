@@ -11,6 +11,7 @@ from PIL import Image, UnidentifiedImageError
 from .protocol import ProgramError, check_image
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+PNG_END = b"IEND\xaeB`\x82"  # the IEND chunk's type and CRC close every complete PNG
 
 
 def load_pxi(source) -> np.ndarray:
@@ -26,6 +27,8 @@ def load_pxi(source) -> np.ndarray:
             raise ProgramError(f"cannot read {name}: {exc.strerror}") from exc
     if not data.startswith(PNG_MAGIC):
         raise ProgramError(f"{name} is not a PNG file (a .pxi program is an RGBA PNG)")
+    if PNG_END not in data[-12:]:
+        raise ProgramError(f"{name} is a damaged PNG: it is truncated (no IEND chunk at the end)")
     try:
         with Image.open(io.BytesIO(data)) as im:
             im.load()

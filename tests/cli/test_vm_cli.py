@@ -1,0 +1,38 @@
+"""pxVM commands: asm -> run/compare/disasm/show, and one-line errors with exit code 1."""
+
+import subprocess
+import sys
+
+from PIL import Image
+
+
+def pxvm(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "pxvm", *args], capture_output=True, text=True,
+                          timeout=300, cwd=cwd)
+
+
+def test_assemble_run_compare_disassemble_and_show(gpu_device, tmp_path):
+    src = tmp_path / "p.pxs"
+    src.write_text(".size 16 16\nDOT_RGB 1 2 3\nHALT\n.vector 1 1 2 3 4\n.vector 2 10 20 30 40\n")
+    pxi = tmp_path / "p.pxi"
+    assert pxvm("asm", str(src), "-o", str(pxi)).returncode == 0
+    run = pxvm("run", str(pxi), "--backend", "cpu", "-o", str(tmp_path / "out.pxi"))
+    assert run.returncode == 0 and "pixel (x=0, y=3): (0, 0, 0, 0) -> (44, 1, 0, 0)" in run.stdout
+    cmp = pxvm("compare", str(pxi))
+    assert cmp.returncode == 0 and "IDENTICAL" in cmp.stdout, cmp.stdout + cmp.stderr
+    dis = pxvm("disasm", str(pxi))
+    assert dis.returncode == 0 and "DOT_RGB 1 2 3" in dis.stdout
+    (tmp_path / "again.pxs").write_text(dis.stdout)
+    assert pxvm("asm", str(tmp_path / "again.pxs"), "-o", str(tmp_path / "again.pxi")).returncode == 0
+    assert (tmp_path / "again.pxi").read_bytes() == pxi.read_bytes()
+    assert pxvm("show", str(pxi), "-o", str(tmp_path / "view.png")).returncode == 0
+    assert Image.open(tmp_path / "view.png").size[0] >= 16 * 8
+
+
+def test_bad_program_is_one_line_and_exit_code_1(tmp_path):
+    bad = tmp_path / "bad.pxi"
+    bad.write_bytes(b"this is not a png")
+    proc = pxvm("run", str(bad), "--backend", "cpu")
+    assert proc.returncode == 1
+    assert proc.stderr.strip().count("\n") == 0 and "not a PNG" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -66,10 +66,10 @@ def test_instruction_budget_is_the_same_error_on_both_executors(gpu_device):
             run(img)
 
 
-def test_image_larger_than_the_device_allows_is_refused_before_running(gpu_device):
-    h = gpu_device.max_binding // (4 * 64) + 1
-    img = np.zeros((h, 64, 4), np.uint8)
-    with pytest.raises(ProgramError, match="this device takes at most"):
+def test_image_larger_than_the_device_allows_is_refused_before_running(gpu_device, monkeypatch):
+    monkeypatch.setattr(gpu_device, "max_binding", 4096)  # a device taking 1024 pixels
+    img = np.zeros((20, 64, 4), np.uint8)
+    with pytest.raises(ProgramError, match="1,280 pixels but this device takes at most 1,024"):
         run_program_gpu(img)
 
 

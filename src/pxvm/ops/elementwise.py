@@ -71,7 +71,8 @@ def gelu_ref(x):
     """GELU, exact erf form: 0.5 x (1 + erf(x / sqrt(2)))."""
     x = _f32(x).astype(np.float64)
     erf = np.vectorize(math.erf, otypes=[np.float64])
-    return (0.5 * x * (1 + erf(x / math.sqrt(2)))).astype(np.float32)
+    with np.errstate(invalid="ignore"):  # -inf * 0 = NaN, as numpy and the GPU both say
+        return (0.5 * x * (1 + erf(x / math.sqrt(2)))).astype(np.float32)
 
 
 def clip_ref(x, lo=-1.0, hi=1.0):

@@ -4,6 +4,8 @@ new device buffer, and fail outright in CI when no adapter exists at all."""
 from __future__ import annotations
 
 import os
+import random
+import zlib
 
 import numpy as np
 import pytest
@@ -27,18 +29,22 @@ def _pick_test_adapter() -> str | None:
 
 
 TEST_ADAPTER = _pick_test_adapter()
+#: Fresh inputs every run; PXVM_TEST_SEED=<n> (printed in the header) reproduces a run.
+BASE_SEED = int(os.environ.get("PXVM_TEST_SEED", random.randrange(2**31)))
 if TEST_ADAPTER is not None:
     os.environ["PXVM_DEVICE"] = TEST_ADAPTER
 device_module.POISON = True  # unwritten outputs read as NaN / -1
 
 
 def pytest_report_header(config):
+    seed = f"pxvm: random inputs from PXVM_TEST_SEED={BASE_SEED}"
     if TEST_ADAPTER is None:
-        return "pxvm: NO WebGPU adapter: GPU tests will be skipped (and fail under CI)"
+        return [seed, "pxvm: NO WebGPU adapter: GPU tests will be skipped (and fail under CI)"]
     from pxvm.runtime import get_device
 
     dev = get_device()
-    return f"pxvm: GPU tests run on {dev.name} ({dev.description.backend}, {dev.description.adapter_type})"
+    return [seed, f"pxvm: GPU tests run on {dev.name} ({dev.description.backend}, "
+                  f"{dev.description.adapter_type})"]
 
 
 @pytest.fixture(scope="session")
@@ -52,9 +58,8 @@ def gpu_device():
 
 @pytest.fixture
 def rng(request):
-    """A generator seeded per test so failures reproduce, but differing across tests."""
-    seed = abs(hash(request.node.nodeid)) % (2**32)
-    return np.random.default_rng(seed)
+    """A generator per test: fresh each run, reproducible with PXVM_TEST_SEED."""
+    return np.random.default_rng([BASE_SEED, zlib.crc32(request.node.nodeid.encode())])
 
 
 def nmse(actual, expected) -> float:

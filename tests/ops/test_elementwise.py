@@ -5,7 +5,7 @@ import pytest
 
 import pxvm
 from pxvm.ops import elementwise as ew
-from conftest import NMSE_ELEMENTWISE, ODD_SIZES, assert_close
+from conftest import NMSE_ELEMENTWISE, ODD_SIZES, assert_close, nmse
 
 UNARY = [
     ("relu", {}), ("leaky_relu", {"alpha": 0.1}), ("elu", {"alpha": 0.7}), ("sigmoid", {}),
@@ -21,6 +21,18 @@ def test_unary_op_matches_numpy_reference(gpu_device, rng, name, params, n):
     op = getattr(pxvm.ops, name)
     got = op(x, backend="gpu", **params).numpy()
     assert_close(got, op.reference(x, **params), NMSE_ELEMENTWISE)
+
+
+@pytest.mark.parametrize("name,params", UNARY)
+def test_unary_op_is_accurate_across_magnitudes(gpu_device, rng, name, params):
+    """Tiny, ordinary and huge inputs, each judged on its own (an NMSE over one element is
+    a relative error): catches cancellation and poor builtins near 0 and in the tails."""
+    x = np.concatenate([rng.standard_normal(2000) * scale for scale in (1e-6, 1e-3, 0.1, 4, 30)])
+    x = x.astype(np.float32)
+    op = getattr(pxvm.ops, name)
+    got, expected = op(x, backend="gpu", **params).numpy(), op.reference(x, **params)
+    worst = max(nmse(got[i:i + 1], expected[i:i + 1]) for i in range(x.size))
+    assert worst <= NMSE_ELEMENTWISE
 
 
 @pytest.mark.parametrize("name,params", UNARY)

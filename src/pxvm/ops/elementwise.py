@@ -36,43 +36,63 @@ def leaky_relu_ref(x, alpha=0.01):
     return np.where(x < 0, x * np.float32(alpha), x)
 
 
+def _f64(x):
+    return np.asarray(x, dtype=np.float32).astype(np.float64)
+
+
+FLUSH_BELOW = 1e-30
+
+
+def flush_subnormals(y) -> np.ndarray:
+    """Round to f32 and flush results below 1e-30 to (signed) zero. GPUs may flush
+    subnormal intermediates to zero (WGSL allows it), which zeroes results a little above
+    the subnormal range too (x / inf for x = -10); no f32 use tells such values from 0."""
+    y = np.asarray(y, dtype=np.float32)
+    tiny = np.abs(y) < FLUSH_BELOW
+    return np.where(tiny, np.copysign(np.float32(0), y), y).astype(np.float32)
+
+
+# The references compute in float64 with formulas free of cancellation, so that they are
+# more accurate than any f32 kernel they judge (1 + tanh(u) in float64 is already 0 where
+# the true GELU is 1e-16).
 def elu_ref(x, alpha=1.0):
     """x if x >= 0 else alpha * (exp(x) - 1)."""
-    x = _f32(x)
-    with np.errstate(over="ignore"):
-        return np.where(x < 0, np.float32(alpha) * (np.exp(np.minimum(x, 0)) - 1), x)
+    x = _f64(x)
+    return flush_subnormals(np.where(x < 0, alpha * np.expm1(np.minimum(x, 0)), x))
 
 
 def sigmoid_ref(x):
     """1 / (1 + exp(-x))."""
     with np.errstate(over="ignore"):
-        return 1 / (1 + np.exp(-_f32(x)))
+        return flush_subnormals(1 / (1 + np.exp(-_f64(x))))
 
 
 def tanh_ref(x):
     """Hyperbolic tangent."""
-    return np.tanh(_f32(x))
+    return flush_subnormals(np.tanh(_f64(x)))
 
 
 def silu_ref(x):
     """x * sigmoid(x), also called swish."""
-    x = _f32(x)
-    with np.errstate(over="ignore"):
-        return x / (1 + np.exp(-x))
+    x = _f64(x)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return flush_subnormals(x / (1 + np.exp(-x)))
 
 
 def gelu_tanh_ref(x):
     """GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
-    x = _f32(x).astype(np.float64)
-    return (0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))).astype(np.float32)
+    x = _f64(x)
+    u = math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return flush_subnormals(x / (1 + np.exp(-2 * u)))  # the same function, stably
 
 
 def gelu_ref(x):
     """GELU, exact erf form: 0.5 x (1 + erf(x / sqrt(2)))."""
-    x = _f32(x).astype(np.float64)
-    erf = np.vectorize(math.erf, otypes=[np.float64])
-    with np.errstate(invalid="ignore"):  # -inf * 0 = NaN, as numpy and the GPU both say
-        return (0.5 * x * (1 + erf(x / math.sqrt(2)))).astype(np.float32)
+    x = _f64(x)
+    erfc = np.vectorize(math.erfc, otypes=[np.float64])
+    with np.errstate(invalid="ignore"):  # -inf * 0 = NaN, as the GPU says too
+        return flush_subnormals(0.5 * x * erfc(-x / math.sqrt(2)))
 
 
 def clip_ref(x, lo=-1.0, hi=1.0):

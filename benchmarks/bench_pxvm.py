@@ -11,11 +11,9 @@ byte-identical. Prints a markdown table for BENCHMARKS.md.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
-
 import numpy as np
 
+from bench_ops import median_time as median  # same warm-up and median rule
 from pxvm.backends import gpu_backend
 from pxvm.vm import run_program_cpu, run_program_gpu
 from pxvm.vm.assembler import assemble
@@ -37,16 +35,6 @@ def matmul_program(n: int, rng) -> np.ndarray:
         f".matrix32 {bias} 1 {n} {' '.join(map(str, rng.integers(-1000, 1000, n)))}",
     ])
     return assemble(src)
-
-
-def median(fn, repeats):
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def main(argv=None):

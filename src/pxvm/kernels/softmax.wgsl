@@ -54,7 +54,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     if (row >= p.rows) { return; }  // uniform per workgroup: barriers stay uniform
     let lid = lid3.x;
     let base = row * p.row_len;
-    var m = bitcast<f32>(0xff800000u);
+    var neg_inf_bits = 0xff800000u;  // a constant -inf does not compile in Chromium
+    var m = bitcast<f32>(neg_inf_bits);
     for (var i = lid; i < p.row_len; i = i + WG) {
         let v = x[base + i];
         if (is_nan(v) || v > m) { m = v; }

@@ -1,0 +1,124 @@
+"""The page in a real headless Chromium: WebGPU through SwiftShader runs every listed
+conformance case, the dot-test .pxi and a random program byte-identical to the CPU
+executor, and the benchmarks; saves a screenshot.
+
+Chromium flags (Debian chromium 156, no GPU): `--enable-unsafe-webgpu` is the one that
+matters: without it navigator.gpu exists but requestAdapter() returns null, because the
+only adapter is SwiftShader (a fallback adapter, blocklisted by default). WebGPU also
+needs a secure context, hence http://127.0.0.1 (a data: URL has no navigator.gpu).
+`--use-angle=swiftshader --enable-features=Vulkan` are kept for machines whose GL/Vulkan
+driver would otherwise be tried first; the sandbox flags let it run as root in a
+container; the rest keep the browser off the network.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--enable-unsafe-webgpu", "--no-sandbox", "--disable-gpu-sandbox", "--use-angle=swiftshader",
+    "--enable-features=Vulkan", "--disable-background-networking", "--disable-component-update",
+    "--no-first-run", "--disable-sync",
+]
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = [
+    pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is missing (apt-get install chromium)"),
+    pytest.mark.skipif(importlib.util.find_spec("playwright") is None,
+                       reason="playwright is missing (pip install playwright; never download its browsers)"),
+]
+
+
+@pytest.fixture(scope="module")
+def page_url():
+    from pxvm.web.server import make_server
+
+    srv = make_server(port=0)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield srv.url
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_page_runs_suite_programs_and_benchmarks(page_url):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1200, "height": 900})
+            errors = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.goto(page_url + "?bench=1&reps=3")
+            summary = page.wait_for_selector("#suite-summary:not([data-state=running])", timeout=120_000)
+            assert summary.get_attribute("data-state") == "done", summary.inner_text()
+            assert page.get_attribute("#webgpu", "data-state") == "ok"
+
+            rows = page.query_selector_all("#suite-rows tr")
+            assert len(rows) > 0
+            # checked last, so one failing kernel still lets programs and benchmarks be tested
+            failed = [r.inner_text().replace("\t", " ") for r in rows if r.get_attribute("data-state") != "pass"]
+
+            if importlib.util.find_spec("pxvm.vm") is not None:
+                page.select_option("#program-select", "random")
+                page.click("#program-run")
+                # a dropped file goes the upload route: the server runs the CPU executor
+                from importlib import resources
+
+                with resources.as_file(resources.files("pxvm.examples").joinpath("dot_test.pxi")) as pxi:
+                    page.set_input_files("#program-file", str(pxi))
+                page.wait_for_function(
+                    "() => document.querySelectorAll('.program').length >= 3 && "
+                    "![...document.querySelectorAll('.program')].some(c => c.dataset.state === 'running')",
+                    timeout=60_000)
+                cards = {c.get_attribute("data-name"): (c.get_attribute("data-state"), c.inner_text())
+                         for c in page.query_selector_all(".program")}
+                assert cards["dot_test.pxi"][0] == "identical", cards["dot_test.pxi"][1]
+                assert cards["dot_test.pxi (dropped)"][0] == "identical", cards["dot_test.pxi (dropped)"][1]
+                randoms = [v for k, v in cards.items() if k.startswith("random")]
+                assert randoms and all(state == "identical" for state, _ in randoms), randoms
+
+            page.wait_for_selector("#bench-status[data-state]", timeout=120_000)
+            assert page.get_attribute("#bench-status", "data-state") == "done", page.inner_text("#bench-status")
+            assert len(page.query_selector_all("#bench-rows tr")) >= 1
+            assert page.query_selector("#bench-chart svg rect.bar-browser") is not None
+            assert not errors, errors
+            assert not failed, "cases failing in the browser:\n" + "\n".join(failed)
+        finally:
+            shot = REPO / "artifacts" / "web" / "page.png"
+            shot.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                page.screenshot(path=str(shot), full_page=True)
+                docs = REPO / "docs" / "images" / "web-page.png"
+                docs.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(shot, docs)
+            except Exception:
+                pass
+            browser.close()
+
+
+def test_page_explains_missing_webgpu(page_url):
+    """Without --enable-unsafe-webgpu this Chromium offers no adapter (SwiftShader is
+    blocklisted): the page must say so and how to enable it, not hang or throw."""
+    from playwright.sync_api import sync_playwright
+
+    args = [a for a in CHROMIUM_ARGS if a != "--enable-unsafe-webgpu"]
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=args)
+        try:
+            page = browser.new_page()
+            page.goto(page_url)
+            page.wait_for_selector("#webgpu:not([data-state=checking])", timeout=60_000)
+            text = page.inner_text("#webgpu")
+            assert page.get_attribute("#webgpu", "data-state") == "missing"
+            assert "no WebGPU adapter" in text and "--enable-unsafe-webgpu" in text
+            assert page.get_attribute("#suite-summary", "data-state") == "no-webgpu"
+        finally:
+            browser.close()

@@ -1,0 +1,105 @@
+"""Dispatch plans (pxvm/web/plans.py): every registered op has a conformance case, and a
+plan replayed on the runtime's device with nothing but its own data (buffers, kernel
+files, entry points, constants, uniform bytes, workgroup counts) reproduces the numpy
+reference, and for pxVM programs the CPU executor's bytes."""
+
+from __future__ import annotations
+
+import base64
+
+import numpy as np
+import pytest
+
+from conftest import nmse
+from pxvm.ops import REGISTRY
+from pxvm.runtime import workgroup_grid
+from pxvm.tensor import DTYPES
+from pxvm.web import plans
+
+
+def replay_natively(device, plan) -> np.ndarray:
+    """Run a plan through pxvm.runtime directly, the way the page does in JavaScript."""
+    allocs = []
+    for b in plan["buffers"]:
+        if b["data"] is None:
+            alloc = device.alloc(max(b["nbytes"], 4), "plan output")
+            alloc.nbytes = b["nbytes"]
+        else:
+            alloc = device.upload(np.frombuffer(base64.b64decode(b["data"]), np.uint8))
+        allocs.append(alloc)
+    rec = device.recorder()
+    for d in plan["dispatches"]:
+        pipe = device.pipeline(d["kernel"], d["entry"], d["constants"])
+        params = None if d["params"] is None else base64.b64decode(d["params"])
+        rec.dispatch(pipe, [allocs[i] for i in d["bindings"]], params, tuple(d["groups"]))
+    result = plan["result"]
+    staged = rec.stage(allocs[result["buffer"]])
+    rec.submit()
+    dtype = DTYPES[result["dtype"]]
+    count = int(np.prod(result["shape"], dtype=np.int64))
+    return staged.result(dtype, count).reshape(result["shape"])
+
+
+def expected_of(plan) -> np.ndarray:
+    exp = plan["expected"]
+    return np.frombuffer(base64.b64decode(exp["data"]), DTYPES[exp["dtype"]]).reshape(exp["shape"])
+
+
+def test_every_registered_op_has_a_conformance_case():
+    assert plans.ops_without_case(REGISTRY) == [], (
+        "add a row for these ops to CASES in src/pxvm/web/plans.py so the page tests them")
+    assert set(plans.BENCHMARKS) <= set(REGISTRY)
+
+
+@pytest.mark.parametrize("case_id", plans.case_ids())
+def test_replayed_plan_matches_numpy_reference(gpu_device, case_id):
+    plan = plans.conformance_plan(case_id, seed=3)
+    got = replay_natively(gpu_device, plan)
+    expected = expected_of(plan)
+    if plan["exact"]:
+        np.testing.assert_array_equal(got, expected)
+    else:
+        assert nmse(got, expected) <= plan["threshold"]
+
+
+def test_plan_records_uniform_bytes_and_spreads_large_grids():
+    ctx = plans.PlanContext()
+    x = ctx.tensor(np.arange(5, dtype=np.float32))
+    out = ctx.empty((5,), np.float32)
+    ctx.dispatch("elementwise.wgsl", "unary", [x, x, out], (5, -2, 0.5), 70000, {"OP": 3})
+    d = ctx.plan(out)["dispatches"][0]
+    assert base64.b64decode(d["params"]) == np.array([5, -2], "<i4").tobytes() + np.float32(0.5).tobytes()
+    assert tuple(d["groups"]) == workgroup_grid(70000, 65535) and d["groups"][0] <= 65535
+    assert d["bindings"] == [0, 0, 1] and d["constants"] == {"OP": 3.0}
+    assert ctx.plan(out)["buffers"][1]["data"] is None  # outputs are poisoned by the page
+
+
+def test_plan_refuses_tensors_from_elsewhere():
+    a, b = plans.PlanContext(), plans.PlanContext()
+    x = a.tensor(np.ones(3, np.float32))
+    with pytest.raises(ValueError, match="not recorded in this plan"):
+        b.dispatch("elementwise.wgsl", "unary", [x], None, 1)
+
+
+@pytest.mark.parametrize("source", ["dot_test.pxi", "random-1", "random-2"])
+def test_replayed_program_plan_is_byte_identical_to_cpu_executor(gpu_device, source):
+    vm = pytest.importorskip("pxvm.vm")
+    if source.startswith("random"):
+        img = plans.random_program(int(source.split("-")[1]))
+    else:
+        from importlib import resources
+
+        img = vm.load_pxi(resources.files("pxvm.examples").joinpath(source).read_bytes())
+    plan = plans.program_plan(img)
+    got = replay_natively(gpu_device, plan).view(np.uint8).reshape(img.shape)
+    cpu = vm.run_program_cpu(img.copy())
+    assert np.array_equal(expected_of(plan), cpu)
+    assert np.array_equal(got, cpu)
+    assert not np.array_equal(cpu, img), "the program should change the image"
+
+
+def test_random_programs_use_every_matrix_opcode():
+    from pxvm.vm import validate_program
+
+    names = {ins.name for ins in validate_program(plans.random_program(7)).instructions}
+    assert {"MATMUL_I8", "BIAS_I32", "REQUANT", "RELU_I8", "ARGMAX_I32"} <= names

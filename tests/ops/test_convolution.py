@@ -10,7 +10,8 @@ from conftest import NMSE_LONG, assert_close
 
 @pytest.mark.parametrize("c_in,h,w,c_out,kh,kw,stride,padding", [
     (1, 7, 7, 1, 3, 3, 1, 0), (3, 33, 17, 5, 3, 4, 2, 1), (2, 1, 1, 3, 1, 1, 1, 0),
-    (4, 20, 31, 7, 5, 5, 1, 2), (1, 9, 9, 2, 9, 9, 3, 4)])
+    (4, 20, 31, 7, 5, 5, 1, 2), (1, 9, 9, 2, 9, 9, 3, 4), (2, 33, 257, 3, 3, 3, 1, 1),
+    (7, 16, 16, 1, 2, 3, 3, 0)])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_conv2d_matches_reference(gpu_device, rng, c_in, h, w, c_out, kh, kw, stride, padding, with_bias):
     x = rng.standard_normal((c_in, h, w)).astype(np.float32)
@@ -39,6 +40,29 @@ def test_convolve2d_matches_scipy(gpu_device, rng, image, kernel):
     assert_close(pxvm.ops.convolve2d(im, k, backend="cpu").numpy(), expected, 1e-10)
 
 
-def test_channel_mismatch_is_a_clear_error():
-    with pytest.raises(pxvm.ShapeError, match="x has 3 channels but w expects 2"):
-        pxvm.ops.conv2d(np.ones((3, 5, 5), np.float32), np.ones((1, 2, 3, 3), np.float32), backend="gpu")
+@pytest.mark.parametrize("x,w,kwargs,message", [
+    ((3, 5, 5), (1, 2, 3, 3), {}, "x has 3 channels but w expects 2"),
+    ((5, 5), (1, 1, 3, 3), {}, r"x of shape \(C_in, H, W\), got \(5, 5\)"),
+    ((1, 5, 5), (1, 3, 3), {}, r"w of shape \(C_out, C_in, kh, kw\), got \(1, 3, 3\)"),
+    ((1, 2, 2), (1, 1, 3, 3), {}, r"kernel \(3, 3\) is larger than the padded input"),
+    ((1, 5, 5), (1, 1, 3, 3), {"stride": 0}, "need stride >= 1"),
+    ((1, 5, 5), (2, 1, 3, 3), {"bias": np.ones(3, np.float32)}, r"bias must have shape \(2,\)"),
+])
+def test_conv2d_bad_operands_are_refused_clearly(x, w, kwargs, message):
+    with pytest.raises(pxvm.ShapeError, match=message):
+        pxvm.ops.conv2d(np.ones(x, np.float32), np.ones(w, np.float32), backend="gpu", **kwargs)
+
+
+def test_convolve2d_kernel_larger_than_image_is_refused():
+    with pytest.raises(pxvm.ShapeError, match=r"kernel \(4, 2\) to fit in the image \(3, 3\)"):
+        pxvm.ops.convolve2d(np.ones((3, 3), np.float32), np.ones((4, 2), np.float32), backend="gpu")
+
+
+@pytest.mark.parametrize("bias_backend", ["numpy", "cpu", "gpu"])
+def test_conv2d_bias_may_be_a_tensor_of_either_backend(gpu_device, rng, bias_backend):
+    x = rng.standard_normal((2, 6, 7)).astype(np.float32)
+    w = rng.standard_normal((3, 2, 3, 2)).astype(np.float32)
+    b = rng.standard_normal(3).astype(np.float32)
+    bias = b if bias_backend == "numpy" else pxvm.tensor(b, backend=bias_backend)
+    expected = pxvm.ops.conv2d.reference(x, w, b)
+    assert_close(pxvm.ops.conv2d(x, w, bias, backend="gpu").numpy(), expected, NMSE_LONG)

@@ -1,5 +1,6 @@
 """Multi-head attention (attention.wgsl) with grouped-query heads and a causal mask
-offset for KV caches: query i of Sq sees keys j <= i + Skv - Sq."""
+offset for KV caches: query i of Sq sees keys j <= i + Skv - Sq. Few queries over many
+keys (decoding) split the keys over several workgroups and merge the partial results."""
 
 from __future__ import annotations
 
@@ -9,7 +10,14 @@ import numpy as np
 
 from .registry import meta, register, require
 
+KERNEL = "attention.wgsl"
 MAX_HEAD_DIM = 256
+# Key splitting (decoding with a long KV cache): below SPLIT_MAX_TASKS (query, head)
+# pairs a one-workgroup-per-pair pass cannot fill a large GPU (132 SMs on an H100), so
+# runs of at least SPLIT_MIN_KEYS keys are cut into ranges of SPLIT_LEN keys each.
+SPLIT_MAX_TASKS = 512
+SPLIT_MIN_KEYS = 1024
+SPLIT_LEN = 512
 
 
 def attention_ref(q, k, v, causal=True, scale=None):
@@ -50,13 +58,30 @@ def _infer(q, k, v, causal=True, scale=None):
     return meta(q.shape, np.float32)
 
 
+def split_plan(sq: int, hq: int, skv: int) -> int:
+    """Key ranges per (query, head): 1 (one pass) unless few (query, head) pairs meet
+    many keys, where splitting the keys gives the GPU enough workgroups."""
+    if sq * hq >= SPLIT_MAX_TASKS or skv < SPLIT_MIN_KEYS:
+        return 1
+    return -(-skv // SPLIT_LEN)
+
+
 def attention_gpu(ctx, q, k, v, causal=True, scale=None):
     sq, hq, d = q.shape
     skv, hkv, _ = k.shape
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     out = ctx.empty(q.shape, np.float32)
-    ctx.dispatch("attention.wgsl", "main", [q, k, v, out], (sq, skv, hq, hkv, d, scale),
-                 sq * hq, {"CAUSAL": int(bool(causal))})
+    n_split = split_plan(sq, hq, skv)
+    params = (sq, skv, hq, hkv, d, scale, n_split, SPLIT_LEN)
+    consts = {"CAUSAL": int(bool(causal))}
+    if n_split == 1:
+        stand_in = ctx.empty((1,), np.float32, "attention stand-in")
+        ctx.dispatch(KERNEL, "main", [q, k, v, out, stand_in], params, sq * hq, consts)
+    else:
+        part = ctx.empty((sq * hq * n_split, d + 2), np.float32, "attention partial sums")
+        ctx.dispatch(KERNEL, "split_keys", [q, k, v, out, part], params,
+                     sq * hq * n_split, consts)
+        ctx.dispatch(KERNEL, "combine", [q, k, v, out, part], params, sq * hq, consts)
     return out
 
 

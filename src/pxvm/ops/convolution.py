@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..tensor import Tensor
 from .registry import meta, register, require
 
 
@@ -65,7 +66,10 @@ def _record_conv(ctx, x, w, bias, stride, padding, flip):
     if bias is None:
         bias_t = w  # never read when has_bias = 0; saves a second kernel
     else:
-        bias_t = bias if hasattr(bias, "storage") else ctx.tensor(np.asarray(bias, np.float32))
+        # bias is a parameter, not an op input, so it may arrive as numpy or as a tensor
+        # of either backend; only one already on this device is bound as it is.
+        on_device = isinstance(bias, Tensor) and bias.backend is ctx.backend
+        bias_t = bias if on_device else ctx.tensor(np.asarray(bias, np.float32).reshape(-1))
     c_out, h_out, w_out = m.shape
     params = (x.shape[0], x.shape[1], x.shape[2], c_out, w.shape[2], w.shape[3], h_out, w_out,
               int(stride), int(padding), int(bias is not None))

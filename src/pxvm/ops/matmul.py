@@ -1,6 +1,8 @@
 """Matrix product (matmul_naive.wgsl, matmul_tiled.wgsl): C = A @ B or A @ B^T for any
-M, N, K >= 1. `kernel="auto"` picks the workgroup-per-output matrix-vector kernel for
-small M, the register-blocked tiled kernel otherwise."""
+M, N, K >= 1. Kernels: "naive" (one output per thread), "gemv" (32 threads per
+output, for matrix-vector), "tiled" (64x64 register-blocked tiles) and "tiled_wide"
+(64x128 tiles). `kernel="auto"` picks gemv for small M, naive for tiny products, the
+wide tiles for large ones and the 64x64 tiles in between."""
 
 from __future__ import annotations
 
@@ -8,8 +10,13 @@ import numpy as np
 
 from .registry import meta, register, require
 
-KERNELS = ("auto", "naive", "tiled", "gemv")
+KERNELS = ("auto", "naive", "tiled", "tiled_wide", "gemv")
 GEMV_MAX_ROWS = 4
+GEMV_ROWS_PER_WG = 8  # outputs per gemv workgroup: ROWS_PER_WG in matmul_naive.wgsl
+# Above this many outputs the 64x64 tiles fell from 18.5 TFLOP/s (2048) to 8.4 (4096) on
+# the H100; 64x128 tiles move a quarter less data from memory per flop. The threshold
+# is a first guess, to be set from `bench_ops.py --kernel tiled|tiled_wide`.
+WIDE_MIN_OUTPUTS = 2048 * 2048
 
 
 def matmul_ref(a, b, transpose_b=False, kernel="auto"):
@@ -37,6 +44,8 @@ def choose_kernel(M: int, N: int, K: int) -> str:
         return "gemv"
     if M * N < 64 * 64:
         return "naive"
+    if M * N > WIDE_MIN_OUTPUTS and N >= 128:
+        return "tiled_wide"
     return "tiled"
 
 
@@ -47,11 +56,15 @@ def matmul_gpu(ctx, a, b, transpose_b=False, kernel="auto"):
     kernel = choose_kernel(M, N, K) if kernel == "auto" else kernel
     consts = {"TRANSPOSE_B": int(bool(transpose_b))}
     params = (M, N, K)
-    if kernel == "tiled":
+    if kernel == "tiled_wide":
+        ctx.dispatch("matmul_tiled.wgsl", "main_wide", [a, b, out], params,
+                     ((N + 127) // 128, (M + 63) // 64, 1), consts)
+    elif kernel == "tiled":
         ctx.dispatch("matmul_tiled.wgsl", "main", [a, b, out], params,
                      ((N + 63) // 64, (M + 63) // 64, 1), consts)
     elif kernel == "gemv":
-        ctx.dispatch("matmul_naive.wgsl", "gemv", [a, b, out], params, M * N, consts)
+        ctx.dispatch("matmul_naive.wgsl", "gemv", [a, b, out], params,
+                     (M * N + GEMV_ROWS_PER_WG - 1) // GEMV_ROWS_PER_WG, consts)
     else:
         ctx.dispatch("matmul_naive.wgsl", "main", [a, b, out], params,
                      ((N + 15) // 16, (M + 15) // 16, 1), consts)

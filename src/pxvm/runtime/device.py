@@ -238,6 +238,8 @@ class Device:
         return alloc
 
     def upload(self, array: np.ndarray, what: str = "tensor") -> Allocation:
+        if array.nbytes > self.max_binding:  # before copying a broadcast view on the host
+            raise BindingTooLargeError(int(array.nbytes), self.max_binding, what)
         data = np.ascontiguousarray(array)
         raw = data.view(np.uint8).reshape(-1)
         alloc = self.alloc(max(4, raw.nbytes), what)

@@ -27,3 +27,15 @@ def test_info_lists_every_adapter_and_the_auto_choice(gpu_device):
 def test_help_explains_the_subcommands():
     proc = run_pxvm("--help")
     assert proc.returncode == 0 and "info" in proc.stdout
+
+
+def test_demo_runs_matmul_and_the_dot_program_on_numpy():
+    proc = run_pxvm("demo", "--backend", "cpu", "--size", "64")
+    assert proc.returncode == 0, proc.stderr
+    assert "backend: cpu" in proc.stdout and "pixel (0,3) = 300 (expected 300)" in proc.stdout
+
+
+def test_demo_runs_on_the_gpu(gpu_device):
+    proc = run_pxvm("demo", "--backend", "gpu", "--size", "64")
+    assert proc.returncode == 0, proc.stderr
+    assert "backend: gpu" in proc.stdout and "= 300 (expected 300)" in proc.stdout

@@ -102,5 +102,13 @@ class Tensor:
         storage = self.storage.reshape(shape) if isinstance(self.storage, np.ndarray) else self.storage
         return Tensor(shape, self.dtype, self.backend, storage)
 
+    def prefix(self, rows: int) -> "Tensor":
+        """The first `rows` rows (axis 0) as a view of the same storage (no copy)."""
+        if not 0 < rows <= self.shape[0]:
+            raise ShapeError(f"prefix of {rows} rows of a tensor with {self.shape[0]} rows")
+        shape = (rows, *self.shape[1:])
+        storage = self.storage[:rows] if isinstance(self.storage, np.ndarray) else self.storage
+        return Tensor(shape, self.dtype, self.backend, storage)
+
     def __repr__(self) -> str:
         return f"Tensor(shape={self.shape}, dtype={dtype_name(self.dtype)}, backend={self.backend.name})"

@@ -6,7 +6,8 @@ Each family module registers its ops in `REGISTRY`; they are exported here by na
 
 from __future__ import annotations
 
-from . import attention, convolution, elementwise, matmul, normalization, quantized, reductions
+from . import (attention, convolution, elementwise, indexing, matmul, normalization, quantized,
+               reductions)
 from .registry import REGISTRY, Op
 
 globals().update(REGISTRY)

@@ -1,1 +1,99 @@
-"""(being written)"""
+"""Ops on GGUF-quantized weights (matmul_quant.wgsl): `matmul_quant` multiplies by a
+weight kept in its raw GGUF blocks and dequantized inside the kernel, `embedding_quant`
+looks rows up. The numpy reference dequantizes with the `gguf` package's own code."""
+
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+
+from .registry import meta, register, require
+
+# GGML type numbers -> (values per block, bytes per block)
+FORMATS = {0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 8: (32, 34)}
+FORMAT_NAMES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 8: "Q8_0"}
+
+# The numpy backend would dequantize every weight on every call; keep the result while the
+# raw array lives (weights are loaded once and kept).
+_by_id: dict[int, tuple] = {}
+
+
+def row_bytes(qtype: int, k: int) -> int:
+    per, size = FORMATS[qtype]
+    return k // per * size
+
+
+def dequantize(w: np.ndarray, qtype: int, k: int) -> np.ndarray:
+    """(N, K) float32 of the raw (N, row_bytes) uint8 blocks, via gguf's reference code."""
+    import gguf
+
+    key = id(w)
+    hit = _by_id.get(key)
+    if hit is not None and hit[0]() is w:
+        return hit[1]
+    out = gguf.quants.dequantize(np.asarray(w, np.uint8), gguf.GGMLQuantizationType(qtype))
+    out = np.asarray(out, np.float32).reshape(w.shape[0], k)
+    try:
+        _by_id[key] = (weakref.ref(w, lambda _, key=key: _by_id.pop(key, None)), out)
+    except TypeError:  # not weak-referenceable: do not cache
+        pass
+    return out
+
+
+def matmul_quant_ref(x, w, qtype=3, k=0):
+    """x (M, K) @ W^T for W (N, K) stored as raw GGUF blocks (N, row_bytes) of type qtype."""
+    return (np.asarray(x, np.float64) @ dequantize(w, qtype, k).T.astype(np.float64)).astype(np.float32)
+
+
+def embedding_quant_ref(ids, w, qtype=3, k=0):
+    """Rows ids of W (N, K) stored as raw GGUF blocks: (len(ids), K) float32."""
+    return dequantize(w, qtype, k)[np.asarray(ids, np.int64)].astype(np.float32)
+
+
+def _check_weight(w, qtype, k):
+    require(qtype in FORMATS, f"unsupported weight type {qtype}; supported: "
+            + ", ".join(f"{v} ({n})" for n, v in ((FORMAT_NAMES[t], t) for t in FORMATS)))
+    per, _ = FORMATS[qtype]
+    require(k > 0 and k % per == 0, f"{FORMAT_NAMES[qtype]} rows need K divisible by {per}, got K={k}")
+    require(len(w.shape) == 2 and w.shape[1] == row_bytes(qtype, k),
+            f"{FORMAT_NAMES[qtype]} weight of K={k} needs (N, {row_bytes(qtype, k)}) bytes, "
+            f"got {tuple(w.shape)}")
+
+
+def _infer_matmul(x, w, qtype=3, k=0):
+    _check_weight(w, qtype, k)
+    require(len(x.shape) == 2 and x.shape[1] == k,
+            f"matmul_quant: x must be (M, {k}), got {tuple(x.shape)}")
+    return meta((x.shape[0], w.shape[0]), np.float32)
+
+
+def _infer_embedding(ids, w, qtype=3, k=0):
+    _check_weight(w, qtype, k)
+    require(len(ids.shape) == 1, f"embedding ids must be 1-D, got {tuple(ids.shape)}")
+    return meta((ids.shape[0], k), np.float32)
+
+
+def matmul_quant_gpu(ctx, x, w, qtype=3, k=0):
+    m, n = x.shape[0], w.shape[0]
+    out = ctx.empty((m, n), np.float32)
+    rows_per_wg = 8
+    ctx.dispatch("matmul_quant.wgsl", "matmul", [x, w, out, x],
+                 (m, n, k, row_bytes(qtype, k)), ((n + rows_per_wg - 1) // rows_per_wg, m, 1),
+                 {"FORMAT": qtype})
+    return out
+
+
+def embedding_quant_gpu(ctx, ids, w, qtype=3, k=0):
+    s = ids.shape[0]
+    out = ctx.empty((s, k), np.float32)
+    ctx.dispatch("matmul_quant.wgsl", "embed", [w, w, out, ids],
+                 (s, w.shape[0], k, row_bytes(qtype, k)), ((k + 255) // 256, s, 1),
+                 {"FORMAT": qtype})
+    return out
+
+
+matmul_quant = register("matmul_quant", 2, matmul_quant_ref, matmul_quant_gpu, _infer_matmul,
+                        ("f32", "u8"))
+embedding_quant = register("embedding_quant", 2, embedding_quant_ref, embedding_quant_gpu,
+                           _infer_embedding, ("i32", "u8"))

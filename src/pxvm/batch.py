@@ -59,7 +59,8 @@ class Batch:
             out = op.gpu(self._ctx, *tensors, **params)
         else:
             out = self.backend.run(op, tensors, params)
-        self._outputs.append(weakref.ref(out))
+        if not any(out is t for t in tensors):  # in-place ops (write_rows) are no results
+            self._outputs.append(weakref.ref(out))
         return out
 
     def __getattr__(self, name: str):

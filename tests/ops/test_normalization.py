@@ -25,6 +25,20 @@ def test_softmax_is_stable_for_huge_logits(gpu_device, rng):
     assert_close(got, pxvm.ops.softmax.reference(x), NMSE_F16)
 
 
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+def test_softmax_family_nan_and_inf_rows_agree_with_reference(gpu_device, rng, name):
+    # Special values sit after the first element so the kernel must keep a NaN (or +inf)
+    # already found while later, ordinary values arrive.
+    x = rng.standard_normal((4, 300)).astype(np.float32)
+    x[0, 5] = np.nan
+    x[1, 299] = np.nan
+    x[2, 100] = -np.inf
+    op = getattr(pxvm.ops, name)
+    with np.errstate(invalid="ignore"):
+        expected = op.reference(x)
+    assert_close(op(x, backend="gpu").numpy(), expected, NMSE_F16)
+
+
 @settings(max_examples=25, deadline=None)
 @given(rows=st.integers(1, 300), cols=st.integers(1, 700), seed=st.integers(0, 2**32 - 1))
 def test_softmax_property_rows_sum_to_one(gpu_device, rows, cols, seed):

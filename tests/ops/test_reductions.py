@@ -50,6 +50,15 @@ def test_row_argmax_is_exact(gpu_device, rng, shape):
                                   np.argmax(a, axis=-1))
 
 
+def test_row_argmax_ties_and_nan_follow_numpy(gpu_device, rng):
+    a = rng.integers(0, 2, (5, 700)).astype(np.float32)  # ties in every row
+    a[1, 650], a[1, 3] = np.nan, np.nan  # first NaN wins, even after later ones
+    a[2, 400] = np.inf
+    a[3, :] = np.nan
+    np.testing.assert_array_equal(pxvm.ops.argmax(a, axis=-1, backend="gpu").numpy(),
+                                  np.argmax(a, axis=-1))
+
+
 @settings(max_examples=25, deadline=None)
 @given(n=st.integers(1, 20000), seed=st.integers(0, 2**32 - 1))
 def test_reductions_property_over_lengths(gpu_device, n, seed):
@@ -58,6 +67,8 @@ def test_reductions_property_over_lengths(gpu_device, n, seed):
     assert_close(pxvm.ops.sum(a, backend="gpu").numpy(), np.sum(a, dtype=np.float64), NMSE_LONG)
     assert pxvm.ops.max(a, backend="gpu").numpy() == a.max()
     assert int(pxvm.ops.argmax(a, backend="gpu").numpy()) == int(np.argmax(a))
+    b = r.standard_normal(n).astype(np.float32)
+    assert_close(pxvm.ops.dot(a, b, backend="gpu").numpy(), np.dot(a.astype(np.float64), b), NMSE_LONG)
 
 
 def test_bad_operands_give_clear_errors():

@@ -26,7 +26,8 @@ fn reduce_max(lid: u32, v: f32) -> f32 {
         workgroupBarrier();
         if (lid < s) {
             let o = scratch[lid + s];
-            if (is_nan(o) || o > scratch[lid]) { scratch[lid] = o; }
+            // NaN already held must stay: NVIDIA folds `o > NaN` as if NaN did not exist.
+            if (!is_nan(scratch[lid]) && (is_nan(o) || o > scratch[lid])) { scratch[lid] = o; }
         }
     }
     workgroupBarrier();
@@ -58,7 +59,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid
     var m = bitcast<f32>(neg_inf_bits);
     for (var i = lid; i < p.row_len; i = i + WG) {
         let v = x[base + i];
-        if (is_nan(v) || v > m) { m = v; }
+        if (!is_nan(m) && (is_nan(v) || v > m)) { m = v; }
     }
     m = reduce_max(lid, m);
     var s = 0.0;

@@ -27,10 +27,10 @@ class BatchStateError(PxvmError):
 
 
 class Batch:
-    def __init__(self, backend="auto", timestamps: bool = False):
+    def __init__(self, backend="auto", timestamps: bool = False, profile: bool = False):
         self.backend = get_backend(backend)
         self._gpu = hasattr(self.backend, "context")
-        self._ctx = self.backend.context(timestamps) if self._gpu else None
+        self._ctx = self.backend.context(timestamps, profile) if self._gpu else None
         self._outputs: list[weakref.ref] = []
         self._consumed: set[int] = set()
         self._alive: list[Tensor] = []  # inputs kept until execute so their ids stay unique
@@ -108,6 +108,11 @@ class Batch:
             arr = await staged[1].result_async(tensor.dtype, tensor.size)
             return arr.reshape(tensor.shape)
         return await tensor.numpy_async()
+
+    @property
+    def profile(self) -> list[tuple[str, float]] | None:
+        """(kernel:entry, GPU seconds) of every dispatch, when created with profile=True."""
+        return self._ctx.recorder.profile if self._gpu else None
 
     @property
     def gpu_seconds(self) -> float | None:

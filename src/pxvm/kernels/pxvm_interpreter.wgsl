@@ -116,18 +116,37 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l
     if (t >= p.m * p.n) { return; }
     let row = t / p.n;
     let col = t % p.n;
+    // Walk both operands by word index instead of calling elem() per step: it saves two
+    // integer divisions per multiply-add. A advances one element (one column, wrapping to
+    // column 1 of the next row); B advances n elements = whole rows plus a remainder.
+    let stride = p.width - 1u;
+    let a0 = row * p.k;
+    var ay = p.r0 + a0 / stride;
+    var ax = 1u + a0 % stride;
+    var by = p.r1 + col / stride;
+    var bx = 1u + col % stride;
+    let b_rows = p.n / stride;
+    let b_cols = p.n % stride;
+    var acc_s = 0i;
+    var acc_u = 0u;
+    for (var kk = 0u; kk < p.k; kk = kk + 1u) {
+        let wa = img[ay * p.width + ax];
+        let wb = img[by * p.width + bx];
+        if (SIGNED) {
+            acc_s = acc_s + r_i8(wa) * r_i8(wb);
+        } else {
+            acc_u = acc_u + r_u8(wa) * r_u8(wb);
+        }
+        ax = ax + 1u;
+        if (ax == p.width) { ax = 1u; ay = ay + 1u; }
+        by = by + b_rows;
+        bx = bx + b_cols;
+        if (bx >= p.width) { bx = bx - stride; by = by + 1u; }
+    }
     if (SIGNED) {
-        var acc = 0i;
-        for (var kk = 0u; kk < p.k; kk = kk + 1u) {
-            acc = acc + r_i8(img[elem(p.r0, row * p.k + kk)]) * r_i8(img[elem(p.r1, kk * p.n + col)]);
-        }
-        img[elem(p.r2, t)] = bitcast<u32>(acc);
+        img[elem(p.r2, t)] = bitcast<u32>(acc_s);
     } else {
-        var acc = 0u;
-        for (var kk = 0u; kk < p.k; kk = kk + 1u) {
-            acc = acc + r_u8(img[elem(p.r0, row * p.k + kk)]) * r_u8(img[elem(p.r1, kk * p.n + col)]);
-        }
-        set_r(elem(p.r2, t), min(acc, 255u));
+        set_r(elem(p.r2, t), min(acc_u, 255u));
     }
 }
 

@@ -43,4 +43,8 @@ def load_pxi(source) -> np.ndarray:
 
 def save_pxi(img: np.ndarray, path) -> None:
     """Write an (H, W, 4) uint8 image as an RGBA PNG."""
-    Image.fromarray(check_image(img), "RGBA").save(path, format="PNG")
+    img = check_image(img)
+    try:
+        Image.fromarray(img, "RGBA").save(path, format="PNG")
+    except OSError as exc:
+        raise ProgramError(f"cannot write {os.fspath(path)}: {exc.strerror or exc}") from exc

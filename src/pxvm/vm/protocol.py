@@ -135,6 +135,7 @@ def validate_program(img, max_pixels: int | None = None) -> Program:
                            f"{max_pixels:,}; use a smaller program or the CPU executor")
     prog = Program(h, w)
     shapes: dict[int, tuple[int, int]] = {}  # row -> (rows, cols) written by earlier MATMULs
+    written: list[tuple[int, int, int]] = []  # (first row, last row + 1, x) of earlier writes
     hi = (0, 0, 0)
     pending_hi = False
     for x in range(w):
@@ -165,6 +166,9 @@ def validate_program(img, max_pixels: int | None = None) -> Program:
                 raise ProgramError(f"{where}: row argument {i} is {row}, outside the image "
                                    f"(rows 0..{h - 1})")
         ins = _check_instruction(img, x, r, rows, raw, shapes, where)
+        if r == OP_REQUANT:
+            _params_not_computed(rows[1], written, where)
+        written.extend(_rows_written(ins, w))
         prog.work += _work(ins)
         if prog.work > WORK_BUDGET:
             raise BudgetExceededError(f"{where}: the program needs more than {WORK_BUDGET:,} "
@@ -270,6 +274,31 @@ def _check_instruction(img, x, op, rows, raw, shapes, where) -> Instruction:
         _no_overlap(where, w, out, m)
         return Instruction(x, op, rows, raw, (m, out))
     raise AssertionError(op)
+
+
+def _rows_written(ins: Instruction, width: int) -> list[tuple[int, int, int]]:
+    """Image rows an instruction may write (ADD: its whole output row, since the vector
+    length is only known when it runs; DOT writes column 0 only, which no parameter uses)."""
+    if ins.opcode == OP_ADD:
+        return [(ins.rows[2], ins.rows[2] + 1, ins.x)]
+    if ins.opcode in (OP_MATMUL, OP_MATMUL_I8, OP_REQUANT, OP_ARGMAX_I32):
+        m = ins.mats[-1]
+    elif ins.opcode in (OP_BIAS_I32, OP_RELU_I8):
+        m = ins.mats[0]
+    else:
+        return []
+    return [(m.row, m.row + m.image_rows(width), ins.x)]
+
+
+def _params_not_computed(row: int, written, where) -> None:
+    """REQUANT parameters are constants read before execution (the GPU takes them as
+    uniforms), so a program that computes them would mean different things to an executor
+    reading them late; it is refused instead."""
+    for lo, hi, x in written:
+        if lo <= row < hi:
+            raise ProgramError(f"{where}: requantize parameters at row {row} are written by the "
+                               f"earlier instruction at x={x}; parameters must be constants of "
+                               "the image, so put them in rows no instruction writes")
 
 
 def _work(ins: Instruction) -> int:

@@ -177,6 +177,24 @@ def _size_bytes(inputs):
     return 4.0 * sum(x.size for x in inputs)
 
 
+def _quantized_rows(rng, qtype, n, k):
+    """Raw GGUF blocks of a random (n, k) weight, made by the gguf package's quantizer."""
+    import gguf
+
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    raw = gguf.quants.quantize(w, gguf.GGMLQuantizationType(qtype))
+    return np.ascontiguousarray(raw).view(np.uint8).reshape(n, -1)
+
+
+def _quantized_matmul(qtype):
+    return lambda rng: [rng.standard_normal((3, 64)).astype(np.float32),
+                        _quantized_rows(rng, qtype, 13, 64)]
+
+
+def _quantized_embedding(qtype):
+    return lambda rng: [rng.integers(0, 13, 5).astype(np.int32), _quantized_rows(rng, qtype, 13, 64)]
+
+
 UNARY = {"relu": {}, "leaky_relu": {"alpha": 0.07}, "elu": {"alpha": 0.8}, "sigmoid": {},
          "tanh": {}, "silu": {}, "gelu_tanh": {}, "gelu": {}, "clip": {"lo": -0.5, "hi": 0.9},
          "scale": {"factor": 1.7}}
@@ -224,6 +242,14 @@ CASES.update({
                                     rng.standard_normal((9, 2, 16)).astype(np.float32),
                                     rng.standard_normal((9, 2, 16)).astype(np.float32)],
                        {"causal": True}, threshold=NMSE_LONG)],
+    "write_rows": [Case(lambda rng: [rng.standard_normal((9, 3, 5)).astype(np.float32),
+                                     rng.standard_normal((2, 3, 5)).astype(np.float32)],
+                        {"start": 4}, threshold=0.0)],
+    "slice_rows": [Case(_normal(9, 7), {"start": 2, "stop": 6}, threshold=0.0)],
+    "matmul_quant": [Case(_quantized_matmul(q), {"qtype": q, "k": 64}, threshold=NMSE_LONG)
+                     for q in (0, 1, 2, 3, 8)],
+    "embedding_quant": [Case(_quantized_embedding(q), {"qtype": q, "k": 64}, threshold=0.0)
+                        for q in (3, 8)],
 })
 
 #: Larger inputs for the in-browser benchmark: (op, make, params, flops, bytes moved).

@@ -11,7 +11,7 @@ import logging
 import os
 import threading
 import time
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,6 +45,7 @@ WANTED_LIMITS = (
 )
 UNIFORM_SLOT = 256  # bytes per dispatch's parameter block (WebGPU's offset alignment)
 UNIFORM_ARENA = 64 * 1024
+BIND_GROUP_CACHE = 8192  # least recently used bind groups beyond this are dropped
 MAX_PROFILED = 2048  # dispatches timed individually in one profiled submit
 POOL_KEEP_BYTES = 1 << 30  # freed buffers kept for reuse at most
 #: When true, every allocation is filled with 0xFF bytes (NaN as f32, -1 as i32) so a
@@ -167,6 +168,7 @@ class Device:
         self._lost_reason: str | None = None
         self._pipelines: dict[tuple, Pipeline] = {}
         self._fence_alloc: Allocation | None = None
+        self._bind_groups: OrderedDict = OrderedDict()
         U = wgpu.BufferUsage
         self.STORAGE = U.STORAGE | U.COPY_SRC | U.COPY_DST
         self.UNIFORM = U.UNIFORM | U.COPY_DST
@@ -197,6 +199,7 @@ class Device:
     def mark_lost(self, reason: str) -> None:
         self._lost_reason = reason
         self.pool.clear()
+        self._bind_groups.clear()
 
     def destroy(self) -> None:
         """Release the device; later calls raise DeviceLostError."""
@@ -303,6 +306,23 @@ class Device:
             ]
             self._pipelines[key] = self.device.create_bind_group_layout(entries=entries)
         return self._pipelines[key]
+
+    def bind_group(self, layout, entries):
+        """A bind group for these exact buffers and ranges, reused when seen before: with
+        pooled buffers a decoding loop binds the same buffers token after token, and
+        creating bind groups was the largest host cost of a dispatch. Keys hold the buffer
+        objects themselves, so a key can never match a different, later buffer."""
+        key = (layout, tuple((e["binding"], e["resource"]["buffer"], e["resource"]["offset"],
+                              e["resource"]["size"]) for e in entries))
+        group = self._bind_groups.get(key)
+        if group is None:
+            group = self.device.create_bind_group(layout=layout, entries=entries)
+            self._bind_groups[key] = group
+            if len(self._bind_groups) > BIND_GROUP_CACHE:
+                self._bind_groups.popitem(last=False)
+        else:
+            self._bind_groups.move_to_end(key)
+        return group
 
     # ---- recording ------------------------------------------------------------
     def recorder(self, timestamps: bool = False, profile: bool = False) -> "Recorder":
@@ -465,7 +485,7 @@ class Recorder:
             )
         dev = self.device.device
         try:
-            group = dev.create_bind_group(layout=pipeline.layout, entries=entries)
+            group = self.device.bind_group(pipeline.layout, entries)
             if self._profile_query is not None and len(self._profile_labels) < MAX_PROFILED:
                 self._close_pass()
                 i = len(self._profile_labels)

@@ -46,6 +46,12 @@ class GpuContext:
     def has(self, feature: str) -> bool:
         return self.device.has(feature)
 
+    @property
+    def is_software(self) -> bool:
+        """True on CPU rasterisers (lavapipe, SwiftShader), where kernels may pick a
+        variant with fewer barriers."""
+        return self.device.description.is_software
+
     def dispatch(self, kernel: str, entry: str, tensors, params: tuple | bytes | None,
                  groups, constants: dict | None = None) -> None:
         """Record `entry` of `kernel` over `groups` workgroups (an int is spread over x/y).

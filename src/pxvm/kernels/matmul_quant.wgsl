@@ -1,16 +1,19 @@
 // Matrix products with GGUF-quantized weights, dequantized inside the kernel.
 // The weight W (N rows of K values, the GGUF layout: each row is K/32 blocks) stays in its
 // raw block bytes, read through an array<u32>; blocks are 18, 20 or 34 bytes, so bytes
-// are addressed individually. FORMAT: 0 = F32, 1 = F16, 2 = Q4_0, 3 = Q4_1, 8 = Q8_0
-// (GGML's type numbers).
+// are addressed individually. FORMAT: 0 = F32, 1 = F16, 2 = Q4_0, 3 = Q4_1, 8 = Q8_0,
+// 12 = Q4_K, 14 = Q6_K (GGML's type numbers; the K formats are 256-value super-blocks).
 // `matmul`: y (M, N) = x (M, K) @ W^T. A workgroup owns ROWS_PER_WG output columns n of
-// one row m; the 256 / ROWS_PER_WG threads of each column split its blocks and reduce.
+// one row m; the LANES threads of each column split its blocks and reduce.
 // `embed`: y (S, K) = rows ids[s] of W, dequantized (the embedding lookup).
 
 override FORMAT: u32 = 3u;
 const WG: u32 = 256u;
-const LANES: u32 = 32u;                // threads per output column
-const ROWS_PER_WG: u32 = WG / LANES;   // output columns per workgroup
+// Threads per output column, a power of two <= 32: 32 spreads a row's blocks for GPUs;
+// 1 (no reduction, no barriers) suits CPU drivers such as lavapipe, where each barrier
+// costs a switch between all the workgroup's invocations.
+override LANES: u32 = 32u;
+override ROWS_PER_WG: u32 = WG / LANES;   // output columns per workgroup
 
 struct Params {
     M: u32,
@@ -37,6 +40,7 @@ fn half_at(i: u32) -> f32 {
 
 fn block_values() -> u32 {
     if (FORMAT == 0u || FORMAT == 1u) { return 1u; }
+    if (FORMAT == 12u || FORMAT == 14u) { return 256u; }
     return 32u;
 }
 
@@ -46,6 +50,8 @@ fn block_bytes() -> u32 {
         case 1u: { return 2u; }
         case 2u: { return 18u; }
         case 3u: { return 20u; }
+        case 12u: { return 144u; }
+        case 14u: { return 210u; }
         default: { return 34u; }  // Q8_0
     }
 }
@@ -66,6 +72,37 @@ fn dequant(b: u32, j: u32, d: f32, m: f32) -> f32 {
             let q = (byte_at(b + 4u + (j & 15u)) >> ((j >> 4u) * 4u)) & 15u;
             return d * f32(q) + m;
         }
+        case 12u: {
+            // Q4_K: f16 d, f16 dmin, 12 bytes of 6-bit (scale, min) pairs for the eight
+            // 32-value sub-blocks, then 128 bytes: each 64 values share 32 bytes, the first
+            // 32 in the low nibbles; w = d * scale * q - dmin * min.
+            let sub = j >> 5u;
+            let q = (byte_at(b + 16u + (j >> 6u) * 32u + (j & 31u)) >> (((j >> 5u) & 1u) * 4u)) & 15u;
+            var sc: u32;
+            var mn: u32;
+            if (sub < 4u) {
+                sc = byte_at(b + 4u + sub) & 63u;
+                mn = byte_at(b + 8u + sub) & 63u;
+            } else {
+                let hi = byte_at(b + 8u + sub);
+                sc = (hi & 15u) | ((byte_at(b + sub) >> 6u) << 4u);
+                mn = (hi >> 4u) | ((byte_at(b + 4u + sub) >> 6u) << 4u);
+            }
+            return d * f32(sc) * f32(q) - m * f32(mn);
+        }
+        case 14u: {
+            // Q6_K: 128 bytes of low nibbles, 64 bytes of 2-bit high parts, 16 int8 scales
+            // (one per 16 values), f16 d; w = d * scale * (q - 32). Each 128-value half uses
+            // 64 low bytes and 32 high bytes; its four 32-value parts take the low nibbles of
+            // bytes 0..31, 32..63, then the high nibbles, and bit pairs 0..3 of the high bytes.
+            let half = j >> 7u;
+            let part = (j >> 5u) & 3u;
+            let l = j & 31u;
+            let lo = (byte_at(b + half * 64u + (part & 1u) * 32u + l) >> ((part >> 1u) * 4u)) & 15u;
+            let hi = (byte_at(b + 128u + half * 32u + l) >> (part * 2u)) & 3u;
+            let sc = i32(byte_at(b + 192u + half * 8u + part * 2u + (l >> 4u)) << 24u) >> 24u;
+            return d * f32(sc) * (f32(lo | (hi << 4u)) - 32.0);
+        }
         default: {
             // Q8_0: f16 d, then 32 int8; w = d * q.
             let q = i32(byte_at(b + 2u + j) << 24u) >> 24u;
@@ -76,16 +113,83 @@ fn dequant(b: u32, j: u32, d: f32, m: f32) -> f32 {
 
 fn scale_d(b: u32) -> f32 {
     if (FORMAT <= 1u) { return 1.0; }
+    if (FORMAT == 14u) { return half_at(b + 208u); }
     return half_at(b);
 }
 
 fn scale_m(b: u32) -> f32 {
-    if (FORMAT == 3u) { return half_at(b + 2u); }
+    if (FORMAT == 3u || FORMAT == 12u) { return half_at(b + 2u); }
     return 0.0;
+}
+
+// The 4 bytes starting at even byte i as one word (blocks of 18 and 34 bytes leave their
+// quants 2-byte aligned).
+fn word_at(i: u32) -> u32 {
+    let lo = w[i >> 2u];
+    if ((i & 3u) == 0u) { return lo; }
+    return (lo >> 16u) | (w[(i >> 2u) + 1u] << 16u);
+}
+
+fn x4(i: u32) -> vec4<f32> {
+    return vec4<f32>(x[i], x[i + 1u], x[i + 2u], x[i + 3u]);
+}
+
+fn nibbles_lo(word: u32) -> vec4<f32> {
+    return vec4<f32>(f32(word & 15u), f32((word >> 8u) & 15u), f32((word >> 16u) & 15u),
+                     f32((word >> 24u) & 15u));
+}
+
+fn nibbles_hi(word: u32) -> vec4<f32> {
+    return nibbles_lo(word >> 4u);
+}
+
+fn int8s(word: u32) -> vec4<f32> {
+    return vec4<f32>(f32(i32(word << 24u) >> 24u), f32(i32(word << 16u) >> 24u),
+                     f32(i32(word << 8u) >> 24u), f32(i32(word) >> 24u));
+}
+
+// lane_dot for the 32-value formats, a word (4 or 8 values) at a time: the sum of q * x
+// per block, scaled once, instead of dequantizing value by value.
+fn lane_dot_blocks32(m: u32, n: u32, lane: u32) -> f32 {
+    let n_blocks = p.K / 32u;
+    let bb = block_bytes();
+    let row_base = n * p.row_bytes;
+    let x_base = m * p.K;
+    var acc = 0.0;
+    for (var blk = lane; blk < n_blocks; blk = blk + LANES) {
+        let b = row_base + blk * bb;
+        let d = half_at(b);
+        let k0 = x_base + blk * 32u;
+        if (FORMAT == 8u) {
+            var qx = 0.0;
+            for (var i = 0u; i < 8u; i = i + 1u) {
+                qx = qx + dot(int8s(word_at(b + 2u + 4u * i)), x4(k0 + 4u * i));
+            }
+            acc = acc + d * qx;
+        } else {
+            // Q4_0: w = d * (q - 8), the offset taken before the sum (no cancellation);
+            // Q4_1: w = d * q + m, so the block adds d * sum(q x) + m * sum(x).
+            let qs = select(b + 2u, b + 4u, FORMAT == 3u);
+            let offset = vec4<f32>(select(8.0, 0.0, FORMAT == 3u));
+            var qx = 0.0;
+            var xs = 0.0;
+            for (var i = 0u; i < 4u; i = i + 1u) {
+                let word = word_at(qs + 4u * i);
+                let xa = x4(k0 + 4u * i);
+                let xb = x4(k0 + 16u + 4u * i);
+                qx = qx + dot(nibbles_lo(word) - offset, xa) + dot(nibbles_hi(word) - offset, xb);
+                xs = xs + dot(xa + xb, vec4<f32>(1.0));
+            }
+            acc = acc + d * qx;
+            if (FORMAT == 3u) { acc = acc + half_at(b + 2u) * xs; }
+        }
+    }
+    return acc;
 }
 
 // Dot product of x row m with weight row n, over this lane's share of the blocks.
 fn lane_dot(m: u32, n: u32, lane: u32) -> f32 {
+    if (FORMAT == 2u || FORMAT == 3u || FORMAT == 8u) { return lane_dot_blocks32(m, n, lane); }
     let per_block = block_values();
     let n_blocks = p.K / per_block;
     let bb = block_bytes();

@@ -12,8 +12,8 @@ import numpy as np
 from ..runtime.errors import PxvmError
 
 SUPPORTED_ARCHITECTURES = ("llama",)
-# GGML tensor types the kernels read: F32, F16, Q4_0, Q4_1, Q8_0.
-SUPPORTED_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 8: "Q8_0"}
+# GGML tensor types the kernels read.
+SUPPORTED_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 8: "Q8_0", 12: "Q4_K", 14: "Q6_K"}
 GGUF_MAGIC = b"GGUF"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -121,6 +121,20 @@ class GGUFModelFile:
         vocab = self.metadata.get(f"{arch}.vocab_size")
         if vocab is None:
             vocab = len(self.metadata.get("tokenizer.ggml.tokens") or [])
+        # Variants whose numbers this model code would silently get wrong
+        key_length = g("attention.key_length", None, False)
+        rope_dims = g("rope.dimension_count", None, False)
+        scaling = g("rope.scaling.type", None, False)
+        for what, bad in (
+                (f"attention.key_length {key_length} != embedding_length / head_count "
+                 f"({head_dim})", key_length is not None and int(key_length) != head_dim),
+                (f"partial RoPE (rope.dimension_count {rope_dims} of head size {head_dim})",
+                 rope_dims is not None and int(rope_dims) != head_dim),
+                (f"RoPE scaling {scaling!r}", scaling not in (None, "none")),
+                ("RoPE frequency factors (rope_freqs.weight)", "rope_freqs.weight" in self.tensors)):
+            if bad:
+                raise ModelFileError(f"{self.path}: {what} is not supported yet; use a plain "
+                                     "llama-architecture model")
         return Config(
             n_layers=int(g("block_count")),
             dim=dim,

@@ -87,6 +87,9 @@ class PlanContext:
         arr = np.ascontiguousarray(as_supported_array(array))
         return Tensor(arr.shape, arr.dtype, self.backend, self._buffer(arr.nbytes, arr.tobytes()))
 
+    #: Plans are replayed on whatever adapter the browser has; record the GPU variant.
+    is_software = False
+
     def has(self, feature: str) -> bool:
         return feature in self.features
 

@@ -1,0 +1,145 @@
+"""numpy quantize / dequantize of GGUF block formats (F32, F16, Q8_0, Q4_0, Q4_1; Q4_K and
+Q6_K dequantize only, plus random valid blocks for tests): the
+byte layouts the WGSL kernels read, written out plainly so tests can check them against
+the `gguf` package's own code and build small model files."""
+
+from __future__ import annotations
+
+import numpy as np
+
+# GGML type number -> (name, values per block, bytes per block)
+FORMATS = {0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
+           8: ("Q8_0", 32, 34), 12: ("Q4_K", 256, 144), 14: ("Q6_K", 256, 210)}
+BY_NAME = {name: qtype for qtype, (name, _, _) in FORMATS.items()}
+
+
+def row_bytes(qtype: int, k: int) -> int:
+    _, per, size = FORMATS[qtype]
+    return k // per * size
+
+
+def _blocks(raw: np.ndarray, qtype: int) -> np.ndarray:
+    _, _, size = FORMATS[qtype]
+    return np.ascontiguousarray(raw, np.uint8).reshape(-1, size)
+
+
+def _nibbles(q: np.ndarray) -> np.ndarray:
+    """(B, 16) bytes -> (B, 32) values: low nibbles are values 0..15, high ones 16..31."""
+    return np.concatenate([q & 15, q >> 4], axis=1)
+
+
+def dequantize(raw: np.ndarray, qtype: int, k: int) -> np.ndarray:
+    """Raw GGUF rows (N, row_bytes) uint8 -> (N, K) float32."""
+    raw = np.ascontiguousarray(raw, np.uint8)
+    n = raw.size // row_bytes(qtype, k)
+    if qtype == 0:
+        return raw.view(np.float32).reshape(n, k).copy()
+    if qtype == 1:
+        return raw.view(np.float16).astype(np.float32).reshape(n, k)
+    b = _blocks(raw, qtype)
+    d = b[:, 0:2].copy().view(np.float16).astype(np.float32)
+    if qtype == 8:
+        vals = d * b[:, 2:].view(np.int8).astype(np.float32)
+    elif qtype == 2:
+        vals = d * (_nibbles(b[:, 2:]).astype(np.float32) - 8.0)
+    elif qtype == 3:
+        m = b[:, 2:4].copy().view(np.float16).astype(np.float32)
+        vals = d * _nibbles(b[:, 4:]).astype(np.float32) + m
+    elif qtype == 12:
+        vals = _dequantize_q4_k(b)
+    elif qtype == 14:
+        vals = _dequantize_q6_k(b)
+    else:
+        raise ValueError(f"no dequantizer for GGML type {qtype}")
+    return vals.reshape(n, k).astype(np.float32)
+
+
+def _k_scales(sc: np.ndarray):
+    """Q4_K's 12 scale bytes -> 8 six-bit (scale, min) pairs, one per 32-value sub-block."""
+    sc = sc.astype(np.uint8)
+    scale = np.concatenate([sc[:, 0:4] & 63, (sc[:, 8:12] & 15) | ((sc[:, 0:4] >> 6) << 4)], 1)
+    mins = np.concatenate([sc[:, 4:8] & 63, (sc[:, 8:12] >> 4) | ((sc[:, 4:8] >> 6) << 4)], 1)
+    return scale.astype(np.float32), mins.astype(np.float32)
+
+
+def _dequantize_q4_k(b: np.ndarray) -> np.ndarray:
+    """Q4_K super-block (256 values): f16 d, f16 dmin, 12 scale bytes, 128 nibble bytes;
+    each 64 values take 32 bytes, low nibbles first; w = d * scale * q - dmin * min."""
+    d = b[:, 0:2].copy().view(np.float16).astype(np.float32)
+    dmin = b[:, 2:4].copy().view(np.float16).astype(np.float32)
+    scale, mins = _k_scales(b[:, 4:16])
+    qs = b[:, 16:144].reshape(-1, 4, 32)
+    q = np.stack([qs & 15, qs >> 4], axis=2).reshape(-1, 8, 32).astype(np.float32)
+    return (d[:, :, None] * scale[:, :, None] * q - dmin[:, :, None] * mins[:, :, None])
+
+
+def _dequantize_q6_k(b: np.ndarray) -> np.ndarray:
+    """Q6_K super-block (256 values): 128 low-nibble bytes, 64 bytes of 2-bit highs, 16 int8
+    scales (one per 16 values), f16 d; w = d * scale * (q - 32)."""
+    ql = b[:, 0:128].reshape(-1, 2, 64)
+    qh = b[:, 128:192].reshape(-1, 2, 32)
+    scales = b[:, 192:208].view(np.int8).astype(np.float32)
+    d = b[:, 208:210].copy().view(np.float16).astype(np.float32)
+    parts = [(ql[:, :, :32] & 15) | ((qh & 3) << 4),
+             (ql[:, :, 32:] & 15) | (((qh >> 2) & 3) << 4),
+             (ql[:, :, :32] >> 4) | (((qh >> 4) & 3) << 4),
+             (ql[:, :, 32:] >> 4) | (((qh >> 6) & 3) << 4)]
+    q = np.stack(parts, axis=2).reshape(-1, 256).astype(np.float32) - 32.0
+    return d * np.repeat(scales, 16, axis=1) * q
+
+
+def random_blocks(n: int, k: int, qtype: int, rng: np.random.Generator,
+                  scale: float = 1.0) -> np.ndarray:
+    """Valid raw rows (N, row_bytes) of random quants whose values are about `scale` in size
+    (for formats with no quantizer here); scale fields are set to finite f16 values."""
+    raw = rng.integers(0, 256, size=(n * (k // FORMATS[qtype][1]), FORMATS[qtype][2]),
+                       dtype=np.uint8)
+
+    def f16_field(divisor):
+        values = rng.uniform(0.5, 1.5, (len(raw), 1)) * scale / divisor
+        return values.astype(np.float16).view(np.uint8)
+
+    # divisors bring (6-bit or int8 sub-scale) x (quant level) back to about `scale`
+    if qtype == 12:
+        raw[:, 0:2] = f16_field(15 * 40)   # d: times sub-scale <= 63, times q <= 15
+        raw[:, 2:4] = f16_field(40)        # dmin: times min <= 63
+    elif qtype == 14:
+        raw[:, 208:210] = f16_field(32 * 128)  # d: times int8 scale, times q - 32
+    else:
+        raise ValueError(f"random_blocks is for Q4_K / Q6_K, not GGML type {qtype}")
+    return raw.reshape(n, row_bytes(qtype, k))
+
+
+def quantize(x: np.ndarray, qtype: int) -> np.ndarray:
+    """(N, K) float -> raw GGUF rows (N, row_bytes) uint8, rounding as ggml's reference
+    quantizers do (nearest level; Q4_0 scales by the signed extreme / -8)."""
+    x = np.asarray(x, np.float32)
+    n, k = x.shape
+    if qtype == 0:
+        return x.copy().view(np.uint8).reshape(n, -1)
+    if qtype == 1:
+        return x.astype(np.float16).view(np.uint8).reshape(n, -1)
+    blocks = x.reshape(-1, 32)
+    if qtype == 8:
+        d = np.abs(blocks).max(axis=1, keepdims=True) / 127.0
+        inv = np.divide(1.0, d, out=np.zeros_like(d), where=d != 0)
+        q = np.round(blocks * inv).astype(np.int8).view(np.uint8)
+        head = [d.astype(np.float16).view(np.uint8)]
+    elif qtype == 2:
+        idx = np.abs(blocks).argmax(axis=1)
+        extreme = blocks[np.arange(len(blocks)), idx][:, None]
+        d = extreme / -8.0
+        inv = np.divide(1.0, d, out=np.zeros_like(d), where=d != 0)
+        q = np.minimum(15, np.trunc(blocks * inv + 8.5)).astype(np.uint8)
+        q = q[:, :16] | (q[:, 16:] << 4)
+        head = [d.astype(np.float16).view(np.uint8)]
+    elif qtype == 3:
+        lo = blocks.min(axis=1, keepdims=True)
+        d = (blocks.max(axis=1, keepdims=True) - lo) / 15.0
+        inv = np.divide(1.0, d, out=np.zeros_like(d), where=d != 0)
+        q = np.minimum(15, np.trunc((blocks - lo) * inv + 0.5)).astype(np.uint8)
+        q = q[:, :16] | (q[:, 16:] << 4)
+        head = [d.astype(np.float16).view(np.uint8), lo.astype(np.float16).view(np.uint8)]
+    else:
+        raise ValueError(f"no quantizer for GGML type {qtype}")
+    return np.concatenate(head + [q], axis=1).reshape(n, row_bytes(qtype, k))

@@ -1,0 +1,89 @@
+"""Writes tiny random-weight llama GGUF files with gguf.GGUFWriter, for model tests on
+every tensor type; also returns the float weights actually stored (after quantization),
+so tests can run an independent float64 forward pass on them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gguf
+import numpy as np
+
+from pxvm.llm.quant import BY_NAME, dequantize, quantize, random_blocks
+
+
+@dataclass
+class TinySpec:
+    n_layers: int = 2
+    dim: int = 64
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    ffn_dim: int = 96
+    vocab_size: int = 101
+    context_length: int = 24
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    tied_output: bool = True
+    matrix_type: str = "Q4_1"       # type of the attention / FFN matrices
+    embedding_type: str = "Q8_0"    # type of token_embd (and output.weight when untied)
+    arch: str = "llama"
+    rope_scaling: str | None = None  # written as {arch}.rope.scaling.type when set
+
+
+def write_tiny_gguf(path, spec: TinySpec, rng: np.random.Generator) -> dict:
+    """Write the file; returns {tensor name: float32 array as stored}, 2-D ones as (N, K)."""
+    head_dim = spec.dim // spec.n_heads
+    w = gguf.GGUFWriter(str(path), spec.arch)
+    w.add_block_count(spec.n_layers)
+    w.add_embedding_length(spec.dim)
+    w.add_feed_forward_length(spec.ffn_dim)
+    w.add_head_count(spec.n_heads)
+    w.add_head_count_kv(spec.n_kv_heads)
+    w.add_context_length(spec.context_length)
+    w.add_rope_freq_base(spec.rope_theta)
+    w.add_layer_norm_rms_eps(spec.norm_eps)
+    w.add_vocab_size(spec.vocab_size)
+    if spec.rope_scaling is not None:
+        w.add_string(f"{spec.arch}.rope.scaling.type", spec.rope_scaling)
+    w.add_string("tokenizer.ggml.model", "llama")
+    w.add_array("tokenizer.ggml.tokens", [f"t{i}" for i in range(spec.vocab_size)])
+
+    stored = {}
+
+    def matrix(name, n, k, type_name, scale):
+        qtype = BY_NAME[type_name]
+        if type_name in ("Q4_K", "Q6_K"):  # no quantizer for these: random valid blocks
+            raw = random_blocks(n, k, qtype, rng, scale)
+        else:
+            raw = quantize(rng.standard_normal((n, k)).astype(np.float32) * scale, qtype)
+        w.add_tensor(name, raw, raw_dtype=gguf.GGMLQuantizationType(qtype))
+        stored[name] = dequantize(raw, qtype, k)
+
+    def norm(name, k):
+        # near 1 so activations keep their size through many layers, but not all equal
+        values = (1.0 + 0.2 * rng.standard_normal(k)).astype(np.float32)
+        w.add_tensor(name, values)
+        stored[name] = values
+
+    d, kv = spec.dim, spec.n_kv_heads * head_dim
+    matrix("token_embd.weight", spec.vocab_size, d, spec.embedding_type, 1.0)
+    for i in range(spec.n_layers):
+        p = f"blk.{i}."
+        norm(p + "attn_norm.weight", d)
+        matrix(p + "attn_q.weight", d, d, spec.matrix_type, d ** -0.5)
+        matrix(p + "attn_k.weight", kv, d, spec.matrix_type, d ** -0.5)
+        matrix(p + "attn_v.weight", kv, d, spec.matrix_type, d ** -0.5)
+        matrix(p + "attn_output.weight", d, d, spec.matrix_type, d ** -0.5)
+        norm(p + "ffn_norm.weight", d)
+        matrix(p + "ffn_gate.weight", spec.ffn_dim, d, spec.matrix_type, d ** -0.5)
+        matrix(p + "ffn_up.weight", spec.ffn_dim, d, spec.matrix_type, d ** -0.5)
+        matrix(p + "ffn_down.weight", d, spec.ffn_dim, spec.matrix_type, spec.ffn_dim ** -0.5)
+    norm("output_norm.weight", d)
+    if not spec.tied_output:
+        matrix("output.weight", spec.vocab_size, d, spec.embedding_type, d ** -0.5)
+
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return stored

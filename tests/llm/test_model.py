@@ -1,0 +1,162 @@
+"""The llama model on tiny random GGUF files: numpy and WebGPU backends against an
+independent float64 forward pass written here, and against each other."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import nmse
+from make_tiny_gguf import TinySpec, write_tiny_gguf
+
+from pxvm.llm import ContextOverflowError, load_model
+
+NMSE_MODEL = 1e-5
+
+
+def reference_forward(stored: dict, spec: TinySpec, ids) -> np.ndarray:
+    """float64 llama forward over all positions from 0: logits (len(ids), vocab)."""
+    hd = spec.dim // spec.n_heads
+    group = spec.n_heads // spec.n_kv_heads
+    s = len(ids)
+    f = {k: v.astype(np.float64) for k, v in stored.items()}
+
+    def rms(x, wgt):
+        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + spec.norm_eps) * wgt
+
+    # RoPE on consecutive pairs (2i, 2i+1), the layout GGUF llama files use
+    inv_freq = spec.rope_theta ** (-np.arange(0, hd, 2) / hd)
+    ang = np.arange(s)[:, None] * inv_freq[None, :]
+    cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+
+    def rope(t):
+        a, b = t[..., 0::2], t[..., 1::2]
+        out = np.empty_like(t)
+        out[..., 0::2] = a * cos - b * sin
+        out[..., 1::2] = a * sin + b * cos
+        return out
+
+    x = f["token_embd.weight"][np.asarray(ids)]
+    mask = np.triu(np.full((s, s), -np.inf), 1)
+    for i in range(spec.n_layers):
+        p = f"blk.{i}."
+        h = rms(x, f[p + "attn_norm.weight"])
+        q = rope((h @ f[p + "attn_q.weight"].T).reshape(s, spec.n_heads, hd))
+        k = rope((h @ f[p + "attn_k.weight"].T).reshape(s, spec.n_kv_heads, hd))
+        v = (h @ f[p + "attn_v.weight"].T).reshape(s, spec.n_kv_heads, hd)
+        heads = []
+        for hq in range(spec.n_heads):
+            sc = q[:, hq] @ k[:, hq // group].T / np.sqrt(hd) + mask
+            pr = np.exp(sc - sc.max(axis=1, keepdims=True))
+            pr /= pr.sum(axis=1, keepdims=True)
+            heads.append(pr @ v[:, hq // group])
+        x = x + np.concatenate(heads, axis=1) @ f[p + "attn_output.weight"].T
+        h = rms(x, f[p + "ffn_norm.weight"])
+        g = h @ f[p + "ffn_gate.weight"].T
+        x = x + (g / (1 + np.exp(-g)) * (h @ f[p + "ffn_up.weight"].T)) @ f[p + "ffn_down.weight"].T
+    head = f["token_embd.weight"] if spec.tied_output else f["output.weight"]
+    return rms(x, f["output_norm.weight"]) @ head.T
+
+
+SPECS = {
+    "q4_1-gqa-tied": TinySpec(),
+    "q4_0-mha-untied": TinySpec(matrix_type="Q4_0", n_kv_heads=4, tied_output=False),
+    "q8_0-gqa-untied": TinySpec(matrix_type="Q8_0", embedding_type="Q4_1", tied_output=False),
+    "f16-gqa1-tied": TinySpec(matrix_type="F16", embedding_type="F16", n_kv_heads=1),
+    "q4_k-q6_k-gqa-untied": TinySpec(dim=256, ffn_dim=256, matrix_type="Q4_K",
+                                     embedding_type="Q6_K", tied_output=False),
+    "f32-gqa-untied": TinySpec(matrix_type="F32", embedding_type="F32", tied_output=False,
+                               rope_theta=500000.0),
+}
+
+
+@pytest.fixture(params=sorted(SPECS))
+def tiny(request, tmp_path, rng):
+    spec = SPECS[request.param]
+    path = tmp_path / f"{request.param}.gguf"
+    stored = write_tiny_gguf(path, spec, rng)
+    ids = rng.integers(0, spec.vocab_size, size=11).tolist()
+    return spec, str(path), stored, ids
+
+
+def test_config_read_from_file(tiny):
+    spec, path, _, _ = tiny
+    model = load_model(path, backend="cpu", progress=False)
+    c = model.config
+    assert (c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.head_dim, c.ffn_dim, c.vocab_size,
+            c.context_length, c.tied_output) == (
+        spec.n_layers, spec.dim, spec.n_heads, spec.n_kv_heads, spec.dim // spec.n_heads,
+        spec.ffn_dim, spec.vocab_size, spec.context_length, spec.tied_output)
+    assert c.rope_theta == pytest.approx(spec.rope_theta)
+    assert c.norm_eps == pytest.approx(spec.norm_eps)
+    assert model.metadata["tokenizer.ggml.tokens"][:2] == ["t0", "t1"]
+    assert model.backend_name == "cpu"
+
+
+def _check_backend(backend, tiny):
+    spec, path, stored, ids = tiny
+    expected = reference_forward(stored, spec, ids)
+    model = load_model(path, backend=backend, progress=False)
+    every = model.forward_all(ids)
+    assert every.dtype == np.float32 and every.shape == (len(ids), spec.vocab_size)
+    assert nmse(every, expected) <= NMSE_MODEL
+    assert model.position == len(ids)
+    # the same tokens through the KV cache: a prefill of 4, then one at a time
+    model.reset()
+    assert model.position == 0
+    last = model.forward(ids[:4])
+    assert nmse(last, expected[3]) <= NMSE_MODEL
+    for pos in range(4, len(ids)):
+        last = model.forward([ids[pos]])
+        assert last.shape == (spec.vocab_size,)
+        assert nmse(last, expected[pos]) <= NMSE_MODEL, f"position {pos}"
+    return model, every
+
+
+def test_numpy_backend_matches_reference(tiny):
+    _check_backend("cpu", tiny)
+
+
+def test_gpu_backend_matches_reference_and_numpy(tiny, gpu_device):
+    _, gpu_all = _check_backend("gpu", tiny)
+    _, path, _, ids = tiny
+    cpu_all = load_model(path, backend="cpu", progress=False).forward_all(ids)
+    assert nmse(gpu_all, cpu_all) <= NMSE_MODEL
+
+
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
+def test_context_overflow_is_a_clear_error(backend, tmp_path, rng, request):
+    if backend == "gpu":
+        request.getfixturevalue("gpu_device")
+    spec = TinySpec(context_length=8)
+    path = tmp_path / "ctx8.gguf"
+    write_tiny_gguf(path, spec, rng)
+    model = load_model(str(path), backend=backend, progress=False)
+    with pytest.raises(ContextOverflowError, match="context of 8"):
+        model.forward(list(range(9)))
+    assert model.position == 0
+    model.forward(list(range(6)))
+    with pytest.raises(ContextOverflowError, match="9 tokens"):
+        model.forward([1, 2, 3])
+    assert model.position == 6
+    model.forward([1, 2])
+    assert model.position == 8
+
+
+def test_gpu_forward_is_one_submit(tmp_path, rng, gpu_device, monkeypatch):
+    from pxvm.runtime.device import Recorder
+
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path, TinySpec(), rng)
+    model = load_model(str(path), backend="gpu", progress=False)
+    submits = []
+    original = Recorder.submit
+
+    def counting_submit(self, *args, **kwargs):
+        submits.append(self)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Recorder, "submit", counting_submit)
+    model.forward([3, 4, 5])   # prefill
+    model.forward([6])         # decode
+    # each call: its dispatches and the logits' readback copy in one command buffer
+    assert len(submits) == 2, f"{len(submits)} submits for two forward calls"

@@ -1,0 +1,99 @@
+"""GGUF block formats: our numpy quantize/dequantize against the gguf package's own code,
+and the quantized ops (matmul_quant, embedding_quant) on both backends."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+from conftest import NMSE_LONG, nmse
+
+import pxvm
+from pxvm.llm.quant import FORMATS, dequantize, quantize, random_blocks, row_bytes
+
+TYPES = sorted(FORMATS)
+IDS = [FORMATS[t][0] for t in TYPES]
+K_TYPES = [12, 14]  # 256-value super-blocks, no quantizer: tested on random valid blocks
+SIMPLE = [t for t in TYPES if t not in K_TYPES]
+SIMPLE_IDS = [FORMATS[t][0] for t in SIMPLE]
+
+
+def _weight(qtype, n, k, rng):
+    if qtype in K_TYPES:
+        return random_blocks(n, k, qtype, rng)
+    return quantize(rng.standard_normal((n, k)).astype(np.float32), qtype)
+
+
+@pytest.mark.parametrize("qtype", K_TYPES, ids=["Q4_K", "Q6_K"])
+def test_k_dequantize_matches_gguf(qtype, rng):
+    raw = random_blocks(5, 512, qtype, rng, scale=rng.uniform(0.01, 10))
+    ours = dequantize(raw, qtype, 512)
+    theirs = np.asarray(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(qtype)), np.float32)
+    np.testing.assert_array_equal(ours, theirs.reshape(5, 512))
+
+
+@pytest.mark.parametrize("qtype", SIMPLE, ids=SIMPLE_IDS)
+def test_dequantize_matches_gguf(qtype, rng):
+    x = (rng.standard_normal((7, 96)) * rng.uniform(0.01, 10)).astype(np.float32)
+    x[3, :32] = 0.0  # an all-zero block: scale 0 must not give NaN
+    raw = quantize(x, qtype)
+    assert raw.dtype == np.uint8 and raw.shape == (7, row_bytes(qtype, 96))
+    ours = dequantize(raw, qtype, 96)
+    theirs = np.asarray(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType(qtype)), np.float32)
+    np.testing.assert_array_equal(ours, theirs.reshape(7, 96))
+    assert not np.isnan(ours).any()
+
+
+@pytest.mark.parametrize("qtype", [2, 3, 8], ids=["Q4_0", "Q4_1", "Q8_0"])
+def test_quantize_matches_gguf(qtype, rng):
+    x = rng.standard_normal((5, 64)).astype(np.float32)
+    theirs = gguf.quants.quantize(x, gguf.GGMLQuantizationType(qtype))
+    np.testing.assert_array_equal(quantize(x, qtype), theirs)
+
+
+@pytest.mark.parametrize("qtype", SIMPLE, ids=SIMPLE_IDS)
+def test_quantization_error_within_one_step(qtype, rng):
+    x = rng.standard_normal((4, 128)).astype(np.float32)
+    err = np.abs(dequantize(quantize(x, qtype), qtype, 128) - x).reshape(-1, 32)
+    blocks = x.reshape(-1, 32)
+    span = blocks.max(axis=1) - blocks.min(axis=1)
+    # Q4_0's levels are d * (-8..7) with d = extreme / 8: the far side clamps, up to one step
+    steps = {0: 0.0, 1: 0.0, 2: 2 * np.abs(blocks).max(axis=1) / 8, 3: span / 15,
+             8: np.abs(blocks).max(axis=1) / 127}[qtype]
+    # half a quantization step, plus the f16 rounding of the scale (relative 2^-11) times
+    # the largest level, and f16 rounding of the values themselves for F16
+    amax = np.abs(blocks).max(axis=1)
+    bound = 0.5 * np.asarray(steps) + amax * 2.0 ** -10 * (qtype != 0)
+    assert np.all(err.max(axis=1) <= bound + 1e-7)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=IDS)
+@pytest.mark.parametrize("m", [1, 7])
+def test_matmul_quant_backends(qtype, m, rng, gpu_device):
+    n, k = 33, (512 if qtype in K_TYPES else 96)
+    w = _weight(qtype, n, k, rng)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    expected = x.astype(np.float64) @ dequantize(w, qtype, k).astype(np.float64).T
+    # lanes: threads per output column (1 on CPU drivers, 32 on GPUs; both checked here)
+    for backend, lanes in (("cpu", None), ("gpu", None), ("gpu", 1), ("gpu", 4), ("gpu", 32)):
+        got = pxvm.ops.matmul_quant(x, w, qtype=qtype, k=k, lanes=lanes, backend=backend).numpy()
+        assert got.shape == (m, n)
+        assert nmse(got, expected) <= NMSE_LONG / 50, (backend, lanes)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=IDS)
+def test_embedding_quant_backends(qtype, rng, gpu_device):
+    n, k = 41, (256 if qtype in K_TYPES else 64)
+    w = _weight(qtype, n, k, rng)
+    ids = rng.integers(0, n, size=9).astype(np.int32)
+    expected = dequantize(w, qtype, k)[ids]
+    for backend in ("cpu", "gpu"):
+        got = pxvm.ops.embedding_quant(ids, w, qtype=qtype, k=k, backend=backend).numpy()
+        np.testing.assert_array_equal(got, expected)
+
+
+def test_matmul_quant_rejects_wrong_row_bytes(rng):
+    w = quantize(rng.standard_normal((4, 64)).astype(np.float32), 3)
+    with pytest.raises(pxvm.runtime.errors.ShapeError, match="needs"):
+        pxvm.ops.matmul_quant(np.zeros((1, 64), np.float32), w[:, :-1], qtype=3, k=64,
+                              backend="cpu")

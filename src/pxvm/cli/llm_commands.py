@@ -70,7 +70,7 @@ def generate(
     result = run_generation(lm, tok, prompt, max_tokens=max_tokens, sampling=params, chat=chat,
                             stream=_write, stop=stop or ())
     _write("\n")
-    console.print(_stats(result, lm), style="dim")
+    console.print(_stats(result, lm), style="dim", soft_wrap=True)
 
 
 def chat(
@@ -116,7 +116,7 @@ def chat(
         result = run_generation(lm, tok, max_tokens=max_tokens, sampling=params,
                                 messages=history, stream=_write)
         _write("\n")
-        console.print(_stats(result, lm), style="dim")
+        console.print(_stats(result, lm), style="dim", soft_wrap=True)
         history.append({"role": "assistant", "content": result.text})
 
 
@@ -129,17 +129,25 @@ def bench_llm(
     warmup: int = typer.Option(1, min=0, help="Unmeasured runs first."),
     output: Path = typer.Option(Path("bench_llm.json"), "--output", "-o",
                                 help="Where to write the JSON result."),
+    profile: bool = typer.Option(False, help="Also show where one decoded token's time goes "
+                                 "(GPU time per kernel, recording, submit, readback)."),
 ):
     """Measure prefill tokens/s (one long prompt) and decode tokens/s (one token at a time)."""
     from ..llm.generate import benchmark
+    from ..llm.model import profile_decode_step
 
     lm, tok = _load(model, backend)
     with err_console.status(f"benchmarking on {lm.device_name}"):
         result = benchmark(lm, tok, prompt_tokens, gen_tokens, repeats, warmup)
+        if profile and lm.backend_name == "gpu":
+            result["decode_profile"] = profile_decode_step(lm)
+    if "decode_profile" in result:
+        console.print_json(data=result["decode_profile"])
     result["model"] = str(model) if model is not None else "default (SmolLM2-135M-Instruct)"
     console.print(f"device: {result['device']} (backend {result['backend']})")
-    console.print(f"prefill ({prompt_tokens} tokens): {result['prefill_tokens_per_s']:.1f} tokens/s")
-    console.print(f"decode ({gen_tokens} tokens): {result['decode_tokens_per_s']:.1f} tokens/s")
+    prefill, decode = result["prefill_tokens_per_s"], result["decode_tokens_per_s"]
+    console.print(f"prefill ({prompt_tokens} tokens): {prefill:.1f} tokens/s")
+    console.print(f"decode ({gen_tokens} tokens): {decode:.1f} tokens/s")
     output.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     console.print(f"wrote {output}")
 

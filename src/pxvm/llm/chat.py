@@ -1,29 +1,58 @@
-"""Chat prompts from the model file's own template (tokenizer.chat_template), rendered with
-jinja2 in a sandbox as Hugging Face does."""
+"""Chat prompts: a model file's own Jinja chat template rendered the way Hugging Face
+renders it (sandboxed environment, trim_blocks/lstrip_blocks, `raise_exception`, `tojson`),
+with ChatML as the fallback for files that carry no template."""
 
 from __future__ import annotations
 
-from .tokenizer import Tokenizer
+import json
+from functools import lru_cache
 
-# For files without a template: ChatML, which most small instruct models use.
-CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
-          "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
-          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+from ..runtime.errors import PxvmError
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
 
 
-def render_chat(metadata: dict, tokenizer: Tokenizer, messages: list[dict],
-                add_generation_prompt: bool = True) -> str:
+class ChatTemplateError(PxvmError):
+    """The chat template cannot be rendered for these messages."""
+
+
+def _raise_exception(message):
+    from jinja2.exceptions import TemplateError
+
+    raise TemplateError(message)
+
+
+@lru_cache(maxsize=8)
+def _compile(template: str):
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    source = metadata.get("tokenizer.chat_template") or CHATML
+    # Templates are code shipped inside downloaded files: run them sandboxed.
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.filters["tojson"] = lambda value, indent=None: json.dumps(value, indent=indent,
+                                                                  ensure_ascii=False)
+    env.globals["raise_exception"] = _raise_exception
+    return env.from_string(template)
 
-    def raise_exception(message):
-        raise ValueError(message)
 
-    env.globals["raise_exception"] = raise_exception
-    tokens = tokenizer.tokens
-    bos = tokens[tokenizer.bos_id] if tokenizer.bos_id is not None else ""
-    eos = tokens[tokenizer.eos_id] if tokenizer.eos_id is not None else ""
-    return env.from_string(source).render(messages=messages, bos_token=bos, eos_token=eos,
-                                          add_generation_prompt=add_generation_prompt)
+def render_chat(messages: list[dict], template: str | None = None,
+                add_generation_prompt: bool = True, bos_token: str = "",
+                eos_token: str = "") -> str:
+    """The prompt text for `messages` ([{"role": ..., "content": ...}]), ending with the
+    assistant's turn opened when `add_generation_prompt`."""
+    from jinja2.exceptions import TemplateError
+
+    try:
+        return _compile(template or CHATML_TEMPLATE).render(
+            messages=messages, add_generation_prompt=add_generation_prompt,
+            bos_token=bos_token, eos_token=eos_token)
+    except TemplateError as exc:
+        raise ChatTemplateError(f"the model's chat template failed: {exc}") from exc
+
+
+def chat_template_of(metadata: dict) -> str | None:
+    return metadata.get("tokenizer.chat_template")

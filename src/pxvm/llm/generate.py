@@ -1,95 +1,193 @@
-"""Streaming text generation: prompt (or chat) in, text pieces out as tokens come, with
-prefill and decode speeds."""
+"""The generation loop: prompt (plain or through the chat template) -> prefill -> one token
+at a time until EOS / end-of-turn, a stop string or max_tokens, streaming text pieces as
+they are decoded and timing prefill and decode separately."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
-import numpy as np
+from ..runtime.errors import PxvmError
+from .chat import chat_template_of, render_chat
+from .sampling import Sampler, SamplingParams
+from .tokenizer import Tokenizer
 
-from .chat import render_chat
-from .sampling import SamplingParams, sample
-from .tokenizer import StreamDecoder, Tokenizer
+
+class PromptTooLongError(PxvmError):
+    """The prompt does not leave room in the model's context for even one new token."""
 
 
 @dataclass
 class GenerationResult:
     text: str
-    tokens: list = field(default_factory=list)
-    prompt_tokens: int = 0
-    prefill_seconds: float = 0.0
-    decode_seconds: float = 0.0
-    stop_reason: str = ""
+    token_ids: list[int]
+    prompt_tokens: int
+    stop_reason: str            # "eos", "stop_string", "max_tokens" or "context"
+    prefill_s: float
+    decode_s: float
+    decode_steps: int           # forward calls of single tokens timed in decode_s
+    prompt_ids: list[int] = field(default_factory=list)
 
     @property
-    def prompt_tokens_per_second(self) -> float:
-        return self.prompt_tokens / self.prefill_seconds if self.prefill_seconds else 0.0
+    def generated_tokens(self) -> int:
+        return len(self.token_ids)
 
     @property
-    def generation_tokens_per_second(self) -> float:
-        # the first generated token comes from the prefill; the rest from decode steps
-        steps = max(len(self.tokens) - 1, 0)
-        return steps / self.decode_seconds if self.decode_seconds else 0.0
+    def prompt_tokens_per_s(self) -> float:
+        return self.prompt_tokens / self.prefill_s if self.prefill_s > 0 else 0.0
+
+    @property
+    def generation_tokens_per_s(self) -> float:
+        return self.decode_steps / self.decode_s if self.decode_s > 0 else 0.0
 
 
-def stop_token_ids(tokenizer: Tokenizer, chat: bool) -> set[int]:
-    ids = {tokenizer.eos_id} if tokenizer.eos_id is not None else set()
-    for text in ("<|im_end|>", "<|eot_id|>", "<|end|>") if chat else ():
-        tid = tokenizer.token_id(text)
-        if tid is not None:
-            ids.add(tid)
-    return ids
+def context_length(model) -> int:
+    return int(getattr(model, "context_length", None) or model.config.context_length)
 
 
-def generate(model, tokenizer: Tokenizer, prompt: str, max_tokens: int = 128,
-             params: SamplingParams | None = None, chat: bool = False,
-             stop: tuple[str, ...] = (), on_text: Callable[[str], None] | None = None,
-             history: list[dict] | None = None) -> GenerationResult:
-    """Generate up to `max_tokens` after `prompt` (a user message if `chat`), calling
-    `on_text` with each new piece of text."""
-    params = params or SamplingParams()
-    rng = np.random.default_rng(params.seed)
-    if chat:
-        messages = list(history or []) + [{"role": "user", "content": prompt}]
-        text = render_chat(model.metadata, tokenizer, messages)
-        ids = tokenizer.encode(text, add_bos=False)
-    else:
-        ids = tokenizer.encode(prompt)
-    if not ids:
-        ids = [tokenizer.bos_id if tokenizer.bos_id is not None else 0]
+def chat_prompt(tokenizer: Tokenizer, metadata: dict, messages: list[dict]) -> str:
+    """The rendered chat prompt for `messages`, assistant turn opened."""
+    def name(key):
+        idx = metadata.get(key)
+        return tokenizer.tokens[idx] if idx is not None and 0 <= idx < tokenizer.vocab_size else ""
+
+    return render_chat(messages, chat_template_of(metadata), add_generation_prompt=True,
+                       bos_token=name("tokenizer.ggml.bos_token_id"),
+                       eos_token=name("tokenizer.ggml.eos_token_id"))
+
+
+def encode_prompt(model, tokenizer: Tokenizer, prompt: str | None = None, chat: bool = False,
+                  messages: list[dict] | None = None) -> list[int]:
+    if chat or messages is not None:
+        msgs = messages if messages is not None else [{"role": "user", "content": prompt}]
+        text = chat_prompt(tokenizer, model.metadata, msgs)
+        ids = tokenizer.encode(text)
+        # Templates that write the BOS token themselves must not get a second one.
+        if (tokenizer.bos_id is not None and len(ids) > 1 and ids[0] == ids[1] == tokenizer.bos_id):
+            ids = ids[1:]
+        return ids
+    return tokenizer.encode(prompt)
+
+
+def _held_back(text: str, stops: Sequence[str]) -> int:
+    """How many trailing characters might be the start of a stop string."""
+    held = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), held, -1):
+            if text.endswith(s[:k]):
+                held = k
+                break
+    return held
+
+
+def generate(model, tokenizer: Tokenizer, prompt: str | None = None, max_tokens: int = 128,
+             sampling: SamplingParams | None = None, chat: bool = False,
+             stream: Callable[[str], None] | None = None, stop: Sequence[str] = (),
+             messages: list[dict] | None = None) -> GenerationResult:
+    """Generate up to `max_tokens` tokens after `prompt` (or after the chat `messages`
+    rendered with the model's template when `chat`/`messages` is given), calling
+    `stream(piece)` with text as soon as it is certain; the pieces concatenate to
+    `result.text`. The model's cache is reset first."""
+    if max_tokens < 0:
+        raise ValueError("max_tokens must be >= 0")
+    prompt_ids = encode_prompt(model, tokenizer, prompt, chat, messages)
+    if not prompt_ids:
+        raise PromptTooLongError("the prompt is empty after tokenization; give some text")
+    n_ctx = context_length(model)
+    if len(prompt_ids) >= n_ctx:
+        raise PromptTooLongError(
+            f"the prompt is {len(prompt_ids)} tokens but the model's context is {n_ctx}; "
+            "shorten the prompt")
+    sampler = Sampler(sampling)
+    stop_ids = tokenizer.stop_ids
+    stops = [s for s in stop if s]
+    decoder = tokenizer.stream(skip_special=True)
+    emit = stream or (lambda piece: None)
+
     model.reset()
-    stops = stop_token_ids(tokenizer, chat)
-    result = GenerationResult(text="", prompt_tokens=len(ids))
     t0 = time.perf_counter()
-    logits = model.forward(ids)
-    result.prefill_seconds = time.perf_counter() - t0
-    stream = StreamDecoder(tokenizer)
-    previous = list(ids)
+    logits = model.forward(prompt_ids)
+    prefill_s = time.perf_counter() - t0
+
+    generated: list[int] = []
+    text, emitted = "", 0
+    reason = "max_tokens"
+    steps = 0
     t1 = time.perf_counter()
-    while True:
-        token = sample(logits, params, rng, previous)
-        if token in stops:
-            result.stop_reason = "end of text"
+    for i in range(max_tokens):
+        token = sampler(logits, prompt_ids + generated)
+        if token in stop_ids:
+            reason = "eos"
             break
-        result.tokens.append(token)
-        previous.append(token)
-        piece = stream.push(token)
-        result.text += piece
-        hit = next((s for s in stop if s in result.text), None)
-        if hit is not None:
-            result.text = result.text[: result.text.index(hit)]
-            result.stop_reason = f"stop string {hit!r}"
+        generated.append(token)
+        text += decoder.push(token)
+        hit = min((text.find(s) for s in stops if s in text), default=-1)
+        if hit >= 0:
+            text = text[:hit]
+            reason = "stop_string"
             break
-        if piece and on_text is not None:
-            on_text(piece)
-        if len(result.tokens) >= max_tokens:
-            result.stop_reason = "max tokens"
+        safe = len(text) - _held_back(text, stops)
+        if safe > emitted:
+            emit(text[emitted:safe])
+            emitted = safe
+        if i == max_tokens - 1:
             break
-        if model.position >= model.context_length:
-            result.stop_reason = "context full"
+        if len(prompt_ids) + len(generated) >= n_ctx:
+            reason = "context"
             break
         logits = model.forward([token])
-    result.decode_seconds = time.perf_counter() - t1
-    return result
+        steps += 1
+    decode_s = time.perf_counter() - t1
+    if reason != "stop_string":
+        text += decoder.flush()
+    if len(text) > emitted:
+        emit(text[emitted:])
+    return GenerationResult(text=text, token_ids=generated, prompt_tokens=len(prompt_ids),
+                            stop_reason=reason, prefill_s=prefill_s, decode_s=decode_s,
+                            decode_steps=steps, prompt_ids=prompt_ids)
+
+
+_BENCH_TEXT = ("The quick brown fox jumps over the lazy dog while the committee reviews "
+               "quarterly reports, 42 footnotes and a table of contents. ")
+
+
+def benchmark(model, tokenizer: Tokenizer, prompt_tokens: int = 512, gen_tokens: int = 128,
+              repeats: int = 3, warmup: int = 1) -> dict:
+    """Prefill tokens/s of one `prompt_tokens`-token forward and decode tokens/s of
+    `gen_tokens` single-token forwards after it (greedy), medians of `repeats` runs after
+    `warmup` unmeasured runs (which compile pipelines and fill caches)."""
+    import numpy as np
+
+    if prompt_tokens < 1 or gen_tokens < 1 or repeats < 1:
+        raise ValueError("prompt_tokens, gen_tokens and repeats must be >= 1")
+    n_ctx = context_length(model)
+    if prompt_tokens + gen_tokens > n_ctx:
+        raise PromptTooLongError(f"{prompt_tokens} + {gen_tokens} tokens exceed the model's "
+                                 f"context of {n_ctx}; lower --prompt-tokens or --gen-tokens")
+    unit = tokenizer.encode(_BENCH_TEXT, add_bos=False)
+    ids = (unit * (prompt_tokens // len(unit) + 1))[:prompt_tokens]
+    runs = []
+    for run in range(warmup + repeats):
+        model.reset()
+        t0 = time.perf_counter()
+        logits = model.forward(ids)
+        t1 = time.perf_counter()
+        for _ in range(gen_tokens):
+            logits = model.forward([int(np.argmax(logits))])
+        t2 = time.perf_counter()
+        if run >= warmup:
+            runs.append({"prefill_s": t1 - t0, "decode_s": t2 - t1,
+                         "prefill_tokens_per_s": prompt_tokens / (t1 - t0),
+                         "decode_tokens_per_s": gen_tokens / (t2 - t1)})
+    return {
+        "backend": model.backend_name,
+        "device": model.device_name,
+        "prompt_tokens": prompt_tokens,
+        "gen_tokens": gen_tokens,
+        "repeats": repeats,
+        "warmup": warmup,
+        "prefill_tokens_per_s": float(np.median([r["prefill_tokens_per_s"] for r in runs])),
+        "decode_tokens_per_s": float(np.median([r["decode_tokens_per_s"] for r in runs])),
+        "runs": runs,
+    }

@@ -1,48 +1,106 @@
-"""Choosing the next token: greedy, temperature, top-k, top-p and repetition penalty."""
+"""Choosing the next token from logits: greedy, or temperature / top-k / top-p sampling
+with a repetition penalty, reproducible for a given seed (numpy Generator)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
 
 @dataclass
 class SamplingParams:
-    temperature: float = 0.0   # 0: greedy
-    top_k: int = 0             # 0: no limit
-    top_p: float = 1.0         # 1: no limit
-    repetition_penalty: float = 1.0
+    """temperature 0 means greedy (argmax); top_k 0 and top_p 1 switch those filters off;
+    repeat_penalty 1 switches the penalty off; it looks at the last `repeat_last_n` tokens."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
     seed: int | None = None
 
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError("temperature must be >= 0 (0 = greedy)")
+        if self.top_k < 0:
+            raise ValueError("top_k must be >= 0 (0 = off)")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError("top_p must be in (0, 1] (1 = off)")
+        if self.repeat_penalty <= 0:
+            raise ValueError("repeat_penalty must be > 0 (1 = off)")
 
-def apply_repetition_penalty(logits: np.ndarray, previous, penalty: float) -> np.ndarray:
-    """Make tokens seen before less likely (CTRL's rule): positive logits are divided by
-    the penalty, negative ones multiplied."""
-    if penalty == 1.0 or not len(previous):
-        return logits
-    out = logits.copy()
-    seen = np.unique(np.asarray(previous, np.int64))
-    vals = out[seen]
-    out[seen] = np.where(vals > 0, vals / penalty, vals * penalty)
+
+def apply_repetition_penalty(logits: np.ndarray, previous: Sequence[int],
+                             penalty: float) -> np.ndarray:
+    """The CTRL penalty as llama.cpp and Hugging Face apply it: each distinct previous
+    token's logit is divided by `penalty` when positive and multiplied when negative, so
+    penalty > 1 always makes it less likely."""
+    out = np.array(logits, dtype=np.float32, copy=True)
+    if penalty == 1.0 or len(previous) == 0:
+        return out
+    ids = np.unique(np.asarray(previous, dtype=np.int64))
+    vals = out[ids]
+    out[ids] = np.where(vals > 0, vals / penalty, vals * penalty)
     return out
 
 
-def sample(logits: np.ndarray, params: SamplingParams, rng: np.random.Generator,
-           previous=()) -> int:
-    logits = apply_repetition_penalty(np.asarray(logits, np.float64), previous,
-                                      params.repetition_penalty)
-    if params.temperature <= 0:
-        return int(np.argmax(logits))
-    z = logits / params.temperature
-    order = np.argsort(-z, kind="stable")
-    if params.top_k > 0:
-        order = order[: params.top_k]
-    z = z[order]
-    p = np.exp(z - z.max())
-    p /= p.sum()
-    if params.top_p < 1.0:
-        # the smallest prefix (by probability) whose mass reaches top_p
-        keep = int(np.searchsorted(np.cumsum(p), params.top_p) + 1)
-        order, p = order[:keep], p[:keep] / p[:keep].sum()
-    return int(order[rng.choice(len(order), p=p)])
+def top_k_mask(logits: np.ndarray, k: int) -> np.ndarray:
+    """True for the k largest logits (all when k is 0 or >= vocab); ties at the k-th value
+    are cut by index so exactly k survive."""
+    n = logits.shape[-1]
+    if k <= 0 or k >= n:
+        return np.ones(n, dtype=bool)
+    keep = np.argpartition(-logits, k - 1)[:k]
+    mask = np.zeros(n, dtype=bool)
+    mask[keep] = True
+    return mask
+
+
+def top_p_mask(probs: np.ndarray, p: float) -> np.ndarray:
+    """True for the smallest set of most likely tokens whose probabilities sum to >= p."""
+    if p >= 1.0:
+        return probs > 0
+    order = np.argsort(-probs, kind="stable")
+    cumulative = np.cumsum(probs[order], dtype=np.float64)
+    count = int(np.searchsorted(cumulative, p, side="left")) + 1
+    mask = np.zeros(probs.shape[-1], dtype=bool)
+    mask[order[:min(count, order.size)]] = True
+    return mask
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float64)
+    finite = np.isfinite(x)
+    e = np.zeros_like(x)
+    e[finite] = np.exp(x[finite] - x[finite].max())
+    return e / e.sum()
+
+
+def next_token_probs(logits: np.ndarray, params: SamplingParams,
+                     previous: Sequence[int] = ()) -> np.ndarray:
+    """The distribution a sampling step draws from (float64, sums to 1): penalty, then
+    top-k on logits, temperature, softmax, then top-p and renormalisation."""
+    window = list(previous)[-params.repeat_last_n:] if params.repeat_last_n > 0 else []
+    z = apply_repetition_penalty(logits, window, params.repeat_penalty).astype(np.float64)
+    z[~top_k_mask(z, params.top_k)] = -np.inf
+    probs = softmax(z / params.temperature)
+    probs[~top_p_mask(probs, params.top_p)] = 0.0
+    return probs / probs.sum()
+
+
+class Sampler:
+    """Draws tokens with one seeded Generator, so a seed fixes the whole sequence."""
+
+    def __init__(self, params: SamplingParams | None = None):
+        self.params = params or SamplingParams()
+        self.rng = np.random.default_rng(self.params.seed)
+
+    def __call__(self, logits: np.ndarray, previous: Sequence[int] = ()) -> int:
+        p = self.params
+        if p.temperature == 0.0:
+            window = list(previous)[-p.repeat_last_n:] if p.repeat_last_n > 0 else []
+            return int(np.argmax(apply_repetition_penalty(logits, window, p.repeat_penalty)))
+        probs = next_token_probs(logits, p, previous)
+        return int(self.rng.choice(probs.shape[-1], p=probs))

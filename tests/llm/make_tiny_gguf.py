@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import gguf
 import numpy as np
 
-from pxvm.llm.quant import BY_NAME, dequantize, quantize, random_blocks
+from gguf_blocks import BY_NAME, dequantize, quantize, random_blocks
 
 
 @dataclass

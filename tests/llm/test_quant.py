@@ -9,7 +9,7 @@ import pytest
 from conftest import NMSE_LONG, nmse
 
 import pxvm
-from pxvm.llm.quant import FORMATS, dequantize, quantize, random_blocks, row_bytes
+from gguf_blocks import FORMATS, dequantize, quantize, random_blocks, row_bytes
 
 TYPES = sorted(FORMATS)
 IDS = [FORMATS[t][0] for t in TYPES]

@@ -1,6 +1,7 @@
 """Test support: numpy quantize / dequantize of GGUF block formats (F32, F16, Q8_0,
-Q4_0, Q4_1; Q4_K and Q6_K dequantize only, plus random valid blocks): the byte layouts the WGSL kernels read, written out plainly so tests can check them against
-the `gguf` package's own code and build small model files."""
+Q4_0, Q4_1; Q4_K and Q6_K dequantize only, plus random valid blocks): the byte layouts
+the WGSL kernels read, written out plainly so tests can check them against the `gguf`
+package's own code and build small model files."""
 
 from __future__ import annotations
 

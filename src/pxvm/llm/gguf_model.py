@@ -9,11 +9,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..ops.quantized import FORMAT_NAMES  # the GGML tensor types the kernels read
 from ..runtime.errors import PxvmError
 
 SUPPORTED_ARCHITECTURES = ("llama",)
-# GGML tensor types the kernels read.
-SUPPORTED_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 8: "Q8_0", 12: "Q4_K", 14: "Q6_K"}
 GGUF_MAGIC = b"GGUF"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -154,10 +153,10 @@ class GGUFModelFile:
         if t is None:
             raise ModelFileError(f"{self.path}: tensor {name!r} is missing")
         qtype = int(t.tensor_type)
-        if qtype not in SUPPORTED_TYPES:
+        if qtype not in FORMAT_NAMES:
             raise ModelFileError(
                 f"{self.path}: tensor {name} has type {t.tensor_type.name}, which pxvm does not "
-                f"support yet ({', '.join(SUPPORTED_TYPES.values())} are); use a file quantized "
+                f"support yet ({', '.join(FORMAT_NAMES.values())} are); use a file quantized "
                 "to one of those")
         shape = tuple(int(s) for s in reversed(t.shape.tolist()))  # GGUF lists ne0 first
         data = np.asarray(t.data)
@@ -165,6 +164,4 @@ class GGUFModelFile:
             data = data.astype(np.float32, copy=False).reshape(shape)
         elif qtype == 1 and len(shape) == 1:
             data = data.astype(np.float32)
-        if data.nbytes and data.size == 0:
-            raise ModelFileError(f"{self.path}: tensor {name} is empty")
         return Weight(name, qtype, shape, data)

@@ -78,12 +78,17 @@ def softmax(x: np.ndarray) -> np.ndarray:
     return e / e.sum()
 
 
+def penalized(logits: np.ndarray, params: "SamplingParams", previous: Sequence[int]) -> np.ndarray:
+    """Logits after the repetition penalty over the last `repeat_last_n` tokens."""
+    window = list(previous)[-params.repeat_last_n:] if params.repeat_last_n > 0 else []
+    return apply_repetition_penalty(logits, window, params.repeat_penalty)
+
+
 def next_token_probs(logits: np.ndarray, params: SamplingParams,
                      previous: Sequence[int] = ()) -> np.ndarray:
     """The distribution a sampling step draws from (float64, sums to 1): penalty, then
     top-k on logits, temperature, softmax, then top-p and renormalisation."""
-    window = list(previous)[-params.repeat_last_n:] if params.repeat_last_n > 0 else []
-    z = apply_repetition_penalty(logits, window, params.repeat_penalty).astype(np.float64)
+    z = penalized(logits, params, previous).astype(np.float64)
     z[~top_k_mask(z, params.top_k)] = -np.inf
     probs = softmax(z / params.temperature)
     probs[~top_p_mask(probs, params.top_p)] = 0.0
@@ -100,7 +105,6 @@ class Sampler:
     def __call__(self, logits: np.ndarray, previous: Sequence[int] = ()) -> int:
         p = self.params
         if p.temperature == 0.0:
-            window = list(previous)[-p.repeat_last_n:] if p.repeat_last_n > 0 else []
-            return int(np.argmax(apply_repetition_penalty(logits, window, p.repeat_penalty)))
+            return int(np.argmax(penalized(logits, p, previous)))
         probs = next_token_probs(logits, p, previous)
         return int(self.rng.choice(probs.shape[-1], p=probs))

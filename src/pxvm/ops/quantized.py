@@ -57,7 +57,7 @@ def embedding_quant_ref(ids, w, qtype=3, k=0):
 
 def _check_weight(w, qtype, k):
     require(qtype in FORMATS, f"unsupported weight type {qtype}; supported: "
-            + ", ".join(f"{v} ({n})" for n, v in ((FORMAT_NAMES[t], t) for t in FORMATS)))
+            + ", ".join(f"{t} ({name})" for t, name in FORMAT_NAMES.items()))
     per, _ = FORMATS[qtype]
     require(k > 0 and k % per == 0, f"{FORMAT_NAMES[qtype]} rows need K divisible by {per}, got K={k}")
     require(len(w.shape) == 2 and w.shape[1] == row_bytes(qtype, k),

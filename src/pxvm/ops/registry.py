@@ -13,7 +13,7 @@ from typing import Callable
 import numpy as np
 
 from ..runtime.errors import ShapeError
-from ..tensor import Tensor, as_supported_array
+from ..tensor import DTYPES, Tensor, as_supported_array
 
 REGISTRY: dict[str, "Op"] = {}
 
@@ -41,8 +41,7 @@ class Op:
         self.reference = reference
         self.gpu = gpu
         self._infer = infer
-        self.dtypes = tuple(np.dtype({"f32": np.float32, "f16": np.float16, "i32": np.int32,
-                                      "u32": np.uint32, "u8": np.uint8}[d]) for d in dtypes)
+        self.dtypes = tuple(DTYPES[d] for d in dtypes)
         self.signature = inspect.signature(reference)
         self.__doc__ = reference.__doc__
         self.__name__ = name

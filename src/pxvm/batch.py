@@ -8,11 +8,16 @@
 
 Queuing an op only encodes it into the batch's command buffer: nothing runs on the
 GPU until `execute()`. On the numpy backend ops run as they are queued.
+
+`Graph` records a chain once and runs it again and again (a decoding step): on the GPU
+the dispatches are captured with their buffers and only re-encoded per run; state that
+changes between runs lives in tensors the chain reads and writes.
 """
 
 from __future__ import annotations
 
 import weakref
+from typing import Callable
 
 import numpy as np
 
@@ -27,10 +32,11 @@ class BatchStateError(PxvmError):
 
 
 class Batch:
-    def __init__(self, backend="auto", timestamps: bool = False, profile: bool = False):
+    def __init__(self, backend="auto", timestamps: bool = False, profile: bool = False,
+                 capture: bool = False):
         self.backend = get_backend(backend)
         self._gpu = hasattr(self.backend, "context")
-        self._ctx = self.backend.context(timestamps, profile) if self._gpu else None
+        self._ctx = self.backend.context(timestamps, profile, capture) if self._gpu else None
         self._outputs: list[weakref.ref] = []
         self._consumed: set[int] = set()
         self._alive: list[Tensor] = []  # inputs kept until execute so their ids stay unique
@@ -85,6 +91,14 @@ class Batch:
         self._alive = []
         return self
 
+    def capture(self):
+        """End a batch created with capture=True without running it: its dispatches as a
+        runtime DispatchList (None on the numpy backend, where ops already ran)."""
+        self._check_open()
+        self.executed = True
+        self._alive = []
+        return self._ctx.recorder.capture() if self._gpu else None
+
     async def execute_async(self) -> "Batch":
         """As execute(), then await the GPU without blocking the event loop."""
         self.execute()
@@ -125,3 +139,63 @@ class Batch:
 
 
 GpuCommandBatch = Batch
+
+
+class Graph:
+    """`record(batch) -> {name: tensor}` captured once, run by `launch(*names)`.
+
+    On the GPU every launch submits the captured dispatches again (same buffers, same
+    parameter blocks) and reads back the named tensors in the same submit; on the numpy
+    backend `record` simply runs again. Launches are queued in order, so a caller may
+    submit several before reading the first (the GPU then never waits for the host).
+    """
+
+    def __init__(self, backend, record: Callable[[Batch], dict]):
+        self.backend = get_backend(backend)
+        self._record = record
+        self._list = None
+        if hasattr(self.backend, "context"):
+            b = Batch(self.backend, capture=True)
+            self.outputs = dict(record(b))
+            self._list = b.capture()
+
+    @property
+    def dispatches(self) -> int | None:
+        """Dispatches per launch (None on the numpy backend)."""
+        return None if self._list is None else len(self._list)
+
+    def launch(self, *names: str, timestamps: bool = False) -> "Launch":
+        """Run once; the returned Launch reads the named outputs back."""
+        if self._list is None:
+            b = Batch(self.backend)
+            outs = self._record(b)
+            b.execute()
+            return Launch({n: outs[n].numpy() for n in names}, None)
+        rec = self._list.submit([self.outputs[n].storage for n in names], timestamps)
+        return Launch({n: (self.outputs[n], st) for n, st in zip(names, rec.staged)}, rec)
+
+    def run(self, *names: str) -> dict[str, np.ndarray]:
+        return self.launch(*names).result()
+
+
+class Launch:
+    """One submitted run of a Graph; `result()` waits for it and returns its readbacks."""
+
+    def __init__(self, pending: dict, recorder):
+        self._pending = pending
+        self._recorder = recorder
+
+    def result(self) -> dict[str, np.ndarray]:
+        out = {}
+        for name, item in self._pending.items():
+            if isinstance(item, tuple):
+                tensor, staged = item
+                item = staged.result(tensor.dtype, tensor.size).reshape(tensor.shape)
+            out[name] = item
+        self._pending = out
+        return out
+
+    @property
+    def gpu_seconds(self) -> float | None:
+        """GPU time of the run, when launched with timestamps=True and supported."""
+        return None if self._recorder is None else self._recorder.gpu_seconds

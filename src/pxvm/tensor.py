@@ -46,6 +46,14 @@ def as_supported_array(value) -> np.ndarray:
     return arr
 
 
+def values_for(tensor: "Tensor", array) -> np.ndarray:
+    """`array` as new values of `tensor` (same element count, the tensor's dtype)."""
+    arr = np.asarray(array, dtype=tensor.dtype)
+    if arr.size != tensor.size:
+        raise ShapeError(f"cannot write {arr.size} values into a tensor of shape {tensor.shape}")
+    return arr.reshape(tensor.shape)
+
+
 class Tensor:
     """Shape, dtype and storage on one backend. Create with `pxvm.tensor(...)`."""
 
@@ -72,6 +80,11 @@ class Tensor:
     def numpy(self) -> np.ndarray:
         """The values as a new numpy array (reads back from the device)."""
         return self.backend.to_numpy(self)
+
+    def write(self, array) -> None:
+        """Overwrite the values in place (same element count); ordered before work
+        submitted later."""
+        self.backend.write(self, array)
 
     async def numpy_async(self) -> np.ndarray:
         return await self.backend.to_numpy_async(self)

@@ -20,6 +20,9 @@ class Backend(Protocol):
     def to_numpy(self, tensor: "Tensor") -> np.ndarray:
         """Read a tensor of this backend back to the host."""
 
+    def write(self, tensor: "Tensor", array: np.ndarray) -> None:
+        """Overwrite a tensor's values in place from the host."""
+
     async def to_numpy_async(self, tensor: "Tensor") -> np.ndarray:
         """As to_numpy, awaiting the device without blocking the event loop."""
 

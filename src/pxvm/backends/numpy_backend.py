@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..tensor import Tensor, as_supported_array
+from ..tensor import Tensor, as_supported_array, values_for
 
 
 class NumpyBackend:
@@ -16,6 +16,10 @@ class NumpyBackend:
 
     def to_numpy(self, tensor: Tensor) -> np.ndarray:
         return np.array(tensor.storage, copy=True)
+
+    def write(self, tensor: Tensor, array) -> None:
+        """Overwrite a tensor's values in place from the host."""
+        tensor.storage[...] = values_for(tensor, array)
 
     async def to_numpy_async(self, tensor: Tensor) -> np.ndarray:
         return self.to_numpy(tensor)

@@ -7,7 +7,7 @@ import struct
 import numpy as np
 
 from ..runtime import Device, Recorder, ShapeError, get_device, workgroup_grid
-from ..tensor import Tensor, as_supported_array
+from ..tensor import Tensor, as_supported_array, values_for
 
 
 def pack_params(*values) -> bytes:
@@ -85,8 +85,13 @@ class WebGPUBackend:
         flat = await self.device.read_async(tensor.storage, tensor.dtype, tensor.size)
         return flat.reshape(tensor.shape)
 
-    def context(self, timestamps: bool = False, profile: bool = False) -> GpuContext:
-        return GpuContext(self, self.device.recorder(timestamps, profile))
+    def write(self, tensor: Tensor, array) -> None:
+        """Overwrite a tensor's values in place from the host."""
+        self.device.write(tensor.storage, values_for(tensor, array))
+
+    def context(self, timestamps: bool = False, profile: bool = False,
+                capture: bool = False) -> GpuContext:
+        return GpuContext(self, self.device.recorder(timestamps, profile, capture))
 
     def run(self, op, inputs, params) -> Tensor:
         op.infer(inputs, params)

@@ -1,6 +1,6 @@
-// Row copies between tensors seen as (rows, row_len) f32 matrices:
-// dst[dst_row0 + r] = src[src_row0 + r] for r < rows. Used to write a KV cache in place
-// and to take a range of rows.
+// Row copies between f32 matrices: src seen as (rows, row_len), dst with rows of
+// dst_row_len: dst[dst_row0 + r][dst_col0 ..] = src[src_row0 + r] for r < rows. Used to
+// write a KV cache in place, to take a range of rows and to join matrices side by side.
 
 const WG: u32 = 256u;
 
@@ -9,6 +9,8 @@ struct Params {
     row_len: u32,
     src_row0: u32,
     dst_row0: u32,
+    dst_row_len: u32,
+    dst_col0: u32,
 }
 
 @group(0) @binding(0) var<storage, read> src: array<f32>;
@@ -22,5 +24,5 @@ fn copy_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id
     if (i >= p.rows * p.row_len) { return; }
     let r = i / p.row_len;
     let c = i % p.row_len;
-    dst[(p.dst_row0 + r) * p.row_len + c] = src[(p.src_row0 + r) * p.row_len + c];
+    dst[(p.dst_row0 + r) * p.dst_row_len + p.dst_col0 + c] = src[(p.src_row0 + r) * p.row_len + c];
 }

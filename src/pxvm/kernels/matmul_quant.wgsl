@@ -6,6 +6,10 @@
 // `matmul`: y (M, N) = x (M, K) @ W^T. A workgroup owns ROWS_PER_WG output columns n of
 // one row m; the LANES threads of each column split its blocks and reduce.
 // `embed`: y (S, K) = rows ids[s] of W, dequantized (the embedding lookup).
+// Fusions for a transformer layer, chosen by constants so that one dispatch replaces
+// several small ones: NORM RMS-normalises each x row and scales it by `gain` before the
+// product; EPILOGUE 1 adds `res` (a residual), EPILOGUE 2 is SwiGLU: W holds the gate
+// rows then the up rows (2N rows) and y = silu(x Wg^T) * (x Wu^T).
 
 override FORMAT: u32 = 3u;
 const WG: u32 = 256u;
@@ -14,21 +18,28 @@ const WG: u32 = 256u;
 // costs a switch between all the workgroup's invocations.
 override LANES: u32 = 32u;
 override ROWS_PER_WG: u32 = WG / LANES;   // output columns per workgroup
+override NORM: bool = false;
+override EPILOGUE: u32 = 0u;
 
 struct Params {
     M: u32,
     N: u32,
     K: u32,
     row_bytes: u32,  // bytes of one weight row
+    eps: f32,        // NORM's epsilon
 }
 
 @group(0) @binding(0) var<storage, read> x: array<f32>;
 @group(0) @binding(1) var<storage, read> w: array<u32>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 @group(0) @binding(3) var<storage, read> ids: array<i32>;
-@group(0) @binding(4) var<uniform> p: Params;
+@group(0) @binding(4) var<storage, read> gain: array<f32>;
+@group(0) @binding(5) var<storage, read> res: array<f32>;
+@group(0) @binding(6) var<uniform> p: Params;
 
 var<workgroup> partial: array<f32, WG>;
+var<workgroup> partial_up: array<f32, WG>;
+var<private> inv_rms: f32 = 1.0;
 
 fn byte_at(i: u32) -> u32 {
     return (w[i >> 2u] >> ((i & 3u) * 8u)) & 0xffu;
@@ -130,8 +141,18 @@ fn word_at(i: u32) -> u32 {
     return (lo >> 16u) | (w[(i >> 2u) + 1u] << 16u);
 }
 
-fn x4(i: u32) -> vec4<f32> {
-    return vec4<f32>(x[i], x[i + 1u], x[i + 2u], x[i + 3u]);
+// x[m][k] as the product sees it: normalised and scaled when NORM.
+fn x_at(m: u32, k: u32) -> f32 {
+    let v = x[m * p.K + k];
+    if (NORM) { return v * inv_rms * gain[k]; }
+    return v;
+}
+
+fn x4(m: u32, k: u32) -> vec4<f32> {
+    let i = m * p.K + k;
+    let v = vec4<f32>(x[i], x[i + 1u], x[i + 2u], x[i + 3u]);
+    if (NORM) { return v * inv_rms * vec4<f32>(gain[k], gain[k + 1u], gain[k + 2u], gain[k + 3u]); }
+    return v;
 }
 
 fn nibbles_lo(word: u32) -> vec4<f32> {
@@ -154,16 +175,15 @@ fn lane_dot_blocks32(m: u32, n: u32, lane: u32) -> f32 {
     let n_blocks = p.K / 32u;
     let bb = block_bytes();
     let row_base = n * p.row_bytes;
-    let x_base = m * p.K;
     var acc = 0.0;
     for (var blk = lane; blk < n_blocks; blk = blk + LANES) {
         let b = row_base + blk * bb;
         let d = half_at(b);
-        let k0 = x_base + blk * 32u;
+        let k0 = blk * 32u;
         if (FORMAT == 8u) {
             var qx = 0.0;
             for (var i = 0u; i < 8u; i = i + 1u) {
-                qx = qx + dot(int8s(word_at(b + 2u + 4u * i)), x4(k0 + 4u * i));
+                qx = qx + dot(int8s(word_at(b + 2u + 4u * i)), x4(m, k0 + 4u * i));
             }
             acc = acc + d * qx;
         } else {
@@ -175,8 +195,8 @@ fn lane_dot_blocks32(m: u32, n: u32, lane: u32) -> f32 {
             var xs = 0.0;
             for (var i = 0u; i < 4u; i = i + 1u) {
                 let word = word_at(qs + 4u * i);
-                let xa = x4(k0 + 4u * i);
-                let xb = x4(k0 + 16u + 4u * i);
+                let xa = x4(m, k0 + 4u * i);
+                let xb = x4(m, k0 + 16u + 4u * i);
                 qx = qx + dot(nibbles_lo(word) - offset, xa) + dot(nibbles_hi(word) - offset, xb);
                 xs = xs + dot(xa + xb, vec4<f32>(1.0));
             }
@@ -194,7 +214,6 @@ fn lane_dot(m: u32, n: u32, lane: u32) -> f32 {
     let n_blocks = p.K / per_block;
     let bb = block_bytes();
     let row_base = n * p.row_bytes;
-    let x_base = m * p.K;
     var acc = 0.0;
     for (var blk = lane; blk < n_blocks; blk = blk + LANES) {
         let b = row_base + blk * bb;
@@ -202,7 +221,7 @@ fn lane_dot(m: u32, n: u32, lane: u32) -> f32 {
         let mm = scale_m(b);
         let k0 = blk * per_block;
         for (var j = 0u; j < per_block; j = j + 1u) {
-            acc = acc + dequant(b, j, d, mm) * x[x_base + k0 + j];
+            acc = acc + dequant(b, j, d, mm) * x_at(m, k0 + j);
         }
     }
     return acc;
@@ -215,14 +234,47 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l
     let lane = lid % LANES;
     let n = wid.x * ROWS_PER_WG + col;
     let m = wid.y;
+    if (NORM) {
+        // Every workgroup sums the squares of its x row itself: K values are cheap to
+        // read twice, and a separate norm dispatch (and its barrier) is not.
+        var sq = 0.0;
+        for (var k = lid; k < p.K; k = k + WG) {
+            let v = x[m * p.K + k];
+            sq = sq + v * v;
+        }
+        partial[lid] = sq;
+        for (var s = WG / 2u; s > 0u; s = s / 2u) {
+            workgroupBarrier();
+            if (lid < s) { partial[lid] = partial[lid] + partial[lid + s]; }
+        }
+        workgroupBarrier();
+        inv_rms = inverseSqrt(partial[0] / f32(p.K) + p.eps);
+        workgroupBarrier();
+    }
     var acc = 0.0;
-    if (n < p.N) { acc = lane_dot(m, n, lane); }
+    var up = 0.0;
+    if (n < p.N) {
+        acc = lane_dot(m, n, lane);
+        if (EPILOGUE == 2u) { up = lane_dot(m, n + p.N, lane); }
+    }
     partial[lid] = acc;
+    partial_up[lid] = up;
     for (var s = LANES / 2u; s > 0u; s = s / 2u) {
         workgroupBarrier();
-        if (lane < s) { partial[lid] = partial[lid] + partial[lid + s]; }
+        if (lane < s) {
+            partial[lid] = partial[lid] + partial[lid + s];
+            if (EPILOGUE == 2u) { partial_up[lid] = partial_up[lid] + partial_up[lid + s]; }
+        }
     }
-    if (lane == 0u && n < p.N) { y[m * p.N + n] = partial[lid]; }
+    if (lane == 0u && n < p.N) {
+        let i = m * p.N + n;
+        let v = partial[lid];
+        switch EPILOGUE {
+            case 1u: { y[i] = res[i] + v; }
+            case 2u: { y[i] = v / (1.0 + exp(-v)) * partial_up[lid]; }
+            default: { y[i] = v; }
+        }
+    }
 }
 
 @compute @workgroup_size(WG)

@@ -4,6 +4,9 @@
 // OP: 0 = sum, 1 = max, 2 = dot (a * b summed). Argmax keeps (value, index) pairs.
 
 override OP: u32 = 0u;
+// argmax_finish for greedy decoding: out_index is the state [token, position, ...];
+// write the argmax as the next token and advance the position by one.
+override ADVANCE: bool = false;
 const WG: u32 = 256u;
 
 struct Params {
@@ -154,5 +157,8 @@ fn argmax_finish(@builtin(local_invocation_id) lid3: vec3<u32>) {
     vals[lid] = best_v;
     idxs[lid] = best_i;
     argmax_tree(lid);
-    if (lid == 0u) { out_index[0] = idxs[0]; }
+    if (lid == 0u) {
+        out_index[0] = idxs[0];
+        if (ADVANCE) { out_index[1] = out_index[1] + 1; }
+    }
 }

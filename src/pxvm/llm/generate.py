@@ -8,6 +8,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+import numpy as np
+
 from ..runtime.errors import PxvmError
 from .chat import chat_template_of, render_chat
 from .sampling import Sampler, SamplingParams
@@ -113,31 +115,34 @@ def generate(model, tokenizer: Tokenizer, prompt: str | None = None, max_tokens:
     generated: list[int] = []
     text, emitted = "", 0
     reason = "max_tokens"
-    steps = 0
+    received = 0
     t1 = time.perf_counter()
-    for i in range(max_tokens):
-        token = sampler(logits, prompt_ids + generated)
-        if token in stop_ids:
-            reason = "eos"
-            break
-        generated.append(token)
-        text += decoder.push(token)
-        hit = min((text.find(s) for s in stops if s in text), default=-1)
-        if hit >= 0:
-            text = text[:hit]
-            reason = "stop_string"
-            break
-        safe = len(text) - _held_back(text, stops)
-        if safe > emitted:
-            emit(text[emitted:safe])
-            emitted = safe
-        if i == max_tokens - 1:
-            break
-        if len(prompt_ids) + len(generated) >= n_ctx:
-            reason = "context"
-            break
-        logits = model.forward([token])
-        steps += 1
+    source = _tokens(model, sampler, logits, prompt_ids, generated, max_tokens)
+    try:
+        for i, token in enumerate(source if max_tokens > 0 else ()):
+            received = i + 1
+            if token in stop_ids:
+                reason = "eos"
+                break
+            generated.append(token)
+            text += decoder.push(token)
+            hit = min((text.find(s) for s in stops if s in text), default=-1)
+            if hit >= 0:
+                text = text[:hit]
+                reason = "stop_string"
+                break
+            safe = len(text) - _held_back(text, stops)
+            if safe > emitted:
+                emit(text[emitted:safe])
+                emitted = safe
+            if i == max_tokens - 1:
+                break
+            if len(prompt_ids) + len(generated) >= n_ctx:
+                reason = "context"
+                break
+    finally:
+        source.close()
+    steps = max(0, received - 1)  # the first token came from the prompt's logits
     decode_s = time.perf_counter() - t1
     if reason != "stop_string":
         text += decoder.flush()
@@ -148,6 +153,36 @@ def generate(model, tokenizer: Tokenizer, prompt: str | None = None, max_tokens:
                             decode_steps=steps, prompt_ids=prompt_ids)
 
 
+def greedy_tokens(model, token: int, n: int):
+    """Feed `token`, then the argmax of each step's logits: the n tokens chosen. Models
+    that chain greedy steps themselves (`decode_greedy`) do so."""
+    if hasattr(model, "decode_greedy"):
+        yield from model.decode_greedy(token, n)
+        return
+    for _ in range(n):
+        token = int(np.argmax(model.forward([token])))
+        yield token
+
+
+def _tokens(model, sampler: Sampler, logits, prompt_ids: list[int], generated: list[int],
+            max_tokens: int):
+    """The chosen tokens, one per decoding step: the first from the prompt's logits. Plain
+    greedy decoding lets the model chain its steps on the device (`decode_greedy`);
+    otherwise each step's logits come back for the sampler. `generated` is the caller's
+    list of accepted tokens (the repetition penalty looks at it)."""
+    token = sampler(logits, prompt_ids + generated)
+    yield token
+    p = sampler.params
+    if p.temperature == 0.0 and p.repeat_penalty == 1.0:
+        room = context_length(model) - len(prompt_ids)
+        yield from greedy_tokens(model, token, min(max_tokens - 1, room))
+        return
+    while True:
+        logits = model.forward([token])
+        token = sampler(logits, prompt_ids + generated)
+        yield token
+
+
 _BENCH_TEXT = ("The quick brown fox jumps over the lazy dog while the committee reviews "
                "quarterly reports, 42 footnotes and a table of contents. ")
 
@@ -155,10 +190,8 @@ _BENCH_TEXT = ("The quick brown fox jumps over the lazy dog while the committee 
 def benchmark(model, tokenizer: Tokenizer, prompt_tokens: int = 512, gen_tokens: int = 128,
               repeats: int = 3, warmup: int = 1) -> dict:
     """Prefill tokens/s of one `prompt_tokens`-token forward and decode tokens/s of
-    `gen_tokens` single-token forwards after it (greedy), medians of `repeats` runs after
+    `gen_tokens` greedy decoding steps after it (as llama-bench's tg), medians of `repeats` runs after
     `warmup` unmeasured runs (which compile pipelines and fill caches)."""
-    import numpy as np
-
     if prompt_tokens < 1 or gen_tokens < 1 or repeats < 1:
         raise ValueError("prompt_tokens, gen_tokens and repeats must be >= 1")
     n_ctx = context_length(model)
@@ -173,8 +206,8 @@ def benchmark(model, tokenizer: Tokenizer, prompt_tokens: int = 512, gen_tokens:
         t0 = time.perf_counter()
         logits = model.forward(ids)
         t1 = time.perf_counter()
-        for _ in range(gen_tokens):
-            logits = model.forward([int(np.argmax(logits))])
+        for _ in greedy_tokens(model, int(np.argmax(logits)), gen_tokens):
+            pass
         t2 = time.perf_counter()
         if run >= warmup:
             runs.append({"prefill_s": t1 - t0, "decode_s": t2 - t1,

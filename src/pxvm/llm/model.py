@@ -1,17 +1,26 @@
 """The llama-family transformer, written once over pxvm ops so that the same code runs on
-the WebGPU backend (one submit per forward call, weights resident and still quantized)
-and on the numpy backend."""
+the WebGPU backend (weights resident and still quantized) and on the numpy backend.
+
+A prompt runs as one batch of matrix products. A single token runs a decoding step
+recorded once as a `Graph`: the token and its position live in a small state tensor on
+the device, so each step only re-submits the same dispatches; greedy decoding chains
+steps on the GPU (the argmax becomes the next step's token) without waiting for the host.
+"""
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..backends import get_backend
-from ..batch import Batch
+from ..batch import Batch, Graph
 from ..runtime.errors import PxvmError
 from .gguf_model import Config, GGUFModelFile, Weight, default_model_path
+
+#: Greedy decoding steps submitted before the host waits for the oldest one.
+STEPS_IN_FLIGHT = 3
 
 
 class ContextOverflowError(PxvmError):
@@ -30,19 +39,16 @@ class Matrix:
 @dataclass
 class Layer:
     attn_norm: object
-    wq: Matrix
-    wk: Matrix
-    wv: Matrix
+    qkv: list[Matrix]      # [Wq; Wk; Wv] rows, joined per run of one tensor type
     wo: Matrix
     ffn_norm: object
-    w_gate: Matrix
-    w_up: Matrix
+    gate_up: list[Matrix]  # [Wgate; Wup] joined when of one type, else the two
     w_down: Matrix
 
 
 class Model:
     """A loaded model with its KV cache. `forward(tokens)` runs them at the current
-    position and returns the last position's logits."""
+    position and returns the last position's logits; `decode_greedy` chains steps."""
 
     def __init__(self, file: GGUFModelFile, backend="auto", progress: bool = True,
                  max_context: int | None = None):
@@ -60,132 +66,228 @@ class Model:
         for i in range(cfg.n_layers):
             names += [f"blk.{i}.{n}.weight" for n in ("attn_norm", "attn_q", "attn_k", "attn_v",
                       "attn_output", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")]
-        loaded = {}
-        for name in _progress(names, progress, f"loading {cfg.n_layers} layers to {self.backend.name}"):
-            loaded[name] = self._upload(file.weight(name))
-        self.embedding = loaded["token_embd.weight"]
-        self.output_norm = loaded["output_norm.weight"]
-        self.output = self.embedding if cfg.tied_output else loaded["output.weight"]
+        w = {name: file.weight(name) for name in names}
         self.layers = []
-        for i in range(cfg.n_layers):
-            w = lambda n: loaded[f"blk.{i}.{n}.weight"]  # noqa: E731
-            self.layers.append(Layer(w("attn_norm"), w("attn_q"), w("attn_k"), w("attn_v"),
-                                     w("attn_output"), w("ffn_norm"), w("ffn_gate"), w("ffn_up"),
-                                     w("ffn_down")))
+        steps = _progress(range(cfg.n_layers), progress,
+                          f"loading {cfg.n_layers} layers to {self.backend.name}")
+        for i in steps:
+            blk = lambda n: w[f"blk.{i}.{n}.weight"]  # noqa: E731
+            self.layers.append(Layer(
+                self._vector(blk("attn_norm")),
+                self._joined([blk("attn_q"), blk("attn_k"), blk("attn_v")]),
+                self._matrix([blk("attn_output")]),
+                self._vector(blk("ffn_norm")),
+                self._joined([blk("ffn_gate"), blk("ffn_up")]),
+                self._matrix([blk("ffn_down")])))
+        self.embedding = self._matrix([w["token_embd.weight"]])
+        self.output_norm = self._vector(w["output_norm.weight"])
+        self.output = self.embedding if cfg.tied_output else self._matrix([w["output.weight"]])
         kv_shape = (self.context_length, cfg.n_kv_heads, cfg.head_dim)
         zeros = np.zeros(kv_shape, np.float32)
         self.k_cache = [self.backend.from_numpy(zeros) for _ in range(cfg.n_layers)]
         self.v_cache = [self.backend.from_numpy(zeros) for _ in range(cfg.n_layers)]
+        # [token, position] of the next decoding step, read by the recorded step.
+        self.state = self.backend.from_numpy(np.zeros(2, np.int32))
+        self._step: Graph | None = None
         self.position = 0
 
-    def _upload(self, w: Weight):
-        if len(w.shape) == 1:
-            return self.backend.from_numpy(np.asarray(w.data, np.float32))
-        rows = np.ascontiguousarray(w.data).view(np.uint8).reshape(w.shape[0], -1)
-        return Matrix(self.backend.from_numpy(rows), w.qtype, w.shape[1])
+    def _vector(self, w: Weight):
+        return self.backend.from_numpy(np.asarray(w.data, np.float32))
+
+    def _matrix(self, weights: list[Weight]) -> Matrix:
+        """The weights' raw rows stacked in one matrix (all of one type and row length)."""
+        rows = [np.ascontiguousarray(w.data).view(np.uint8).reshape(w.shape[0], -1)
+                for w in weights]
+        data = rows[0] if len(rows) == 1 else np.concatenate(rows)
+        return Matrix(self.backend.from_numpy(data), weights[0].qtype, weights[0].shape[1])
+
+    def _joined(self, weights: list[Weight]) -> list[Matrix]:
+        """Consecutive weights of one tensor type joined into one matrix, so that one
+        product computes them all (files that mix types per layer get several)."""
+        runs: list[list[Weight]] = []
+        for w in weights:
+            if runs and runs[-1][0].qtype == w.qtype:
+                runs[-1].append(w)
+            else:
+                runs.append([w])
+        return [self._matrix(run) for run in runs]
 
     def reset(self) -> None:
         """Forget the conversation: the next forward starts at position 0."""
         self.position = 0
 
+    # ---- running ----------------------------------------------------------------------
     def forward(self, token_ids) -> np.ndarray:
         """Run `token_ids` at the current position; logits (vocab,) of the last one."""
-        return self._run(token_ids, last_only=True)[-1]
+        ids = self._checked(token_ids)
+        if ids.size > 1:
+            return self._run(ids, last_only=True)[-1]
+        self.state.write([int(ids[0]), self.position])
+        logits = self._decode_step().run("logits")["logits"]
+        self.position += 1
+        return logits[-1]
 
     def forward_all(self, token_ids) -> np.ndarray:
         """As forward, but the logits of every position: (len(token_ids), vocab)."""
-        return self._run(token_ids, last_only=False)
+        return self._run(self._checked(token_ids), last_only=False)
 
-    def _run(self, token_ids, last_only: bool) -> np.ndarray:
+    def decode_greedy(self, token: int, n: int):
+        """Feed `token`, then keep feeding the most likely next token: yields the n tokens
+        chosen. On the GPU the steps chain on the device and are submitted ahead of the
+        host reading them; stopping early (closing the generator) leaves the position
+        after the last token the caller received."""
+        self._checked([token])
+        if n <= 0:
+            return
+        if self.position + n > self.context_length:
+            raise ContextOverflowError(
+                f"{self.position + n} tokens do not fit in the context of "
+                f"{self.context_length}; lower --max-tokens")
+        step = self._decode_step()
+        self.state.write([int(token), self.position])
+        start, received = self.position, 0
+        pending: deque = deque()
+        try:
+            for i in range(n):
+                pending.append(step.launch("state"))
+                while pending and (len(pending) > STEPS_IN_FLIGHT or i == n - 1):
+                    next_token = int(pending.popleft().result()["state"][0])
+                    received += 1
+                    self.position = start + received
+                    yield next_token
+        finally:
+            self.position = start + received
+
+    def _checked(self, token_ids) -> np.ndarray:
+        ids = np.asarray(list(token_ids), dtype=np.int64).reshape(-1)
+        if ids.size == 0:
+            raise ValueError("forward needs at least one token")
+        if self.position + ids.size > self.context_length:
+            raise ContextOverflowError(
+                f"{self.position + ids.size} tokens do not fit in the context of "
+                f"{self.context_length}; shorten the prompt or lower --max-tokens")
+        if ids.min() < 0 or ids.max() >= self.config.vocab_size:
+            raise ValueError(f"token ids must be in 0..{self.config.vocab_size - 1}")
+        return ids.astype(np.int32)
+
+    def _run(self, ids: np.ndarray, last_only: bool) -> np.ndarray:
         b = Batch(self.backend)
-        logits = self.record(b, token_ids, last_only)
+        logits = self.record(b, ids, last_only)
         b.execute()
         return b.read(logits)
 
+    def _decode_step(self) -> Graph:
+        if self._step is None:
+            self._step = Graph(self.backend, self.record_step)
+        return self._step
+
+    # ---- recording --------------------------------------------------------------------
     def record(self, b: Batch, token_ids, last_only: bool = True):
         """Queue the forward pass of `token_ids` on batch `b` (nothing runs until
         b.execute()); advances the position; returns the logits tensor."""
-        ids = np.asarray(list(token_ids), dtype=np.int32).reshape(-1)
-        cfg = self.config
+        ids = self._checked(token_ids)
         s, pos = ids.size, self.position
-        if s == 0:
-            raise ValueError("forward needs at least one token")
-        if pos + s > self.context_length:
-            raise ContextOverflowError(
-                f"{pos + s} tokens do not fit in the context of {self.context_length}; "
-                "shorten the prompt or lower --max-tokens")
-        if ids.min() < 0 or ids.max() >= cfg.vocab_size:
-            raise ValueError(f"token ids must be in 0..{cfg.vocab_size - 1}")
-        x = b.embedding_quant(b.upload(ids), self.embedding.tensor, qtype=self.embedding.qtype,
-                              k=self.embedding.k)
-        hq, hkv, d = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        for i, layer in enumerate(self.layers):
-            h = b.rmsnorm(x, layer.attn_norm, cfg.norm_eps)
-            q = _linear(b, h, layer.wq).reshape(s, hq, d)
-            k = _linear(b, h, layer.wk).reshape(s, hkv, d)
-            v = _linear(b, h, layer.wv).reshape(s, hkv, d)
-            q = b.rope(q, pos, cfg.rope_theta, "interleaved")
-            k = b.rope(k, pos, cfg.rope_theta, "interleaved")
-            b.write_rows(self.k_cache[i], k, pos)
-            b.write_rows(self.v_cache[i], v, pos)
-            att = b.attention(q, self.k_cache[i].prefix(pos + s), self.v_cache[i].prefix(pos + s),
-                              causal=True)
-            x = b.add(x, _linear(b, att.reshape(s, hq * d), layer.wo))
-            h = b.rmsnorm(x, layer.ffn_norm, cfg.norm_eps)
-            gated = b.mul(b.silu(_linear(b, h, layer.w_gate)), _linear(b, h, layer.w_up))
-            x = b.add(x, _linear(b, gated, layer.w_down))
+        state = b.upload(np.array([ids[-1], pos], np.int32))
+        x = self._embed(b, b.upload(ids))
+        x = self._layers(b, x, state, max_keys=pos + s)
         if last_only and s > 1:
             x = b.slice_rows(x, s - 1, s)
         self.position = pos + s
-        return _linear(b, b.rmsnorm(x, self.output_norm, cfg.norm_eps), self.output)
+        return self._logits(b, x)
+
+    def record_step(self, b: Batch) -> dict:
+        """Queue one decoding step driven by `self.state` = [token, position]: the logits
+        of that token, then state becomes [argmax of the logits, position + 1]."""
+        x = self._embed(b, self.state.prefix(1))
+        logits = self._logits(b, self._layers(b, x, self.state, max_keys=self.context_length))
+        b.greedy_step(logits, self.state)
+        return {"logits": logits, "state": self.state}
+
+    def _embed(self, b: Batch, ids):
+        e = self.embedding
+        return b.embedding_quant(ids, e.tensor, qtype=e.qtype, k=e.k)
+
+    def _logits(self, b: Batch, x):
+        o = self.output
+        return b.rmsnorm_matmul_quant(x, self.output_norm, o.tensor, qtype=o.qtype, k=o.k,
+                                      eps=self.config.norm_eps)
+
+    def _layers(self, b: Batch, x, state, max_keys: int):
+        cfg = self.config
+        for i, layer in enumerate(self.layers):
+            qkv = self._normed_product(b, x, layer.attn_norm, layer.qkv)
+            att = b.attention_cached(qkv, self.k_cache[i], self.v_cache[i], state,
+                                     n_heads=cfg.n_heads, theta=cfg.rope_theta,
+                                     style="interleaved", max_keys=max_keys)
+            x = _add_product(b, att, layer.wo, x)
+            x = _add_product(b, self._swiglu(b, x, layer), layer.w_down, x)
+        return x
+
+    def _normed_product(self, b: Batch, x, gain, parts: list[Matrix]):
+        eps = self.config.norm_eps
+        outs = [b.rmsnorm_matmul_quant(x, gain, m.tensor, qtype=m.qtype, k=m.k, eps=eps)
+                for m in parts]
+        joined = outs[0]
+        for more in outs[1:]:
+            joined = b.concat_columns(joined, more)
+        return joined
+
+    def _swiglu(self, b: Batch, x, layer: Layer):
+        if len(layer.gate_up) == 1:
+            m = layer.gate_up[0]
+            return b.rmsnorm_swiglu_quant(x, layer.ffn_norm, m.tensor, qtype=m.qtype, k=m.k,
+                                          eps=self.config.norm_eps)
+        gate, up = (self._normed_product(b, x, layer.ffn_norm, [m]) for m in layer.gate_up)
+        return b.mul(b.silu(gate), up)
 
 
-def profile_decode_step(model: Model, repeats: int = 5) -> dict:
-    """Where one decoded token's time goes: host time to record the dispatches, to submit,
-    and to read the logits back (wall clock), and the GPU time of every kernel (timestamp
-    queries around each dispatch, which add a little time of their own)."""
+def _add_product(b: Batch, x, w: Matrix, residual):
+    return b.matmul_quant_add(x, w.tensor, residual, qtype=w.qtype, k=w.k)
+
+
+def profile_decode_step(model: Model, repeats: int = 20) -> dict:
+    """Where one decoded token's time goes: host time to encode and submit the recorded
+    step, time until its result is back (GPU work plus the readback), the whole step's
+    GPU time (timestamps around the pass), and the GPU time of every kernel (each
+    dispatch timed alone, which adds a little time of its own)."""
     import statistics
     import time
 
+    step = model._decode_step()
     start = model.position
-    record, submit, read, kernels, dispatches = [], [], [], {}, 0
+    encode, wait = [], []
     for i in range(repeats + 1):
-        model.position = start
+        model.state.write([1, start])
         t0 = time.perf_counter()
-        b = Batch(model.backend)
-        logits = model.record(b, [1])
+        launch = step.launch("state")
         t1 = time.perf_counter()
-        b.execute()
-        model.backend.device.wait()
+        launch.result()
         t2 = time.perf_counter()
-        b.read(logits)
-        t3 = time.perf_counter()
         if i:
-            record.append(t1 - t0)
-            submit.append(t2 - t1)
-            read.append(t3 - t2)
-    model.position = start
+            encode.append(t1 - t0)
+            wait.append(t2 - t1)
+    model.state.write([1, start])
+    timed = step.launch("state", timestamps=True)
+    timed.result()
+    model.state.write([1, start])
     b = Batch(model.backend, profile=True)
-    model.record(b, [1])
+    model.record_step(b)
     b.execute()
+    kernels: dict[str, float] = {}
     for label, seconds in b.profile or []:
         kernels[label] = kernels.get(label, 0.0) + seconds
-        dispatches += 1
     model.position = start
     ms = lambda xs: round(statistics.median(xs) * 1e3, 3)  # noqa: E731
+    gpu = timed.gpu_seconds
     return {
-        "dispatches_per_token": dispatches,
-        "host_record_ms": ms(record),
-        "submit_and_gpu_wait_ms": ms(submit),
-        "readback_ms": ms(read),
+        "dispatches_per_token": step.dispatches,
+        "host_encode_submit_ms": ms(encode),
+        "gpu_wait_and_readback_ms": ms(wait),
+        "gpu_step_ms": None if gpu is None else round(gpu * 1e3, 3),
         "gpu_kernel_ms_total": round(sum(kernels.values()) * 1e3, 3),
         "gpu_kernel_ms_by_kernel": {k: round(v * 1e3, 3) for k, v in
                                     sorted(kernels.items(), key=lambda kv: -kv[1])},
     }
-
-
-def _linear(b: Batch, x, w: Matrix):
-    return b.matmul_quant(x, w.tensor, qtype=w.qtype, k=w.k)
 
 
 def _progress(items, enabled: bool, label: str):

@@ -1,6 +1,11 @@
 """Multi-head attention (attention.wgsl) with grouped-query heads and a causal mask
 offset for KV caches: query i of Sq sees keys j <= i + Skv - Sq. Few queries over many
-keys (decoding) split the keys over several workgroups and merge the partial results."""
+keys (decoding) split the keys over several workgroups and merge the partial results.
+
+`attention_cached` (attention_cached.wgsl) is the transformer's whole attention step
+over a KV cache: rotary embedding, appending the new keys and values, attending. It
+reads the position from a state tensor on the device, so a recorded decoding step is
+valid at every position."""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ import math
 
 import numpy as np
 
+from .normalization import rope_ref, rope_table
 from .registry import meta, register, require
 
 KERNEL = "attention.wgsl"
@@ -86,3 +92,71 @@ def attention_gpu(ctx, q, k, v, causal=True, scale=None):
 
 
 attention = register("attention", 3, attention_ref, attention_gpu, _infer)
+
+CACHED_KERNEL = "attention_cached.wgsl"
+CACHED_RANGE = 128  # keys per workgroup of attention_cached (its WG)
+
+
+def attention_cached_ref(qkv, k_cache, v_cache, state, n_heads=1, theta=10000.0,
+                         style="interleaved", scale=None, max_keys=None):
+    """Attention of S new tokens at positions pos.. (pos = state[1]) over a KV cache.
+
+    qkv (S, (n_heads + 2 Hkv) D) holds each token's query heads, key heads and value
+    heads; caches are (n_ctx, Hkv, D). Queries and keys get the rotary embedding at their
+    positions, the new keys and values are written into the caches at rows pos..pos+S-1
+    (in place), and each query attends causally to cache rows 0..its own position.
+    Returns (S, n_heads * D). `max_keys` only bounds the GPU's grid."""
+    s = qkv.shape[0]
+    n_ctx, hkv, d = k_cache.shape
+    pos = int(np.asarray(state).reshape(-1)[1])
+    require(0 <= pos and pos + s <= n_ctx,
+            f"attention_cached: positions {pos}..{pos + s - 1} are outside the cache of "
+            f"{n_ctx} rows")
+    q, k, v = np.split(np.asarray(qkv, np.float32), [n_heads * d, (n_heads + hkv) * d], axis=1)
+    q = rope_ref(q.reshape(s, n_heads, d), pos, theta, style)
+    k_cache[pos: pos + s] = rope_ref(k.reshape(s, hkv, d), pos, theta, style)
+    v_cache[pos: pos + s] = v.reshape(s, hkv, d)
+    out = attention_ref(q, k_cache[: pos + s], v_cache[: pos + s], causal=True, scale=scale)
+    return out.reshape(s, n_heads * d)
+
+
+def _infer_cached(qkv, k_cache, v_cache, state, n_heads=1, theta=10000.0,
+                  style="interleaved", scale=None, max_keys=None):
+    require(len(k_cache.shape) == 3 and tuple(k_cache.shape) == tuple(v_cache.shape),
+            f"attention_cached: caches must both be (n_ctx, Hkv, D), got {tuple(k_cache.shape)} "
+            f"and {tuple(v_cache.shape)}")
+    n_ctx, hkv, d = k_cache.shape
+    require(n_heads >= 1 and n_heads % hkv == 0,
+            f"query heads ({n_heads}) must be a multiple of key/value heads ({hkv})")
+    require(d % 2 == 0 and 2 <= d <= MAX_HEAD_DIM,
+            f"head dimension must be even and at most {MAX_HEAD_DIM}, got {d}")
+    require(len(qkv.shape) == 2 and qkv.shape[1] == (n_heads + 2 * hkv) * d and qkv.shape[0] >= 1,
+            f"attention_cached: qkv must be (S, {(n_heads + 2 * hkv) * d}) for {n_heads} query "
+            f"heads and {hkv} key/value heads of {d}, got {tuple(qkv.shape)}")
+    require(np.dtype(state.dtype) == np.int32 and state.size >= 2,
+            "attention_cached: state must be an int32 tensor [token, position, ...]")
+    require(style in ("interleaved", "neox"), f"unknown rope style {style!r}")
+    require(max_keys is None or qkv.shape[0] <= max_keys <= n_ctx,
+            f"max_keys must be in {qkv.shape[0]}..{n_ctx}, got {max_keys}")
+    return meta((qkv.shape[0], n_heads * d), np.float32)
+
+
+def attention_cached_gpu(ctx, qkv, k_cache, v_cache, state, n_heads=1, theta=10000.0,
+                         style="interleaved", scale=None, max_keys=None):
+    s = qkv.shape[0]
+    n_ctx, hkv, d = k_cache.shape
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    n_ranges = -(-(max_keys or n_ctx) // CACHED_RANGE)
+    table = rope_table(ctx, theta, d, n_ctx)
+    part = ctx.empty((s * n_heads * n_ranges, d + 2), np.float32, "attention partial sums")
+    out = ctx.empty((s, n_heads * d), np.float32)
+    tensors = [qkv, k_cache, v_cache, state, table, part, out]
+    params = (s, n_heads, hkv, d, n_ctx, n_ranges, scale)
+    consts = {"NEOX": int(style == "neox")}
+    ctx.dispatch(CACHED_KERNEL, "split", tensors, params, (n_ranges, n_heads, s), consts)
+    ctx.dispatch(CACHED_KERNEL, "combine", tensors, params, (n_heads, s, 1), consts)
+    return out
+
+
+attention_cached = register("attention_cached", 4, attention_cached_ref, attention_cached_gpu,
+                            _infer_cached, ("f32", "i32"))

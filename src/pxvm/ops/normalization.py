@@ -139,7 +139,9 @@ def layer_norm_gpu(ctx, x, weight, bias, eps=1e-5):
 _rope_tables: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def _rope_table(ctx, theta, head_dim, needed):
+def rope_table(ctx, theta, head_dim, needed):
+    """The resident (positions, head_dim/2, [cos, sin]) f32 table of this backend covering
+    at least `needed` positions, computed in float64 on the host."""
     tables = _rope_tables.setdefault(ctx.backend, {})
     key = (float(theta), int(head_dim))
     found = tables.get(key)
@@ -155,7 +157,7 @@ def _rope_table(ctx, theta, head_dim, needed):
 def rope_gpu(ctx, x, pos_offset=0, theta=10000.0, style="interleaved"):
     seq, heads, d = x.shape
     out = ctx.empty(x.shape, np.float32)
-    table = _rope_table(ctx, theta, d, int(pos_offset) + seq)
+    table = rope_table(ctx, theta, d, int(pos_offset) + seq)
     pairs = seq * heads * (d // 2)
     if pairs:
         ctx.dispatch("rope.wgsl", "main", [x, table, out], (seq, heads, d, int(pos_offset)),

@@ -1,6 +1,11 @@
 """Ops on GGUF-quantized weights (matmul_quant.wgsl): `matmul_quant` multiplies by a
 weight kept in its raw GGUF blocks and dequantized inside the kernel, `embedding_quant`
-looks rows up. The numpy reference dequantizes with the `gguf` package's own code."""
+looks rows up. The numpy reference dequantizes with the `gguf` package's own code.
+
+Three fused products serve a transformer layer with one dispatch each where separate
+ops would take two or three: `rmsnorm_matmul_quant` (norm, then product),
+`matmul_quant_add` (product plus residual) and `rmsnorm_swiglu_quant` (norm, then the
+gate and up products joined by SwiGLU)."""
 
 from __future__ import annotations
 
@@ -8,6 +13,8 @@ import weakref
 
 import numpy as np
 
+from .elementwise import silu_ref
+from .normalization import rmsnorm_ref
 from .registry import meta, register, require
 
 # GGML type numbers -> (values per block, bytes per block)
@@ -73,10 +80,49 @@ def _infer_matmul(x, w, qtype=3, k=0, lanes=None):
     return meta((x.shape[0], w.shape[0]), np.float32)
 
 
+def rmsnorm_matmul_quant_ref(x, gain, w, qtype=3, k=0, eps=1e-6, lanes=None):
+    """rmsnorm(x, gain, eps) @ W^T for W stored as raw GGUF blocks."""
+    return matmul_quant_ref(rmsnorm_ref(x, gain, eps), w, qtype, k)
+
+
+def matmul_quant_add_ref(x, w, residual, qtype=3, k=0, lanes=None):
+    """residual + x @ W^T for W stored as raw GGUF blocks."""
+    return np.asarray(np.asarray(residual, np.float32) + matmul_quant_ref(x, w, qtype, k),
+                      np.float32)
+
+
+def rmsnorm_swiglu_quant_ref(x, gain, w, qtype=3, k=0, eps=1e-6, lanes=None):
+    """silu(h @ Wg^T) * (h @ Wu^T), h = rmsnorm(x, gain, eps), for W = [Wg; Wu] (2F rows
+    of raw GGUF blocks: the gate's F rows, then the up projection's F rows)."""
+    both = matmul_quant_ref(rmsnorm_ref(x, gain, eps), w, qtype, k)
+    f = w.shape[0] // 2
+    return np.asarray(silu_ref(both[:, :f]) * both[:, f:], np.float32)
+
+
 def _infer_embedding(ids, w, qtype=3, k=0):
     _check_weight(w, qtype, k)
     require(len(ids.shape) == 1, f"embedding ids must be 1-D, got {tuple(ids.shape)}")
     return meta((ids.shape[0], k), np.float32)
+
+
+def _infer_norm_matmul(x, gain, w, qtype=3, k=0, eps=1e-6, lanes=None):
+    require(tuple(gain.shape) == (k,), f"the norm's gain must have shape ({k},), got "
+            f"{tuple(gain.shape)}")
+    return _infer_matmul(x, w, qtype, k, lanes)
+
+
+def _infer_matmul_add(x, w, residual, qtype=3, k=0, lanes=None):
+    m = _infer_matmul(x, w, qtype, k, lanes)
+    require(tuple(residual.shape) == m.shape,
+            f"matmul_quant_add: the residual must have shape {m.shape}, got {tuple(residual.shape)}")
+    return m
+
+
+def _infer_swiglu(x, gain, w, qtype=3, k=0, eps=1e-6, lanes=None):
+    m = _infer_norm_matmul(x, gain, w, qtype, k, eps, lanes)
+    require(w.shape[0] % 2 == 0, f"rmsnorm_swiglu_quant: W must stack the gate and up rows "
+            f"(an even row count), got {w.shape[0]} rows")
+    return meta((m.shape[0], m.shape[1] // 2), np.float32)
 
 
 def _lanes(ctx, lanes):
@@ -87,27 +133,51 @@ def _lanes(ctx, lanes):
     return 1 if ctx.is_software else 32
 
 
-def matmul_quant_gpu(ctx, x, w, qtype=3, k=0, lanes=None):
-    m, n = x.shape[0], w.shape[0]
+def _product(ctx, x, w, gain, res, n, qtype, k, eps, lanes, norm, epilogue):
+    """Record the `matmul` entry: y (M, n) with the given fusions."""
+    m = x.shape[0]
     out = ctx.empty((m, n), np.float32)
     lanes = _lanes(ctx, lanes)
     rows_per_wg = 256 // lanes
-    ctx.dispatch("matmul_quant.wgsl", "matmul", [x, w, out, x],
-                 (m, n, k, row_bytes(qtype, k)), ((n + rows_per_wg - 1) // rows_per_wg, m, 1),
-                 {"FORMAT": qtype, "LANES": lanes})
+    ctx.dispatch("matmul_quant.wgsl", "matmul", [x, w, out, x, gain, res],
+                 (m, n, k, row_bytes(qtype, k), float(eps)),
+                 ((n + rows_per_wg - 1) // rows_per_wg, m, 1),
+                 {"FORMAT": qtype, "LANES": lanes, "NORM": int(norm), "EPILOGUE": epilogue})
     return out
+
+
+def matmul_quant_gpu(ctx, x, w, qtype=3, k=0, lanes=None):
+    return _product(ctx, x, w, x, x, w.shape[0], qtype, k, 0.0, lanes, False, 0)
+
+
+def rmsnorm_matmul_quant_gpu(ctx, x, gain, w, qtype=3, k=0, eps=1e-6, lanes=None):
+    return _product(ctx, x, w, gain, x, w.shape[0], qtype, k, eps, lanes, True, 0)
+
+
+def matmul_quant_add_gpu(ctx, x, w, residual, qtype=3, k=0, lanes=None):
+    return _product(ctx, x, w, x, residual, w.shape[0], qtype, k, 0.0, lanes, False, 1)
+
+
+def rmsnorm_swiglu_quant_gpu(ctx, x, gain, w, qtype=3, k=0, eps=1e-6, lanes=None):
+    return _product(ctx, x, w, gain, x, w.shape[0] // 2, qtype, k, eps, lanes, True, 2)
 
 
 def embedding_quant_gpu(ctx, ids, w, qtype=3, k=0):
     s = ids.shape[0]
     out = ctx.empty((s, k), np.float32)
-    ctx.dispatch("matmul_quant.wgsl", "embed", [w, w, out, ids],
-                 (s, w.shape[0], k, row_bytes(qtype, k)), ((k + 255) // 256, s, 1),
+    ctx.dispatch("matmul_quant.wgsl", "embed", [w, w, out, ids, w, w],
+                 (s, w.shape[0], k, row_bytes(qtype, k), 0.0), ((k + 255) // 256, s, 1),
                  {"FORMAT": qtype})
     return out
 
 
 matmul_quant = register("matmul_quant", 2, matmul_quant_ref, matmul_quant_gpu, _infer_matmul,
                         ("f32", "u8"))
+rmsnorm_matmul_quant = register("rmsnorm_matmul_quant", 3, rmsnorm_matmul_quant_ref,
+                                rmsnorm_matmul_quant_gpu, _infer_norm_matmul, ("f32", "u8"))
+matmul_quant_add = register("matmul_quant_add", 3, matmul_quant_add_ref, matmul_quant_add_gpu,
+                            _infer_matmul_add, ("f32", "u8"))
+rmsnorm_swiglu_quant = register("rmsnorm_swiglu_quant", 3, rmsnorm_swiglu_quant_ref,
+                                rmsnorm_swiglu_quant_gpu, _infer_swiglu, ("f32", "u8"))
 embedding_quant = register("embedding_quant", 2, embedding_quant_ref, embedding_quant_gpu,
                            _infer_embedding, ("i32", "u8"))

@@ -1,6 +1,7 @@
-"""Reductions (reduce.wgsl): sum, max and dot over all elements, and argmax (flat or per
-row). Two passes for any length: bounded workgroups reduce grid-strided shares, then
-one workgroup reduces the partials; both passes are recorded in the same submit."""
+"""Reductions (reduce.wgsl): sum, max and dot over all elements, argmax (flat or per
+row), and greedy decoding's step (argmax into a state tensor, advancing its position).
+Two passes for any length: bounded workgroups reduce grid-strided shares, then one
+workgroup reduces the partials; both passes are recorded in the same submit."""
 
 from __future__ import annotations
 
@@ -89,6 +90,37 @@ def dot_gpu(ctx, a, b):
     return _reduce_gpu(2, a, b, ctx)
 
 
+def greedy_step_ref(logits, state):
+    """Greedy decoding's step on a state [token, position, ...] (int32), in place:
+    token = argmax(logits) (flat, first maximum), position += 1. Returns state."""
+    state[0] = argmax_ref(logits)
+    state[1] += 1
+    return state
+
+
+def _infer_greedy(logits, state):
+    _nonempty(logits, "greedy_step")
+    require(np.dtype(state.dtype) == np.int32 and len(state.shape) == 1 and state.shape[0] >= 2,
+            "greedy_step: state must be a 1-D int32 tensor [token, position, ...]")
+    return meta(state.shape, np.int32)
+
+
+def greedy_step_gpu(ctx, logits, state):
+    _flat_argmax(ctx, logits, state, advance=True)
+    return state
+
+
+def _flat_argmax(ctx, x, out, advance=False):
+    n = x.size
+    chunks = (n + ARGMAX_CHUNK - 1) // ARGMAX_CHUNK
+    values = ctx.empty((chunks,), np.float32, "chunk maxima")
+    indices = ctx.empty((chunks,), np.int32, "chunk argmax")
+    ctx.dispatch(KERNEL, "argmax_rows", [x, x, values, indices], (n, ARGMAX_CHUNK, 0), chunks)
+    unused = ctx.empty((1,), np.float32, "unused")
+    ctx.dispatch(KERNEL, "argmax_finish", [values, indices, unused, out],
+                 (chunks, ARGMAX_CHUNK, 0), (1, 1, 1), {"ADVANCE": int(advance)})
+
+
 def argmax_gpu(ctx, x, axis=None):
     n = x.size
     if axis is not None:
@@ -98,14 +130,8 @@ def argmax_gpu(ctx, x, axis=None):
         out = ctx.empty(x.shape[:-1], np.int32)
         ctx.dispatch(KERNEL, "argmax_rows", [x, x, values, out], (n, row_len, 0), rows)
         return out
-    chunks = (n + ARGMAX_CHUNK - 1) // ARGMAX_CHUNK
-    values = ctx.empty((chunks,), np.float32, "chunk maxima")
-    indices = ctx.empty((chunks,), np.int32, "chunk argmax")
-    ctx.dispatch(KERNEL, "argmax_rows", [x, x, values, indices], (n, ARGMAX_CHUNK, 0), chunks)
     out = ctx.empty((), np.int32)
-    unused = ctx.empty((1,), np.float32, "unused")
-    ctx.dispatch(KERNEL, "argmax_finish", [values, indices, unused, out],
-                 (chunks, ARGMAX_CHUNK, 0), (1, 1, 1))
+    _flat_argmax(ctx, x, out)
     return out
 
 
@@ -113,3 +139,5 @@ sum = register("sum", 1, sum_ref, sum_gpu, _infer_full)  # noqa: A001 - numpy's 
 max = register("max", 1, max_ref, max_gpu, _infer_full)  # noqa: A001
 dot = register("dot", 2, dot_ref, dot_gpu, _infer_dot)
 argmax = register("argmax", 1, argmax_ref, argmax_gpu, _infer_argmax)
+greedy_step = register("greedy_step", 2, greedy_step_ref, greedy_step_gpu, _infer_greedy,
+                       ("f32", "i32"))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 
 from .adapters import AdapterDescription, choose_adapter, list_adapters
-from .device import Allocation, Device, Recorder, Staged, Timer, workgroup_grid
+from .device import Allocation, Device, DispatchList, Recorder, Staged, Timer, workgroup_grid
 from .errors import (
     BindingTooLargeError,
     DeviceLostError,
@@ -50,7 +50,7 @@ def reset_device() -> None:
 __all__ = [
     "AdapterDescription", "Allocation", "BindingTooLargeError", "Device", "DeviceLostError",
     "DeviceSelectionError", "GpuUnavailableError", "NoAdapterError", "OutOfDeviceMemoryError",
-    "PxvmError", "Recorder", "ShaderCompileError", "ShapeError", "Staged", "Timer",
+    "DispatchList", "PxvmError", "Recorder", "ShaderCompileError", "ShapeError", "Staged", "Timer",
     "choose_adapter", "get_device", "kernel_files", "list_adapters", "load_wgsl",
     "reset_device", "workgroup_grid",
 ]

@@ -335,12 +335,26 @@ class Device:
         return group
 
     # ---- recording ------------------------------------------------------------
-    def recorder(self, timestamps: bool = False, profile: bool = False) -> "Recorder":
+    def recorder(self, timestamps: bool = False, profile: bool = False,
+                 capture: bool = False) -> "Recorder":
         """A Recorder; `timestamps` times the whole submit on the GPU, `profile` times
-        every dispatch (each in its own pass, so a little slower than normal)."""
+        every dispatch (each in its own pass, so a little slower than normal), `capture`
+        keeps the dispatches as a DispatchList to submit again and again."""
         self._check_alive()
         ok = self.has("timestamp-query")
-        return Recorder(self, timestamps and ok, profile and ok)
+        return Recorder(self, timestamps and ok, profile and ok, capture)
+
+    def write(self, alloc: Allocation, data: np.ndarray, offset: int = 0) -> None:
+        """Overwrite bytes of an allocation from the host (ordered before later submits)."""
+        self._check_alive()
+        raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+        if offset % 4 or raw.nbytes % 4 or offset + raw.nbytes > alloc.binding_size():
+            raise ValueError(f"cannot write {raw.nbytes} bytes at offset {offset} into an "
+                             f"allocation of {alloc.nbytes} bytes (4-byte multiples only)")
+        try:
+            self.queue.write_buffer(alloc.buffer, offset, raw)
+        except Exception as exc:
+            raise self._wrap_gpu_error(exc, "writing") from exc
 
     def read(self, alloc: Allocation, dtype, count: int | None = None) -> np.ndarray:
         """Copy an allocation back to the host (one submit, one map)."""
@@ -409,16 +423,45 @@ class Staged:
         return self._finish(dtype, count)
 
 
+class DispatchList:
+    """Dispatches captured once by a Recorder and submitted again on every `submit`: the
+    host cost of a step is then only encoding (pipeline, bind group, dispatch) per item.
+    Whatever changes between submits must live in buffers (written from the host or by
+    the dispatches themselves); the captured parameter blocks are fixed. The list holds
+    every buffer it binds, so they stay valid for as long as it lives."""
+
+    def __init__(self, device: Device, items: list, keep: list):
+        self.device = device
+        self.items = items  # (wgpu pipeline, bind group, (x, y, z) workgroups)
+        self._keep = keep
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def submit(self, stage: list[Allocation] = (), timestamps: bool = False) -> "Recorder":
+        """Encode and submit the dispatches, then copies of `stage` for reading back; the
+        returned (submitted) Recorder has the Staged copies in `.staged`."""
+        rec = self.device.recorder(timestamps=timestamps)
+        rec.replay(self.items)
+        rec.staged = [rec.stage(a) for a in stage]
+        rec.submit()
+        return rec
+
+
 class Recorder:
     """Collects dispatches (and readback copies) for one command buffer and one submit.
 
     Every allocation bound here is kept alive until the submit, so pooled buffers are
-    never reused while queued work still reads them.
+    never reused while queued work still reads them. A capturing Recorder encodes
+    nothing: `capture()` returns its dispatches as a DispatchList instead of a submit.
     """
 
-    def __init__(self, device: Device, timestamps: bool = False, profile: bool = False):
+    def __init__(self, device: Device, timestamps: bool = False, profile: bool = False,
+                 capture: bool = False):
         self.device = device
-        self.encoder = device.device.create_command_encoder()
+        self.encoder = None if capture else device.device.create_command_encoder()
+        self._captured: list | None = [] if capture else None
+        self.staged: list[Staged] = []
         self._pass = None
         self._keep: list = []
         self._arenas: list[tuple[object, bytearray]] = []
@@ -456,8 +499,12 @@ class Recorder:
         if len(params) > UNIFORM_SLOT:
             raise ValueError(f"kernel parameters of {len(params)} bytes exceed {UNIFORM_SLOT}")
         if self._slot + UNIFORM_SLOT > UNIFORM_ARENA:
-            self._arenas.append((self.device.uniform_arena(len(self._arenas)),
-                                 bytearray(UNIFORM_ARENA)))
+            # A captured list keeps its parameters for good: it gets arenas of its own
+            # instead of the device's shared ones, which the next Recorder rewrites.
+            arena = (self.device._create_buffer(UNIFORM_ARENA, self.device.UNIFORM)
+                     if self._captured is not None
+                     else self.device.uniform_arena(len(self._arenas)))
+            self._arenas.append((arena, bytearray(UNIFORM_ARENA)))
             self._slot = 0
         buf, data = self._arenas[-1]
         offset = self._slot
@@ -493,9 +540,12 @@ class Recorder:
                     "resource": {"buffer": ubuf, "offset": off, "size": UNIFORM_SLOT},
                 }
             )
-        dev = self.device.device
         try:
             group = self.device.bind_group(pipeline.layout, entries)
+            if self._captured is not None:
+                self._captured.append((pipeline.pipeline, group, tuple(groups)))
+                self.dispatches += 1
+                return
             if self._profile_query is not None and len(self._profile_labels) < MAX_PROFILED:
                 self._close_pass()
                 i = len(self._profile_labels)
@@ -515,7 +565,43 @@ class Recorder:
             raise self.device._wrap_gpu_error(exc, f"recording {pipeline.kernel}") from exc
         self.dispatches += 1
 
+    def replay(self, items: list) -> None:
+        """Encode captured (pipeline, bind group, workgroups) items into this pass."""
+        cpass = self._open_pass()
+        last = None
+        try:
+            for pipe, group, groups in items:
+                if pipe is not last:
+                    cpass.set_pipeline(pipe)
+                    last = pipe
+                cpass.set_bind_group(0, group)
+                cpass.dispatch_workgroups(*groups)
+        except Exception as exc:
+            raise self.device._wrap_gpu_error(exc, "recording a captured list") from exc
+        self.dispatches += len(items)
+
+    def capture(self) -> DispatchList:
+        """End a capturing Recorder: its parameter blocks are written once and its
+        dispatches come back as a DispatchList."""
+        if self._captured is None:
+            raise RuntimeError("capture() needs a Recorder created with capture=True")
+        if self.submitted:
+            raise RuntimeError("this Recorder was already captured")
+        dev = self.device
+        for i, (buf, data) in enumerate(self._arenas):
+            used = self._slot if i == len(self._arenas) - 1 else UNIFORM_ARENA
+            dev.queue.write_buffer(buf, 0, bytes(data[:used]))
+        self.submitted = True
+        keep = self._keep + [buf for buf, _ in self._arenas]
+        self._arenas, self._keep = [], []
+        return DispatchList(dev, self._captured, keep)
+
+    def _check_encoding(self, what: str) -> None:
+        if self._captured is not None:
+            raise RuntimeError(f"a capturing Recorder records dispatches only, not {what}")
+
     def copy(self, src: Allocation, dst: Allocation, nbytes: int | None = None) -> None:
+        self._check_encoding("copies")
         self._close_pass()
         n = (nbytes if nbytes is not None else src.binding_size()) // 4 * 4
         self.encoder.copy_buffer_to_buffer(src.buffer, 0, dst.buffer, 0, n)
@@ -523,6 +609,7 @@ class Recorder:
 
     def stage(self, alloc: Allocation) -> Staged:
         """Record a copy of `alloc` into a mappable buffer; map it after submit."""
+        self._check_encoding("readbacks")
         self._close_pass()
         size = max(4, (alloc.nbytes + 3) // 4 * 4)
         staging = self.device.pool.take(size, self.device.STAGING)
@@ -533,6 +620,7 @@ class Recorder:
     def submit(self) -> None:
         if self.submitted:
             raise RuntimeError("this Recorder was already submitted")
+        self._check_encoding("a submit (use capture())")
         dev = self.device
         dev._check_alive()
         ts_staged = None

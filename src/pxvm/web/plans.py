@@ -189,9 +189,17 @@ def _quantized_rows(rng, qtype, n, k):
     return np.ascontiguousarray(raw).view(np.uint8).reshape(n, -1)
 
 
-def _quantized_matmul(qtype):
+def _quantized_matmul(qtype, rows=13):
     return lambda rng: [rng.standard_normal((3, 64)).astype(np.float32),
-                        _quantized_rows(rng, qtype, 13, 64)]
+                        _quantized_rows(rng, qtype, rows, 64)]
+
+
+def _with_gain(make):
+    """(x, W) -> (x, gain, W): the inputs of the norm-fused products."""
+    def with_gain(rng):
+        x, w = make(rng)
+        return [x, (1.0 + 0.3 * rng.standard_normal(x.shape[1])).astype(np.float32), w]
+    return with_gain
 
 
 def _quantized_embedding(qtype):
@@ -253,6 +261,23 @@ CASES.update({
                      for q in (0, 1, 2, 3, 8)],
     "embedding_quant": [Case(_quantized_embedding(q), {"qtype": q, "k": 64}, threshold=0.0)
                         for q in (3, 8)],
+    "rmsnorm_matmul_quant": [Case(_with_gain(_quantized_matmul(q)), {"qtype": q, "k": 64},
+                                  threshold=NMSE_LONG) for q in (3, 8)],
+    "rmsnorm_swiglu_quant": [Case(_with_gain(_quantized_matmul(q, 26)), {"qtype": q, "k": 64},
+                                  threshold=NMSE_LONG) for q in (3, 8)],
+    "matmul_quant_add": [Case(lambda rng: [*_quantized_matmul(3)(rng),
+                                           rng.standard_normal((3, 13)).astype(np.float32)],
+                              {"qtype": 3, "k": 64}, threshold=NMSE_LONG)],
+    "concat_columns": [Case(lambda rng: [rng.standard_normal((5, 7)).astype(np.float32),
+                                         rng.standard_normal((5, 4)).astype(np.float32)],
+                            threshold=0.0)],
+    "attention_cached": [Case(lambda rng: [rng.standard_normal((3, 64)).astype(np.float32),
+                                           rng.standard_normal((11, 2, 8)).astype(np.float32),
+                                           rng.standard_normal((11, 2, 8)).astype(np.float32),
+                                           np.array([0, 5], np.int32)],
+                              {"n_heads": 4}, threshold=NMSE_LONG)],
+    "greedy_step": [Case(lambda rng: [rng.standard_normal(333).astype(np.float32),
+                                      np.array([7, 4], np.int32)], threshold=0.0)],
 })
 
 #: Larger inputs for the in-browser benchmark: (op, make, params, flops, bytes moved).

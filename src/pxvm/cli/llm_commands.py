@@ -130,7 +130,7 @@ def bench_llm(
     output: Path = typer.Option(Path("bench_llm.json"), "--output", "-o",
                                 help="Where to write the JSON result."),
     profile: bool = typer.Option(False, help="Also show where one decoded token's time goes "
-                                 "(GPU time per kernel, recording, submit, readback)."),
+                                 "(host encoding, GPU time of the step and per kernel, readback)."),
 ):
     """Measure prefill tokens/s (one long prompt) and decode tokens/s (one token at a time)."""
     from ..llm.generate import benchmark

@@ -4,16 +4,20 @@
 // pos .. pos + S - 1, where pos = state[1] is read on the GPU, so one recorded step
 // serves every position. Rotary embedding is applied here (cos/sin from a host table),
 // and the new keys and values are appended to the caches (n_ctx, Hkv, D) by this pass.
-// `split`: workgroup (range r, query head h, token i) scores the keys r*WG .. r*WG+WG-1
-// that token i may see (keys 0 .. pos + i), one key per thread, and stores its
-// unnormalised output with the range's max and sum in `part`. Keys below pos are read
+// `split`: workgroup (range r, query head h, token i) handles the RANGE keys
+// r*RANGE .. r*RANGE+RANGE-1 that token i may see (keys 0 .. pos + i): KEY_LANES threads
+// share each key's dot product, then groups of threads share the weighted sum of values,
+// so that no thread walks a long chain of dependent loads. It stores the range's
+// unnormalised output, max and sum of exponentials in `part`. Keys below pos are read
 // from the cache; newer ones from qkv, because they are being written in this same pass.
 // Ranges beyond the token's position end at once, so the grid may cover the whole cache.
 // `combine`: workgroup (h, i) merges the ranges by rescaling them to a common max.
 // NEOX = false rotates pairs (2c, 2c+1) (GGUF llama), true rotates (c, c + D/2).
 
 override NEOX: bool = false;
-const WG: u32 = 128u;       // threads per workgroup, and keys per range
+const WG: u32 = 128u;
+const RANGE: u32 = 32u;      // keys per workgroup of `split`
+const KEY_LANES: u32 = 4u;   // threads per key (WG = RANGE * KEY_LANES)
 const MAX_D: u32 = 256u;
 
 struct Params {
@@ -40,8 +44,9 @@ struct Params {
 const EMPTY: f32 = -3.0e38;
 
 var<workgroup> q_row: array<f32, MAX_D>;
-var<workgroup> probs: array<f32, WG>;
+var<workgroup> scores: array<f32, RANGE>;
 var<workgroup> scratch: array<f32, WG>;
+var<workgroup> weights: array<f32, WG>;
 
 fn reduce(lid: u32, x: f32, take_max: bool) -> f32 {
     scratch[lid] = x;
@@ -63,6 +68,11 @@ fn reduce(lid: u32, x: f32, take_max: bool) -> f32 {
 
 fn row_len() -> u32 {
     return (p.hq + 2u * p.hkv) * p.d;
+}
+
+// Threads that share one output element's sum: WG / d groups of d threads (1 if d > WG).
+fn value_groups() -> u32 {
+    return max(1u, WG / p.d);
 }
 
 // Element c of the head vector qkv[base .. base + d) rotated to position `pos`.
@@ -91,9 +101,9 @@ fn split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) li
     let i = wid.z;
     let pos0 = u32(state[1]);
     let at = pos0 + i;                 // this token's position: it sees keys 0 ..= at
-    let begin = r * WG;
+    let begin = r * RANGE;
     if (begin > at) { return; }        // the same for the whole workgroup
-    let end = min(begin + WG, at + 1u);
+    let n_keys = min(RANGE, at + 1u - begin);
     let group = p.hq / p.hkv;
     let kvh = h / group;
     let row = row_len();
@@ -105,47 +115,97 @@ fn split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) li
     }
     workgroupBarrier();
 
-    let j = begin + lid;
-    var score = EMPTY;
-    if (j < end) {
-        var acc = 0.0;
+    // Scores: KEY_LANES threads per key, each over every KEY_LANES-th element.
+    let t = lid / KEY_LANES;
+    let lane = lid % KEY_LANES;
+    let j = begin + t;
+    var acc = 0.0;
+    if (t < n_keys) {
         if (j < pos0) {
+            // Four independent sums, so four loads are in flight at a time: these loops
+            // are latency-bound, and a dynamic trip count is not unrolled by drivers.
             let kb = (j * p.hkv + kvh) * p.d;
-            for (var c = 0u; c < p.d; c = c + 1u) { acc = acc + q_row[c] * k_cache[kb + c]; }
+            var a4 = vec4<f32>(0.0);
+            var c = lane;
+            for (; c + 3u * KEY_LANES < p.d; c = c + 4u * KEY_LANES) {
+                a4 = a4 + vec4<f32>(q_row[c], q_row[c + KEY_LANES], q_row[c + 2u * KEY_LANES],
+                                    q_row[c + 3u * KEY_LANES])
+                        * vec4<f32>(k_cache[kb + c], k_cache[kb + c + KEY_LANES],
+                                    k_cache[kb + c + 2u * KEY_LANES], k_cache[kb + c + 3u * KEY_LANES]);
+            }
+            for (; c < p.d; c = c + KEY_LANES) { a4.x = a4.x + q_row[c] * k_cache[kb + c]; }
+            acc = a4.x + a4.y + a4.z + a4.w;
         } else {
             let kb = (j - pos0) * row + k_off;
-            for (var c = 0u; c < p.d; c = c + 1u) { acc = acc + q_row[c] * rotated(kb, c, j); }
+            for (var c = lane; c < p.d; c = c + KEY_LANES) { acc = acc + q_row[c] * rotated(kb, c, j); }
         }
-        score = acc;
     }
-    let m = reduce(lid, score, true);
-    let e = select(0.0, exp(score - m), j < end);
-    probs[lid] = e;
-    let l = reduce(lid, e, false);     // its barriers also publish probs
-
-    let base = ((i * p.hq + h) * p.n_ranges + r) * (p.d + 2u);
-    for (var c = lid; c < p.d; c = c + WG) {
-        var acc = 0.0;
-        for (var t = 0u; t < end - begin; t = t + 1u) {
-            let jj = begin + t;
-            var val: f32;
-            if (jj < pos0) {
-                val = v_cache[(jj * p.hkv + kvh) * p.d + c];
-            } else {
-                val = qkv[(jj - pos0) * row + v_off + c];
-            }
-            acc = acc + probs[t] * val;
+    scratch[lid] = acc;
+    workgroupBarrier();
+    if (lane == 0u) {
+        var sc = EMPTY;
+        if (t < n_keys) {
+            sc = 0.0;
+            for (var u = 0u; u < KEY_LANES; u = u + 1u) { sc = sc + scratch[lid + u]; }
         }
-        part[base + c] = acc;
+        scores[t] = sc;
+    }
+    workgroupBarrier();
+    var m = EMPTY;
+    for (var u = 0u; u < n_keys; u = u + 1u) { m = max(m, scores[u]); }
+    workgroupBarrier();
+    if (lid < RANGE) { scores[lid] = select(0.0, exp(scores[lid] - m), lid < n_keys); }
+    workgroupBarrier();
+
+    // Weighted values: group g of value_groups() sums keys g, g + groups, ...
+    let groups = value_groups();
+    let g = lid / p.d;
+    let base = ((i * p.hq + h) * p.n_ranges + r) * (p.d + 2u);
+    if (g < groups) {
+        for (var c = lid % p.d; c < p.d; c = c + WG) {
+            var s4 = vec4<f32>(0.0);
+            var u = g;
+            for (; u + 3u * groups < n_keys && begin + u + 3u * groups < pos0; u = u + 4u * groups) {
+                let v0 = ((begin + u) * p.hkv + kvh) * p.d + c;
+                let step = groups * p.hkv * p.d;
+                s4 = s4 + vec4<f32>(scores[u], scores[u + groups], scores[u + 2u * groups],
+                                    scores[u + 3u * groups])
+                        * vec4<f32>(v_cache[v0], v_cache[v0 + step], v_cache[v0 + 2u * step],
+                                    v_cache[v0 + 3u * step]);
+            }
+            var sum = s4.x + s4.y + s4.z + s4.w;
+            for (; u < n_keys; u = u + groups) {
+                let jj = begin + u;
+                var val: f32;
+                if (jj < pos0) {
+                    val = v_cache[(jj * p.hkv + kvh) * p.d + c];
+                } else {
+                    val = qkv[(jj - pos0) * row + v_off + c];
+                }
+                sum = sum + scores[u] * val;
+            }
+            scratch[lid] = sum;
+            if (groups == 1u) { part[base + c] = sum; }
+        }
+    }
+    if (groups > 1u) {
+        workgroupBarrier();
+        if (lid < p.d) {
+            var sum = 0.0;
+            for (var u = 0u; u < groups; u = u + 1u) { sum = sum + scratch[u * p.d + lid]; }
+            part[base + lid] = sum;
+        }
     }
     if (lid == 0u) {
+        var l = 0.0;
+        for (var u = 0u; u < n_keys; u = u + 1u) { l = l + scores[u]; }
         part[base + p.d] = m;
         part[base + p.d + 1u] = l;
     }
     // Append this token's key and value: once per kv head, by the first query head of
     // its group in the range holding the token's own position. No workgroup of this pass
     // reads cache rows >= pos0, so the writes race with nothing.
-    if (h % group == 0u && at < begin + WG && at < p.n_ctx) {
+    if (h % group == 0u && at < begin + RANGE && at < p.n_ctx) {
         for (var c = lid; c < p.d; c = c + WG) {
             k_cache[(at * p.hkv + kvh) * p.d + c] = rotated(i * row + k_off, c, at);
             v_cache[(at * p.hkv + kvh) * p.d + c] = qkv[i * row + v_off + c];
@@ -159,22 +219,51 @@ fn combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) 
     let h = wid.x;
     let i = wid.y;
     let at = u32(state[1]) + i;
-    let n_used = min(at / WG + 1u, p.n_ranges);
+    let n_used = min(at / RANGE + 1u, p.n_ranges);
     let first = (i * p.hq + h) * p.n_ranges;
     let stride = p.d + 2u;
     var mx = EMPTY;
-    for (var r = 0u; r < n_used; r = r + 1u) { mx = max(mx, part[(first + r) * stride + p.d]); }
+    for (var r = lid; r < n_used; r = r + WG) { mx = max(mx, part[(first + r) * stride + p.d]); }
+    mx = reduce(lid, mx, true);
+    // Ranges' weights relative to the common max, computed once: weights[r] for r < WG.
+    for (var r = lid; r < min(n_used, WG); r = r + WG) {
+        weights[r] = exp(part[(first + r) * stride + p.d] - mx);
+    }
     var total = 0.0;
-    for (var r = 0u; r < n_used; r = r + 1u) {
+    for (var r = lid; r < n_used; r = r + WG) {
         let b = (first + r) * stride;
         total = total + exp(part[b + p.d] - mx) * part[b + p.d + 1u];
     }
-    for (var c = lid; c < p.d; c = c + WG) {
-        var acc = 0.0;
-        for (var r = 0u; r < n_used; r = r + 1u) {
-            let b = (first + r) * stride;
-            acc = acc + exp(part[b + p.d] - mx) * part[b + c];
+    total = reduce(lid, total, false);
+    workgroupBarrier();
+    let groups = value_groups();
+    let g = lid / p.d;
+    if (g < groups) {
+        for (var c = lid % p.d; c < p.d; c = c + WG) {
+            var a4 = vec4<f32>(0.0);
+            var r = g;
+            for (; r + 3u * groups < min(n_used, WG); r = r + 4u * groups) {
+                let b = (first + r) * stride + c;
+                let step = groups * stride;
+                a4 = a4 + vec4<f32>(weights[r], weights[r + groups], weights[r + 2u * groups],
+                                    weights[r + 3u * groups])
+                        * vec4<f32>(part[b], part[b + step], part[b + 2u * step], part[b + 3u * step]);
+            }
+            var acc = a4.x + a4.y + a4.z + a4.w;
+            for (; r < n_used; r = r + groups) {
+                let b = (first + r) * stride;
+                acc = acc + exp(part[b + p.d] - mx) * part[b + c];
+            }
+            scratch[lid] = acc;
+            if (groups == 1u) { out[(i * p.hq + h) * p.d + c] = acc / total; }
         }
-        out[(i * p.hq + h) * p.d + c] = acc / total;
+    }
+    if (groups > 1u) {
+        workgroupBarrier();
+        if (lid < p.d) {
+            var acc = 0.0;
+            for (var u = 0u; u < groups; u = u + 1u) { acc = acc + scratch[u * p.d + lid]; }
+            out[(i * p.hq + h) * p.d + lid] = acc / total;
+        }
     }
 }

@@ -170,30 +170,39 @@ fn int8s(word: u32) -> vec4<f32> {
 }
 
 // lane_dot for the 32-value formats, a word (4 or 8 values) at a time: the sum of q * x
-// per block, scaled once, instead of dequantizing value by value.
+// per block, scaled once, instead of dequantizing value by value. A task is `span`
+// consecutive quant words of one block. With many lanes a task is one word, so that the
+// lanes of a short row (K = 576 is 18 blocks) all work and each walks a short chain of
+// loads; a single lane (CPU drivers) takes whole blocks and reads each scale once.
 fn lane_dot_blocks32(m: u32, n: u32, lane: u32) -> f32 {
     let n_blocks = p.K / 32u;
     let bb = block_bytes();
+    let words = select(4u, 8u, FORMAT == 8u);   // quant words per block
+    let span = select(words, 1u, LANES >= 8u);
+    let tasks_per_block = words / span;
     let row_base = n * p.row_bytes;
     var acc = 0.0;
-    for (var blk = lane; blk < n_blocks; blk = blk + LANES) {
+    for (var task = lane; task < n_blocks * tasks_per_block; task = task + LANES) {
+        let blk = task / tasks_per_block;
+        let w0 = (task % tasks_per_block) * span;
         let b = row_base + blk * bb;
         let d = half_at(b);
         let k0 = blk * 32u;
         if (FORMAT == 8u) {
             var qx = 0.0;
-            for (var i = 0u; i < 8u; i = i + 1u) {
+            for (var i = w0; i < w0 + span; i = i + 1u) {
                 qx = qx + dot(int8s(word_at(b + 2u + 4u * i)), x4(m, k0 + 4u * i));
             }
             acc = acc + d * qx;
         } else {
             // Q4_0: w = d * (q - 8), the offset taken before the sum (no cancellation);
-            // Q4_1: w = d * q + m, so the block adds d * sum(q x) + m * sum(x).
+            // Q4_1: w = d * q + m, so the block adds d * sum(q x) + m * sum(x). Word i holds
+            // values 4i..4i+3 (low nibbles) and 16+4i..16+4i+3 (high nibbles).
             let qs = select(b + 2u, b + 4u, FORMAT == 3u);
             let offset = vec4<f32>(select(8.0, 0.0, FORMAT == 3u));
             var qx = 0.0;
             var xs = 0.0;
-            for (var i = 0u; i < 4u; i = i + 1u) {
+            for (var i = w0; i < w0 + span; i = i + 1u) {
                 let word = word_at(qs + 4u * i);
                 let xa = x4(m, k0 + 4u * i);
                 let xb = x4(m, k0 + 16u + 4u * i);

@@ -94,7 +94,7 @@ def attention_gpu(ctx, q, k, v, causal=True, scale=None):
 attention = register("attention", 3, attention_ref, attention_gpu, _infer)
 
 CACHED_KERNEL = "attention_cached.wgsl"
-CACHED_RANGE = 128  # keys per workgroup of attention_cached (its WG)
+CACHED_RANGE = 32  # keys per workgroup of attention_cached.wgsl's `split` (its RANGE)
 
 
 def attention_cached_ref(qkv, k_cache, v_cache, state, n_heads=1, theta=10000.0,

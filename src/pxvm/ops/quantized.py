@@ -125,19 +125,23 @@ def _infer_swiglu(x, gain, w, qtype=3, k=0, eps=1e-6, lanes=None):
     return meta((m.shape[0], m.shape[1] // 2), np.float32)
 
 
-def _lanes(ctx, lanes):
+def _lanes(ctx, lanes, m):
     """Threads per output column: 1 on CPU drivers (lavapipe), where the reduction's
-    barriers cost more than the parallelism gains (10x slower measured), else 32."""
+    barriers cost more than the parallelism gains (10x slower measured); on GPUs 32 for
+    one row (decoding) and 8 for many (prefill), the fastest of 8/16/32 for each on the
+    H100 with SmolLM2's shapes (BENCHMARKS.md)."""
     if lanes:
         return int(lanes)
-    return 1 if ctx.is_software else 32
+    if ctx.is_software:
+        return 1
+    return 32 if m == 1 else 8
 
 
 def _product(ctx, x, w, gain, res, n, qtype, k, eps, lanes, norm, epilogue):
     """Record the `matmul` entry: y (M, n) with the given fusions."""
     m = x.shape[0]
     out = ctx.empty((m, n), np.float32)
-    lanes = _lanes(ctx, lanes)
+    lanes = _lanes(ctx, lanes, m)
     rows_per_wg = 256 // lanes
     ctx.dispatch("matmul_quant.wgsl", "matmul", [x, w, out, x, gain, res],
                  (m, n, k, row_bytes(qtype, k), float(eps)),

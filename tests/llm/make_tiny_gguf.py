@@ -28,6 +28,8 @@ class TinySpec:
     embedding_type: str = "Q8_0"    # type of token_embd (and output.weight when untied)
     arch: str = "llama"
     rope_scaling: str | None = None  # written as {arch}.rope.scaling.type when set
+    #: per-matrix type overrides, e.g. {"attn_v": "Q6_K"} as in Q4_K_M files
+    matrix_types: dict | None = None
 
 
 def write_tiny_gguf(path, spec: TinySpec, rng: np.random.Generator) -> dict:
@@ -51,6 +53,8 @@ def write_tiny_gguf(path, spec: TinySpec, rng: np.random.Generator) -> dict:
     stored = {}
 
     def matrix(name, n, k, type_name, scale):
+        short = name.split(".")[-2]
+        type_name = (spec.matrix_types or {}).get(short, type_name)
         qtype = BY_NAME[type_name]
         if type_name in ("Q4_K", "Q6_K"):  # no quantizer for these: random valid blocks
             raw = random_blocks(n, k, qtype, rng, scale)

@@ -64,6 +64,10 @@ SPECS = {
     "f16-gqa1-tied": TinySpec(matrix_type="F16", embedding_type="F16", n_kv_heads=1),
     "q4_k-q6_k-gqa-untied": TinySpec(dim=256, ffn_dim=256, matrix_type="Q4_K",
                                      embedding_type="Q6_K", tied_output=False),
+    # Q4_K_M-style files mix types inside a layer: Q, K and V are then two products whose
+    # outputs are joined, and gate / up two products joined by silu * mul.
+    "q4_k-mixed-gqa-tied": TinySpec(dim=256, ffn_dim=256, matrix_type="Q4_K",
+                                    matrix_types={"attn_v": "Q6_K", "ffn_up": "Q6_K"}),
     "f32-gqa-untied": TinySpec(matrix_type="F32", embedding_type="F32", tied_output=False,
                                rope_theta=500000.0),
 }
@@ -160,3 +164,55 @@ def test_gpu_forward_is_one_submit(tmp_path, rng, gpu_device, monkeypatch):
     model.forward([6])         # decode
     # each call: its dispatches and the logits' readback copy in one command buffer
     assert len(submits) == 2, f"{len(submits)} submits for two forward calls"
+
+
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
+def test_decode_greedy_matches_argmax_of_forward_token_by_token(backend, tmp_path, rng, request):
+    if backend == "gpu":
+        request.getfixturevalue("gpu_device")
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path, TinySpec(context_length=40), rng)
+    prompt = rng.integers(0, 101, size=5).tolist()
+    stepwise = load_model(str(path), backend=backend, progress=False)
+    token = int(np.argmax(stepwise.forward(prompt)))
+    expected = []
+    for _ in range(12):
+        token = int(np.argmax(stepwise.forward([token])))
+        expected.append(token)
+    chained = load_model(str(path), backend=backend, progress=False)
+    first = int(np.argmax(chained.forward(prompt)))
+    got = list(chained.decode_greedy(first, 12))
+    assert got == expected
+    assert chained.position == stepwise.position == 5 + 12
+
+
+def test_decode_greedy_stopped_early_continues_from_the_received_tokens(tmp_path, rng, gpu_device):
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path, TinySpec(context_length=40), rng)
+    model = load_model(str(path), backend="gpu", progress=False)
+    prompt = rng.integers(0, 101, size=6).tolist()
+    first = int(np.argmax(model.forward(prompt)))
+    stream = model.decode_greedy(first, 20)
+    received = [next(stream) for _ in range(3)]
+    stream.close()  # steps beyond these were already submitted; they must not count
+    assert model.position == 6 + 3
+    after = model.forward([received[-1]])
+    fresh = load_model(str(path), backend="cpu", progress=False)
+    fresh.forward(prompt + [first] + received[:-1])
+    assert nmse(after, fresh.forward([received[-1]])) <= NMSE_MODEL
+    with pytest.raises(ContextOverflowError, match="context of 40"):
+        list(model.decode_greedy(1, 40))
+
+
+def test_gpu_decode_step_is_recorded_once_and_replayed(tmp_path, rng, gpu_device):
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path, TinySpec(), rng)
+    model = load_model(str(path), backend="gpu", progress=False)
+    model.forward([1, 2])
+    model.forward([3])
+    step = model._decode_step()
+    model.forward([4])
+    list(model.decode_greedy(5, 3))
+    assert model._decode_step() is step
+    # 2 layers x (QKV, attention split + combine, O, SwiGLU, down) + embed, LM head, argmax x2
+    assert step.dispatches == 2 * 6 + 4

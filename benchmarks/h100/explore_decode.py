@@ -1,0 +1,59 @@
+"""Decode and prefill speed of a GGUF on the GPU for several lanes-per-column and
+steps-in-flight settings, then the decode profile (benchmarks/h100/README.md)."""
+import json
+import statistics
+import sys
+import time
+
+import numpy as np
+
+import pxvm.llm.model as model_module
+import pxvm.ops.quantized as quantized
+from pxvm.batch import Batch
+from pxvm.llm.model import load_model, profile_decode_step
+
+m = load_model(sys.argv[1], backend="gpu", progress=False)
+print(m.device_name, sorted(m.backend.device.features), flush=True)
+ids = np.random.default_rng(0).integers(0, m.config.vocab_size, 512).tolist()
+
+
+def run(label, repeats=3):
+    m._step = None  # record the step again with the current settings
+    runs = []
+    for _ in range(repeats + 1):
+        m.reset()
+        t0 = time.perf_counter()
+        logits = m.forward(ids)
+        t1 = time.perf_counter()
+        tokens = list(m.decode_greedy(int(np.argmax(logits)), 128))
+        t2 = time.perf_counter()
+        runs.append((512 / (t1 - t0), 128 / (t2 - t1)))
+    runs = runs[1:]
+    print(f"{label}: prefill {statistics.median(r[0] for r in runs):.0f} tokens/s, "
+          f"decode {statistics.median(r[1] for r in runs):.1f} tokens/s", flush=True)
+    return tokens
+
+
+default_lanes = quantized._lanes
+first = None
+for lanes in (32, 16, 8):
+    quantized._lanes = lambda ctx, requested, rows, v=lanes: v
+    tokens = run(f"lanes {lanes}")
+    first = first or tokens
+    print("  same tokens as the first setting:", tokens == first)
+quantized._lanes = default_lanes
+for depth in (2, 3, 5):
+    model_module.STEPS_IN_FLIGHT = depth
+    tokens = run(f"steps in flight {depth}")
+    print("  same tokens as the first setting:", tokens == first)
+model_module.STEPS_IN_FLIGHT = 4
+m._step = None
+m.reset()
+m.forward(ids)
+print(json.dumps(profile_decode_step(m, 20), indent=1))
+m.state.write([1, m.position])
+b = Batch(m.backend, profile=True)
+m.record_step(b)
+b.execute()
+print("first layer:", [(label.split(":")[1], round(s * 1e6, 1)) for label, s in b.profile[:8]])
+print("last:", [(label.split(":")[1], round(s * 1e6, 1)) for label, s in b.profile[-5:]])

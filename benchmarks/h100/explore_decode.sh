@@ -1,0 +1,11 @@
+for f in .gl/*.deb; do dpkg -x $f /; done; ldconfig
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1
+export PYTHONPATH=/tmp/site:$PWD/src:$PWD/tests/llm PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nproc; python3 --version
+[ -f /tmp/shaped.gguf ] || python3 -c "
+from make_tiny_gguf import TinySpec, write_tiny_gguf
+import numpy as np, time
+t=time.time()
+spec = TinySpec(n_layers=30, dim=576, n_heads=9, n_kv_heads=3, ffn_dim=1536, vocab_size=49152, context_length=8192, rope_theta=100000.0)
+write_tiny_gguf('/tmp/shaped.gguf', spec, np.random.default_rng(0)); print('made model', time.time()-t)"
+python3 benchmarks/h100/explore_decode.py /tmp/shaped.gguf

@@ -75,7 +75,7 @@ def test_matmul_quant_backends(qtype, m, rng, gpu_device):
     x = rng.standard_normal((m, k)).astype(np.float32)
     expected = x.astype(np.float64) @ dequantize(w, qtype, k).astype(np.float64).T
     # lanes: threads per output column (1 on CPU drivers, 32 on GPUs; both checked here)
-    for backend, lanes in (("cpu", None), ("gpu", None), ("gpu", 1), ("gpu", 4), ("gpu", 32)):
+    for backend, lanes in (("cpu", None), ("gpu", None), ("gpu", 1), ("gpu", 4), ("gpu", 32), ("gpu", 64)):
         got = pxvm.ops.matmul_quant(x, w, qtype=qtype, k=k, lanes=lanes, backend=backend).numpy()
         assert got.shape == (m, n)
         assert nmse(got, expected) <= NMSE_LONG / 50, (backend, lanes)

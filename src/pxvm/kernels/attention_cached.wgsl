@@ -18,6 +18,9 @@ override NEOX: bool = false;
 const WG: u32 = 128u;
 const RANGE: u32 = 32u;      // keys per workgroup of `split`
 const KEY_LANES: u32 = 4u;   // threads per key (WG = RANGE * KEY_LANES)
+// `combine` is wider: its few workgroups (one per head and token) each merge every range
+// so far, and more threads make each one's chain of loads shorter.
+const COMBINE_WG: u32 = 256u;
 const MAX_D: u32 = 256u;
 
 struct Params {
@@ -45,12 +48,13 @@ const EMPTY: f32 = -3.0e38;
 
 var<workgroup> q_row: array<f32, MAX_D>;
 var<workgroup> scores: array<f32, RANGE>;
-var<workgroup> scratch: array<f32, WG>;
-var<workgroup> weights: array<f32, WG>;
+var<workgroup> scratch: array<f32, COMBINE_WG>;
+var<workgroup> weights: array<f32, COMBINE_WG>;
 
-fn reduce(lid: u32, x: f32, take_max: bool) -> f32 {
+// Max or sum of x over the `size` threads of the workgroup.
+fn reduce(lid: u32, x: f32, take_max: bool, size: u32) -> f32 {
     scratch[lid] = x;
-    for (var s = WG / 2u; s > 0u; s = s / 2u) {
+    for (var s = size / 2u; s > 0u; s = s / 2u) {
         workgroupBarrier();
         if (lid < s) {
             if (take_max) {
@@ -70,9 +74,10 @@ fn row_len() -> u32 {
     return (p.hq + 2u * p.hkv) * p.d;
 }
 
-// Threads that share one output element's sum: WG / d groups of d threads (1 if d > WG).
-fn value_groups() -> u32 {
-    return max(1u, WG / p.d);
+// Threads that share one output element's sum: size / d groups of d threads (1 if
+// d > size) in a workgroup of `size`.
+fn value_groups(size: u32) -> u32 {
+    return max(1u, size / p.d);
 }
 
 // Element c of the head vector qkv[base .. base + d) rotated to position `pos`.
@@ -158,7 +163,7 @@ fn split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) li
     workgroupBarrier();
 
     // Weighted values: group g of value_groups() sums keys g, g + groups, ...
-    let groups = value_groups();
+    let groups = value_groups(WG);
     let g = lid / p.d;
     let base = ((i * p.hq + h) * p.n_ranges + r) * (p.d + 2u);
     if (g < groups) {
@@ -213,7 +218,7 @@ fn split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) li
     }
 }
 
-@compute @workgroup_size(WG)
+@compute @workgroup_size(COMBINE_WG)
 fn combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid3: vec3<u32>) {
     let lid = lid3.x;
     let h = wid.x;
@@ -223,26 +228,26 @@ fn combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) 
     let first = (i * p.hq + h) * p.n_ranges;
     let stride = p.d + 2u;
     var mx = EMPTY;
-    for (var r = lid; r < n_used; r = r + WG) { mx = max(mx, part[(first + r) * stride + p.d]); }
-    mx = reduce(lid, mx, true);
-    // Ranges' weights relative to the common max, computed once: weights[r] for r < WG.
-    for (var r = lid; r < min(n_used, WG); r = r + WG) {
+    for (var r = lid; r < n_used; r = r + COMBINE_WG) { mx = max(mx, part[(first + r) * stride + p.d]); }
+    mx = reduce(lid, mx, true, COMBINE_WG);
+    // Ranges' weights relative to the common max, computed once: weights[r] for r < COMBINE_WG.
+    for (var r = lid; r < min(n_used, COMBINE_WG); r = r + COMBINE_WG) {
         weights[r] = exp(part[(first + r) * stride + p.d] - mx);
     }
     var total = 0.0;
-    for (var r = lid; r < n_used; r = r + WG) {
+    for (var r = lid; r < n_used; r = r + COMBINE_WG) {
         let b = (first + r) * stride;
         total = total + exp(part[b + p.d] - mx) * part[b + p.d + 1u];
     }
-    total = reduce(lid, total, false);
+    total = reduce(lid, total, false, COMBINE_WG);
     workgroupBarrier();
-    let groups = value_groups();
+    let groups = value_groups(COMBINE_WG);
     let g = lid / p.d;
     if (g < groups) {
-        for (var c = lid % p.d; c < p.d; c = c + WG) {
+        for (var c = lid % p.d; c < p.d; c = c + COMBINE_WG) {
             var a4 = vec4<f32>(0.0);
             var r = g;
-            for (; r + 3u * groups < min(n_used, WG); r = r + 4u * groups) {
+            for (; r + 3u * groups < min(n_used, COMBINE_WG); r = r + 4u * groups) {
                 let b = (first + r) * stride + c;
                 let step = groups * stride;
                 a4 = a4 + vec4<f32>(weights[r], weights[r + groups], weights[r + 2u * groups],

@@ -13,7 +13,7 @@
 
 override FORMAT: u32 = 3u;
 const WG: u32 = 256u;
-// Threads per output column, a power of two <= 32: 32 spreads a row's blocks for GPUs;
+// Threads per output column, a power of two <= WG: many spread a row's blocks for GPUs;
 // 1 (no reduction, no barriers) suits CPU drivers such as lavapipe, where each barrier
 // costs a switch between all the workgroup's invocations.
 override LANES: u32 = 32u;

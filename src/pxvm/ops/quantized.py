@@ -22,6 +22,9 @@ FORMATS = {0: (1, 4), 1: (1, 2), 2: (32, 18), 3: (32, 20), 8: (32, 34), 12: (256
            14: (256, 210)}
 FORMAT_NAMES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 8: "Q8_0", 12: "Q4_K", 14: "Q6_K"}
 
+# Allowed `lanes` (threads per output column; None lets the op choose).
+LANE_CHOICES = (None, 1, 2, 4, 8, 16, 32, 64, 128, 256)
+
 # The numpy backend would dequantize every weight on every call; keep the result while the
 # raw array lives (weights are loaded once and kept).
 _by_id: dict[int, tuple] = {}
@@ -74,7 +77,7 @@ def _check_weight(w, qtype, k):
 
 def _infer_matmul(x, w, qtype=3, k=0, lanes=None):
     _check_weight(w, qtype, k)
-    require(lanes in (None, 1, 2, 4, 8, 16, 32), f"lanes must be a power of two <= 32, got {lanes}")
+    require(lanes in LANE_CHOICES, f"lanes must be a power of two <= 256, got {lanes}")
     require(len(x.shape) == 2 and x.shape[1] == k,
             f"matmul_quant: x must be (M, {k}), got {tuple(x.shape)}")
     return meta((x.shape[0], w.shape[0]), np.float32)
@@ -125,23 +128,30 @@ def _infer_swiglu(x, gain, w, qtype=3, k=0, eps=1e-6, lanes=None):
     return meta((m.shape[0], m.shape[1] // 2), np.float32)
 
 
-def _lanes(ctx, lanes, m):
+def _lanes(ctx, lanes, m, n, k):
     """Threads per output column: 1 on CPU drivers (lavapipe), where the reduction's
-    barriers cost more than the parallelism gains (10x slower measured); on GPUs 32 for
-    one row (decoding) and 8 for many (prefill), the fastest of 8/16/32 for each on the
-    H100 with SmolLM2's shapes (BENCHMARKS.md)."""
+    barriers cost more than the parallelism gains (10x slower measured). On GPUs, for
+    many rows (prefill) 8; for one row (decoding) a decoded token is a chain of small
+    dispatches, each as long as its longest thread: 64 for short rows, 32 for long ones,
+    16 for very many columns (an LM head fills the GPU with columns alone). Each was the
+    fastest of 8..256 for its product in SmolLM2's decoding step on the H100
+    (BENCHMARKS.md)."""
     if lanes:
         return int(lanes)
     if ctx.is_software:
         return 1
-    return 32 if m == 1 else 8
+    if m > 1:
+        return 8
+    if n >= 16384:
+        return 16
+    return 64 if k <= 1024 else 32
 
 
 def _product(ctx, x, w, gain, res, n, qtype, k, eps, lanes, norm, epilogue):
     """Record the `matmul` entry: y (M, n) with the given fusions."""
     m = x.shape[0]
     out = ctx.empty((m, n), np.float32)
-    lanes = _lanes(ctx, lanes, m)
+    lanes = _lanes(ctx, lanes, m, n, k)
     rows_per_wg = 256 // lanes
     ctx.dispatch("matmul_quant.wgsl", "matmul", [x, w, out, x, gain, res],
                  (m, n, k, row_bytes(qtype, k), float(eps)),

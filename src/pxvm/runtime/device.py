@@ -29,7 +29,7 @@ from .shaders import declared_bindings, load_wgsl
 log = logging.getLogger("pxvm.runtime")
 
 #: Features used when the adapter offers them; code checks `Device.has(...)` before use.
-WANTED_FEATURES = ("shader-f16", "timestamp-query", "subgroup")
+WANTED_FEATURES = ("shader-f16", "timestamp-query", "timestamp-query-inside-passes", "subgroup")
 #: Limits requested at the adapter's own maximum.
 WANTED_LIMITS = (
     "max-buffer-size",

@@ -1,0 +1,334 @@
+"""attention_cached (RoPE, KV append and causal attention over a cache in one step, the
+position read from a state tensor on the device), greedy_step and concat_columns: the GPU
+and the numpy backend against an independent float64 computation written here."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import NMSE_ELEMENTWISE, assert_close
+
+import pxvm
+from pxvm.batch import Batch
+from pxvm.runtime import ShapeError
+
+# attention_cached in f32 against float64: measured NMSE ~1e-13, so the tightest
+# threshold; a key seen or missed at one of 300 positions costs far more.
+TOL = NMSE_ELEMENTWISE
+
+
+def _rotate(x, positions, theta, style):
+    """Rotary embedding in float64 of x (S, H, D) at the given positions."""
+    x = np.asarray(x, np.float64)
+    d = x.shape[-1]
+    inv_freq = theta ** (-np.arange(0, d, 2, dtype=np.float64) / d)
+    ang = np.asarray(positions, np.float64)[:, None, None] * inv_freq[None, None, :]
+    c, s = np.cos(ang), np.sin(ang)
+    if style == "neox":
+        a, b = x[..., : d // 2], x[..., d // 2:]
+        return np.concatenate([a * c - b * s, a * s + b * c], axis=-1)
+    a, b = x[..., 0::2], x[..., 1::2]
+    out = np.empty_like(x)
+    out[..., 0::2], out[..., 1::2] = a * c - b * s, a * s + b * c
+    return out
+
+
+def expected_step(qkv, k_cache, v_cache, pos, hq, theta=10000.0, style="interleaved",
+                  scale=None):
+    """(output (S, Hq*D), new k cache, new v cache) in float64, written out plainly."""
+    s = qkv.shape[0]
+    n_ctx, hkv, d = k_cache.shape
+    scale = d ** -0.5 if scale is None else scale
+    qkv = np.asarray(qkv, np.float64)
+    q = qkv[:, : hq * d].reshape(s, hq, d)
+    k = qkv[:, hq * d: (hq + hkv) * d].reshape(s, hkv, d)
+    v = qkv[:, (hq + hkv) * d:].reshape(s, hkv, d)
+    positions = np.arange(pos, pos + s)
+    q = _rotate(q, positions, theta, style)
+    k_new = np.asarray(k_cache, np.float64).copy()
+    v_new = np.asarray(v_cache, np.float64).copy()
+    k_new[pos: pos + s] = _rotate(k, positions, theta, style)
+    v_new[pos: pos + s] = v
+    out = np.empty((s, hq, d))
+    for i in range(s):
+        seen = pos + i + 1  # token i sees cache rows 0 ..= its own position
+        for h in range(hq):
+            kvh = h // (hq // hkv)
+            scores = k_new[:seen, kvh] @ q[i, h] * scale
+            p = np.exp(scores - scores.max())
+            out[i, h] = (p / p.sum()) @ v_new[:seen, kvh]
+    return out.reshape(s, hq * d), k_new, v_new
+
+
+def _case(rng, hq, hkv, d, n_ctx, s):
+    kc = rng.standard_normal((n_ctx, hkv, d)).astype(np.float32)
+    vc = rng.standard_normal((n_ctx, hkv, d)).astype(np.float32)
+    qkv = rng.standard_normal((s, (hq + 2 * hkv) * d)).astype(np.float32)
+    return qkv, kc, vc
+
+
+def _state(rng, pos, extra=()):
+    return np.array([rng.integers(0, 1000), pos, *extra], np.int32)
+
+
+def _run(backend, qkv, kc, vc, state, **params):
+    """Run the op on `backend` with caches resident there; (out, k cache, v cache, state)."""
+    be = pxvm.backends.get_backend(backend)
+    k_t, v_t, st = be.from_numpy(kc), be.from_numpy(vc), be.from_numpy(state)
+    out = pxvm.ops.attention_cached(qkv, k_t, v_t, st, backend=backend, **params).numpy()
+    return out, k_t.numpy(), v_t.numpy(), st.numpy()
+
+
+def _check(got, kc, vc, expected, pos, s):
+    out, k_new, v_new, _ = got
+    exp_out, exp_k, exp_v = expected
+    assert out.shape == exp_out.shape and out.dtype == np.float32
+    assert_close(out, exp_out, TOL)
+    assert_close(k_new[pos: pos + s], exp_k[pos: pos + s], TOL)      # rotated keys
+    np.testing.assert_array_equal(v_new[pos: pos + s], exp_v[pos: pos + s].astype(np.float32))
+    untouched = np.ones(kc.shape[0], bool)
+    untouched[pos: pos + s] = False
+    np.testing.assert_array_equal(k_new[untouched], kc[untouched])
+    np.testing.assert_array_equal(v_new[untouched], vc[untouched])
+
+
+CASES = [  # (hq, hkv, d, n_ctx, pos, s, max_keys)
+    (6, 2, 16, 320, 0, 1, None),      # decode: the first token
+    (6, 2, 16, 320, 31, 1, None),     # last key of the first 32-key range
+    (6, 2, 16, 320, 32, 1, None),     # first key of the second
+    (6, 2, 64, 320, 127, 1, None),    # last key of a 128-key span
+    (6, 2, 64, 320, 128, 1, None),    # first key past it
+    (6, 2, 64, 320, 300, 1, None),    # ten ranges
+    (3, 3, 48, 320, 300, 1, None),    # MHA; 48 does not divide the workgroup
+    (4, 1, 96, 200, 150, 1, None),    # MQA; one value group
+    (2, 2, 256, 64, 63, 1, None),     # head dim 256, the cache's last row
+    (1, 1, 2, 40, 33, 1, None),       # the smallest head
+    (6, 2, 16, 160, 0, 5, None),      # prefill from 0
+    (6, 2, 16, 160, 7, 5, None),      # prefill after a cached prefix
+    (3, 3, 32, 160, 0, 140, None),    # long prefill: new keys span five ranges
+    (6, 2, 16, 160, 7, 140, None),
+    (6, 2, 16, 300, 60, 1, 96),       # max_keys: a grid over part of the cache
+    (6, 2, 16, 300, 60, 5, 65),       # max_keys one past the last position
+    (6, 2, 16, 300, 7, 140, 147),
+]
+
+
+@pytest.mark.parametrize("style", ["interleaved", "neox"])
+@pytest.mark.parametrize("hq,hkv,d,n_ctx,pos,s,max_keys", CASES)
+def test_attention_cached_gpu_matches_float64_and_appends_only_its_rows(
+        hq, hkv, d, n_ctx, pos, s, max_keys, style, rng, gpu_device):
+    qkv, kc, vc = _case(rng, hq, hkv, d, n_ctx, s)
+    state = _state(rng, pos, extra=(12345,))
+    got = _run("gpu", qkv, kc, vc, state, n_heads=hq, style=style, max_keys=max_keys)
+    _check(got, kc, vc, expected_step(qkv, kc, vc, pos, hq, style=style), pos, s)
+    np.testing.assert_array_equal(got[3], state)  # the op only reads the state
+
+
+@pytest.mark.parametrize("style", ["interleaved", "neox"])
+@pytest.mark.parametrize("hq,hkv,d,n_ctx,pos,s", [(6, 2, 16, 64, 40, 1), (3, 3, 8, 64, 7, 5)])
+def test_attention_cached_reference_matches_float64(hq, hkv, d, n_ctx, pos, s, style, rng):
+    qkv, kc, vc = _case(rng, hq, hkv, d, n_ctx, s)
+    got = _run("cpu", qkv, kc, vc, _state(rng, pos), n_heads=hq, style=style)
+    _check(got, kc, vc, expected_step(qkv, kc, vc, pos, hq, style=style), pos, s)
+
+
+@pytest.mark.parametrize("s", [1, 4])
+def test_attention_cached_uses_theta_and_scale(s, rng, gpu_device):
+    hq, hkv, d, pos = 4, 2, 32, 50
+    qkv, kc, vc = _case(rng, hq, hkv, d, 80, s)
+    params = {"n_heads": hq, "theta": 500000.0, "scale": 0.3}
+    got = _run("gpu", qkv, kc, vc, _state(rng, pos), **params)
+    _check(got, kc, vc, expected_step(qkv, kc, vc, pos, hq, 500000.0, scale=0.3), pos, s)
+    default = expected_step(qkv, kc, vc, pos, hq)[0]
+    assert np.abs(got[0] - default).max() > 1e-2  # the parameters really changed it
+
+
+@pytest.mark.parametrize("style", ["interleaved", "neox"])
+@pytest.mark.parametrize("hq,hkv,pos,s", [(6, 2, 40, 1), (3, 3, 9, 5)])
+def test_attention_cached_equals_rope_write_rows_and_attention(hq, hkv, pos, s, style, rng,
+                                                               gpu_device):
+    d, n_ctx = 16, 64
+    qkv, kc, vc = _case(rng, hq, hkv, d, n_ctx, s)
+    ops, gpu = pxvm.ops, pxvm.backends.get_backend("gpu")
+    k_fused, v_fused = gpu.from_numpy(kc), gpu.from_numpy(vc)
+    fused = ops.attention_cached(qkv, k_fused, v_fused, _state(rng, pos), n_heads=hq,
+                                 style=style, backend="gpu").numpy()
+    q = ops.rope(qkv[:, : hq * d].reshape(s, hq, d), pos_offset=pos, style=style, backend="gpu")
+    k = ops.rope(qkv[:, hq * d: (hq + hkv) * d].reshape(s, hkv, d), pos_offset=pos,
+                 style=style, backend="gpu")
+    k_old, v_old = gpu.from_numpy(kc), gpu.from_numpy(vc)
+    ops.write_rows(k_old, k, start=pos)
+    ops.write_rows(v_old, qkv[:, (hq + hkv) * d:].reshape(s, hkv, d), start=pos)
+    plain = ops.attention(q, k_old.prefix(pos + s), v_old.prefix(pos + s), causal=True)
+    assert_close(fused, plain.numpy().reshape(s, hq * d), TOL)
+    assert_close(k_fused.numpy(), k_old.numpy(), TOL)
+    np.testing.assert_array_equal(v_fused.numpy(), v_old.numpy())
+
+
+def test_one_recorded_attention_step_serves_every_position(rng, gpu_device):
+    # The position lives in the state tensor on the device: a step captured once and
+    # submitted again (with host writes of the new token's qkv and of the state in
+    # between) must attend at the position of each submit and append there.
+    hq, hkv, d, n_ctx = 4, 2, 16, 140
+    qkv, kc, vc = _case(rng, hq, hkv, d, n_ctx, 1)
+    gpu = pxvm.backends.get_backend("gpu")
+    qkv_t, k_t, v_t = gpu.from_numpy(qkv), gpu.from_numpy(kc), gpu.from_numpy(vc)
+    state_t = gpu.from_numpy(_state(rng, 0))
+    b = Batch(gpu, capture=True)
+    out = b.attention_cached(qkv_t, k_t, v_t, state_t, n_heads=hq, style="neox")
+    step = b.capture()
+    k_ref, v_ref = kc.astype(np.float64), vc.astype(np.float64)
+    for pos in (0, 1, 2, 31, 32, 33, 100, 139):
+        row = rng.standard_normal(qkv.shape).astype(np.float32)
+        qkv_t.write(row)
+        state_t.write(np.array([7, pos], np.int32))
+        got = step.submit([out.storage]).staged[0].result(np.float32).reshape(1, hq * d)
+        expected, k_ref, v_ref = expected_step(row, k_ref, v_ref, pos, hq, style="neox")
+        assert_close(got, expected, TOL)
+    assert_close(k_t.numpy(), k_ref, TOL)
+    np.testing.assert_array_equal(v_t.numpy(), v_ref.astype(np.float32))
+
+
+def _bad_operands():
+    rng = np.random.default_rng(0)
+    qkv, kc, vc = _case(rng, 4, 2, 16, 20, 2)
+    st = np.array([0, 3], np.int32)
+    odd = np.ones((20, 2, 15), np.float32)
+    return [
+        ((qkv[:, :-1], kc, vc, st), {}, r"qkv must be \(S, 128\) for 4 query heads and 2 "
+                                        r"key/value heads of 16, got \(2, 127\)"),
+        ((qkv[0], kc, vc, st), {}, r"qkv must be \(S, 128\)"),
+        ((qkv, kc, vc, st), {"n_heads": 3}, r"query heads \(3\) must be a multiple of "
+                                            r"key/value heads \(2\)"),
+        ((np.ones((2, 120), np.float32), odd, odd, st), {},
+         "head dimension must be even and at most 256, got 15"),
+        ((qkv, kc, vc[:19], st), {}, r"caches must both be \(n_ctx, Hkv, D\), got \(20, 2, 16\) "
+                                     r"and \(19, 2, 16\)"),
+        ((qkv, kc, vc, st.astype(np.float32)), {}, "state must be an int32 tensor"),
+        ((qkv, kc, vc, st[:1]), {}, "state must be an int32 tensor"),
+        ((qkv, kc, vc, st), {"style": "gptj"}, "unknown rope style 'gptj'"),
+        ((qkv, kc, vc, st), {"max_keys": 21}, "max_keys must be in 2..20, got 21"),
+        ((qkv, kc, vc, st), {"max_keys": 1}, "max_keys must be in 2..20, got 1"),
+    ]
+
+
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
+@pytest.mark.parametrize("args,params,message", _bad_operands())
+def test_attention_cached_refuses_bad_operands_clearly(args, params, message, backend,
+                                                       request):
+    if backend == "gpu":
+        request.getfixturevalue("gpu_device")
+    params = {"n_heads": 4, **params}
+    with pytest.raises(ShapeError, match=message):
+        pxvm.ops.attention_cached(*args, backend=backend, **params)
+
+
+@pytest.mark.parametrize("pos,s", [(19, 2), (20, 1), (-1, 1)])
+def test_attention_cached_reference_refuses_positions_outside_the_cache(pos, s, rng):
+    qkv, kc, vc = _case(rng, 4, 2, 16, 20, s)
+    last = pos + s - 1
+    with pytest.raises(ShapeError, match=f"positions {pos}..{last} are outside the cache "
+                                         "of 20 rows"):
+        pxvm.ops.attention_cached(qkv, kc, vc, np.array([0, pos], np.int32), n_heads=4,
+                                  backend="cpu")
+
+
+# ---- greedy_step -------------------------------------------------------------------
+
+GREEDY_CASES = [  # (logits shape, indices set to the shared maximum)
+    ((37,), [5, 20]),
+    ((4097,), [4095, 4096]),        # a tie across the 4096-element chunks of the GPU pass
+    ((9001,), [4242, 8000, 17]),    # the first maximum is not the first one listed
+    ((9001,), [8191, 9000]),        # ties only in later chunks
+    ((3, 50), [77, 149]),           # 2-D logits: the flat index
+    ((1, 4096), []),                # exactly one chunk, no tie
+]
+
+
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
+@pytest.mark.parametrize("shape,ties", GREEDY_CASES)
+def test_greedy_step_takes_the_first_maximum_and_advances_the_position(shape, ties, backend,
+                                                                       rng, request):
+    if backend == "gpu":
+        request.getfixturevalue("gpu_device")
+    logits = rng.standard_normal(shape).astype(np.float32)
+    flat = logits.reshape(-1)
+    flat[ties] = flat.max() + 0.5
+    be = pxvm.backends.get_backend(backend)
+    state = be.from_numpy(np.array([-5, 41, 777], np.int32))
+    pxvm.ops.greedy_step(logits, state)
+    expected = int(np.argmax(logits))
+    assert expected == (min(ties) if ties else expected)
+    assert state.numpy().tolist() == [expected, 42, 777]
+
+
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
+def test_greedy_step_agrees_with_numpy_on_special_values(backend, rng, request):
+    if backend == "gpu":
+        request.getfixturevalue("gpu_device")
+    be = pxvm.backends.get_backend(backend)
+    cases = [np.full(300, 2.5, np.float32),                        # all equal: index 0
+             np.full(5000, -np.inf, np.float32),                   # all -inf: index 0
+             np.where(np.arange(5000) == 4321, np.inf, -1.0).astype(np.float32),
+             np.where(np.arange(5000) % 1000 == 999, np.nan, 1.0).astype(np.float32)]
+    state = be.from_numpy(np.array([0, 0], np.int32))
+    for i, logits in enumerate(cases):
+        pxvm.ops.greedy_step(logits, state)
+        assert state.numpy().tolist() == [int(np.argmax(logits)), i + 1], i
+
+
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
+def test_greedy_steps_in_one_batch_advance_once_each(backend, rng, request):
+    if backend == "gpu":
+        request.getfixturevalue("gpu_device")
+    be = pxvm.backends.get_backend(backend)
+    state = be.from_numpy(np.array([0, 7], np.int32))
+    rows = rng.standard_normal((3, 257)).astype(np.float32)
+    b = Batch(be)
+    for row in rows:
+        b.greedy_step(row, state)
+    b.execute()
+    assert state.numpy().tolist() == [int(np.argmax(rows[-1])), 10]
+
+
+@pytest.mark.parametrize("logits,state,message", [
+    (np.ones(5, np.float32), np.array([0.0, 1.0], np.float32), "state must be a 1-D int32"),
+    (np.ones(5, np.float32), np.array([0], np.int32), "state must be a 1-D int32"),
+    (np.ones(5, np.float32), np.zeros((1, 2), np.int32), "state must be a 1-D int32"),
+    (np.ones(0, np.float32), np.zeros(2, np.int32), "greedy_step"),
+])
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
+def test_greedy_step_refuses_bad_operands_clearly(logits, state, message, backend, request):
+    if backend == "gpu":
+        request.getfixturevalue("gpu_device")
+    with pytest.raises(ShapeError, match=message):
+        pxvm.ops.greedy_step(logits, state, backend=backend)
+
+
+# ---- concat_columns ----------------------------------------------------------------
+
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
+@pytest.mark.parametrize("rows,na,nb", [(5, 7, 3), (37, 1, 64), (1, 300, 2), (300, 33, 257)])
+def test_concat_columns_joins_side_by_side_exactly(rows, na, nb, backend, rng, request):
+    if backend == "gpu":
+        request.getfixturevalue("gpu_device")
+    be = pxvm.backends.get_backend(backend)
+    a = rng.standard_normal((rows, na)).astype(np.float32)
+    c = rng.standard_normal((rows, nb)).astype(np.float32)
+    got = pxvm.ops.concat_columns(be.from_numpy(a), be.from_numpy(c)).numpy()
+    np.testing.assert_array_equal(got, np.concatenate([a, c], axis=1))
+
+
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
+@pytest.mark.parametrize("a_shape,b_shape,message", [
+    ((5, 7), (4, 3), r"same rows, got \(5, 7\) and \(4, 3\)"),
+    ((5,), (5, 3), r"two matrices with the same rows, got \(5,\) and \(5, 3\)"),
+    ((5, 7), (5, 3, 1), r"got \(5, 7\) and \(5, 3, 1\)"),
+])
+def test_concat_columns_refuses_non_matching_matrices(a_shape, b_shape, message, backend,
+                                                      request):
+    if backend == "gpu":
+        request.getfixturevalue("gpu_device")
+    with pytest.raises(ShapeError, match=message):
+        pxvm.ops.concat_columns(np.ones(a_shape, np.float32), np.ones(b_shape, np.float32),
+                                backend=backend)

@@ -204,11 +204,15 @@ def _bad_operands():
          "head dimension must be even and at most 256, got 15"),
         ((qkv, kc, vc[:19], st), {}, r"caches must both be \(n_ctx, Hkv, D\), got \(20, 2, 16\) "
                                      r"and \(19, 2, 16\)"),
-        ((qkv, kc, vc, st.astype(np.float32)), {}, "state must be an int32 tensor"),
+        ((qkv, kc, vc, st.astype(np.float32)), {}, r"input 3 \(state\) has dtype float32, "
+                                                   "expected int32"),
         ((qkv, kc, vc, st[:1]), {}, "state must be an int32 tensor"),
         ((qkv, kc, vc, st), {"style": "gptj"}, "unknown rope style 'gptj'"),
         ((qkv, kc, vc, st), {"max_keys": 21}, "max_keys must be in 2..20, got 21"),
         ((qkv, kc, vc, st), {"max_keys": 1}, "max_keys must be in 2..20, got 1"),
+        ((qkv.astype(np.int32), kc, vc, st), {}, r"input 0 \(qkv\) has dtype int32, "
+                                                 "expected float32"),
+        ((qkv, kc.astype(np.int32), vc, st), {}, r"input 1 \(k_cache\) has dtype int32"),
     ]
 
 
@@ -232,6 +236,23 @@ def test_attention_cached_reference_refuses_positions_outside_the_cache(pos, s, 
         pxvm.ops.attention_cached(qkv, kc, vc, np.array([0, pos], np.int32), n_heads=4,
                                   backend="cpu")
 
+
+
+def test_positions_beyond_max_keys_are_refused_on_cpu_and_nan_on_gpu(rng, gpu_device):
+    # max_keys=32 records one 32-key range; a token at position 40 has keys the grid never
+    # covers. The reference knows the position and refuses; the GPU reads it on the device
+    # and answers NaN instead of attention over part of the keys.
+    qkv, kc, vc = _case(rng, 4, 2, 16, 100, 1)
+    state = np.array([0, 40], np.int32)
+    with pytest.raises(ShapeError, match=r"positions 40..40 reach beyond max_keys=32"):
+        pxvm.ops.attention_cached(qkv, kc.copy(), vc.copy(), state, n_heads=4, max_keys=32,
+                                  backend="cpu")
+    out = pxvm.ops.attention_cached(qkv, kc, vc, state, n_heads=4, max_keys=32,
+                                    backend="gpu").numpy()
+    assert np.isnan(out).all()
+    inside = pxvm.ops.attention_cached(qkv, kc, vc, np.array([0, 31], np.int32), n_heads=4,
+                                       max_keys=32, backend="gpu").numpy()
+    assert np.isfinite(inside).all()
 
 # ---- greedy_step -------------------------------------------------------------------
 
@@ -292,10 +313,12 @@ def test_greedy_steps_in_one_batch_advance_once_each(backend, rng, request):
 
 
 @pytest.mark.parametrize("logits,state,message", [
-    (np.ones(5, np.float32), np.array([0.0, 1.0], np.float32), "state must be a 1-D int32"),
+    (np.ones(5, np.float32), np.array([0.0, 1.0], np.float32),
+     r"input 1 \(state\) has dtype float32, expected int32"),
     (np.ones(5, np.float32), np.array([0], np.int32), "state must be a 1-D int32"),
     (np.ones(5, np.float32), np.zeros((1, 2), np.int32), "state must be a 1-D int32"),
     (np.ones(0, np.float32), np.zeros(2, np.int32), "greedy_step"),
+    (np.ones(5, np.int32), np.zeros(2, np.int32), r"input 0 \(logits\) has dtype int32"),
 ])
 @pytest.mark.parametrize("backend", ["cpu", "gpu"])
 def test_greedy_step_refuses_bad_operands_clearly(logits, state, message, backend, request):

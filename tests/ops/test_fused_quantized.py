@@ -205,7 +205,15 @@ def _bad_cases():
         ("rmsnorm_swiglu_quant", (x, gain, w), p, "even row count.*got 37 rows"),
         ("rmsnorm_swiglu_quant", (x, gain[:50], w_even), p, r"gain must have shape \(96,\)"),
         ("rmsnorm_swiglu_quant", (x.astype(np.int32), gain, w_even), p,
-         "input 0 has dtype int32"),
+         r"input 0 \(x\) has dtype int32"),
+        # Each input is checked against its own role, not against every allowed dtype.
+        ("rmsnorm_matmul_quant", (x, gain, w.astype(np.float32)), p,
+         r"input 2 \(w\) has dtype float32, expected uint8"),
+        ("matmul_quant_add", (x, w, np.ones((3, 37), np.uint8)), p,
+         r"input 2 \(residual\) has dtype uint8, expected float32"),
+        ("rmsnorm_swiglu_quant", (x, gain.astype(np.uint8), w_even), p,
+         r"input 1 \(gain\) has dtype uint8"),
+        ("matmul_quant", (x, w.astype(np.float32)), p, r"input 1 \(w\) has dtype float32"),
     ]
 
 

@@ -157,7 +157,7 @@ def test_tensor_write_replaces_values_in_place_on_both_backends(rng, request):
             t.write(values[:14])
 
 
-@pytest.mark.parametrize("nbytes,offset", [(8, 2), (6, 0), (16, 140), (160, 0)])
+@pytest.mark.parametrize("nbytes,offset", [(8, 2), (6, 0), (16, 140), (160, 0), (7, 140)])
 def test_device_write_refuses_unaligned_or_overflowing_writes(nbytes, offset, gpu_device):
     alloc = gpu_device.alloc(148)   # 37 floats
     with pytest.raises(ValueError, match=f"cannot write {nbytes} bytes at offset {offset} "
@@ -173,6 +173,25 @@ def test_device_write_at_an_offset_changes_only_those_bytes(rng, gpu_device):
     values[34:] = part
     np.testing.assert_array_equal(gpu_device.read(alloc, np.float32, 37), values)
 
+
+
+@pytest.mark.parametrize("dtype,count", [(np.uint8, 37), (np.float16, 5), (np.uint8, 3)])
+def test_tensor_write_of_a_length_not_a_multiple_of_four_bytes(dtype, count, rng, request):
+    request.getfixturevalue("gpu_device")
+    values = rng.integers(-100, 100, count).astype(dtype)
+    for backend in ("cpu", "gpu"):
+        t = pxvm.backends.get_backend(backend).from_numpy(np.ones(count, dtype))
+        t.write(values)
+        np.testing.assert_array_equal(t.numpy(), values)
+
+
+def test_device_write_of_odd_length_that_ends_the_allocation(rng, gpu_device):
+    values = rng.integers(0, 255, 37).astype(np.uint8)
+    alloc = gpu_device.upload(values)
+    tail = rng.integers(0, 255, 33).astype(np.uint8)
+    gpu_device.write(alloc, tail, offset=4)   # bytes 4..36, the last word padded
+    values[4:] = tail
+    np.testing.assert_array_equal(gpu_device.read(alloc, np.uint8, 37), values)
 
 # ---- what a capturing recorder refuses ---------------------------------------------
 

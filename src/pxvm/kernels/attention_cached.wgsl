@@ -224,6 +224,11 @@ fn combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) 
     let h = wid.x;
     let i = wid.y;
     let at = u32(state[1]) + i;
+    // Keys beyond the grid (or the cache) were never seen: say so with NaN rather than
+    // return attention over part of them; the host cannot check, as the position lives
+    // on the device. (Not a constant: WGSL forbids constant NaN.)
+    let unseen = at >= p.n_ranges * RANGE || at >= p.n_ctx;
+    let nan = bitcast<f32>(0x7fc00000u | (p.d & 0u));
     let n_used = min(at / RANGE + 1u, p.n_ranges);
     let first = (i * p.hq + h) * p.n_ranges;
     let stride = p.d + 2u;
@@ -260,7 +265,7 @@ fn combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) 
                 acc = acc + exp(part[b + p.d] - mx) * part[b + c];
             }
             scratch[lid] = acc;
-            if (groups == 1u) { out[(i * p.hq + h) * p.d + c] = acc / total; }
+            if (groups == 1u) { out[(i * p.hq + h) * p.d + c] = select(acc / total, nan, unseen); }
         }
     }
     if (groups > 1u) {
@@ -268,7 +273,7 @@ fn combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) 
         if (lid < p.d) {
             var acc = 0.0;
             for (var u = 0u; u < groups; u = u + 1u) { acc = acc + scratch[u * p.d + lid]; }
-            out[(i * p.hq + h) * p.d + lid] = acc / total;
+            out[(i * p.hq + h) * p.d + lid] = select(acc / total, nan, unseen);
         }
     }
 }

@@ -105,13 +105,21 @@ def attention_cached_ref(qkv, k_cache, v_cache, state, n_heads=1, theta=10000.0,
     heads; caches are (n_ctx, Hkv, D). Queries and keys get the rotary embedding at their
     positions, the new keys and values are written into the caches at rows pos..pos+S-1
     (in place), and each query attends causally to cache rows 0..its own position.
-    Returns (S, n_heads * D). `max_keys` only bounds the GPU's grid."""
+    Returns (S, n_heads * D).
+
+    `max_keys` (default n_ctx) bounds the GPU's grid, so positions must keep
+    pos + S <= max_keys. Here that is checked; the GPU reads pos on the device, where no
+    error can be raised, so it returns NaN rows for tokens beyond the bound instead of
+    attending over part of their keys."""
     s = qkv.shape[0]
     n_ctx, hkv, d = k_cache.shape
     pos = int(np.asarray(state).reshape(-1)[1])
     require(0 <= pos and pos + s <= n_ctx,
             f"attention_cached: positions {pos}..{pos + s - 1} are outside the cache of "
             f"{n_ctx} rows")
+    require(max_keys is None or pos + s <= max_keys,
+            f"attention_cached: positions {pos}..{pos + s - 1} reach beyond max_keys="
+            f"{max_keys}; record with a larger max_keys")
     q, k, v = np.split(np.asarray(qkv, np.float32), [n_heads * d, (n_heads + hkv) * d], axis=1)
     q = rope_ref(q.reshape(s, n_heads, d), pos, theta, style)
     k_cache[pos: pos + s] = rope_ref(k.reshape(s, hkv, d), pos, theta, style)
@@ -159,4 +167,4 @@ def attention_cached_gpu(ctx, qkv, k_cache, v_cache, state, n_heads=1, theta=100
 
 
 attention_cached = register("attention_cached", 4, attention_cached_ref, attention_cached_gpu,
-                            _infer_cached, ("f32", "i32"))
+                            _infer_cached, input_dtypes=("f32", "f32", "f32", "i32"))

@@ -186,12 +186,14 @@ def embedding_quant_gpu(ctx, ids, w, qtype=3, k=0):
 
 
 matmul_quant = register("matmul_quant", 2, matmul_quant_ref, matmul_quant_gpu, _infer_matmul,
-                        ("f32", "u8"))
+                        input_dtypes=("f32", "u8"))
 rmsnorm_matmul_quant = register("rmsnorm_matmul_quant", 3, rmsnorm_matmul_quant_ref,
-                                rmsnorm_matmul_quant_gpu, _infer_norm_matmul, ("f32", "u8"))
+                                rmsnorm_matmul_quant_gpu, _infer_norm_matmul,
+                                input_dtypes=("f32", "f32", "u8"))
 matmul_quant_add = register("matmul_quant_add", 3, matmul_quant_add_ref, matmul_quant_add_gpu,
-                            _infer_matmul_add, ("f32", "u8"))
+                            _infer_matmul_add, input_dtypes=("f32", "u8", "f32"))
 rmsnorm_swiglu_quant = register("rmsnorm_swiglu_quant", 3, rmsnorm_swiglu_quant_ref,
-                                rmsnorm_swiglu_quant_gpu, _infer_swiglu, ("f32", "u8"))
+                                rmsnorm_swiglu_quant_gpu, _infer_swiglu,
+                                input_dtypes=("f32", "f32", "u8"))
 embedding_quant = register("embedding_quant", 2, embedding_quant_ref, embedding_quant_gpu,
-                           _infer_embedding, ("i32", "u8"))
+                           _infer_embedding, input_dtypes=("i32", "u8"))

@@ -140,4 +140,4 @@ max = register("max", 1, max_ref, max_gpu, _infer_full)  # noqa: A001
 dot = register("dot", 2, dot_ref, dot_gpu, _infer_dot)
 argmax = register("argmax", 1, argmax_ref, argmax_gpu, _infer_argmax)
 greedy_step = register("greedy_step", 2, greedy_step_ref, greedy_step_gpu, _infer_greedy,
-                       ("f32", "i32"))
+                       input_dtypes=("f32", "i32"))

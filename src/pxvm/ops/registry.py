@@ -32,27 +32,38 @@ def meta(shape, dtype) -> Meta:
 
 class Op:
     """One op: `reference(*arrays, **params)` in numpy, `gpu(ctx, *tensors, **params)` in
-    WGSL, and `infer(inputs, params) -> Meta`, which raises ShapeError on bad operands."""
+    WGSL, and `infer(inputs, params) -> Meta`, which raises ShapeError on bad operands.
+
+    `dtypes` are the dtypes every input may have; `input_dtypes`, when given, says it
+    per input instead (a name, or a tuple of names, for each), for ops whose inputs have
+    different roles (a float activation and a raw uint8 weight)."""
 
     def __init__(self, name: str, n_inputs: int, reference: Callable, gpu: Callable,
-                 infer: Callable, dtypes: tuple = ("f32",)):
+                 infer: Callable, dtypes: tuple = ("f32",), input_dtypes: tuple | None = None):
         self.name = name
         self.n_inputs = n_inputs
         self.reference = reference
         self.gpu = gpu
         self._infer = infer
-        self.dtypes = tuple(DTYPES[d] for d in dtypes)
+        if input_dtypes is None:
+            input_dtypes = (dtypes,) * n_inputs
+        if len(input_dtypes) != n_inputs:
+            raise ValueError(f"op {name!r}: input_dtypes names {len(input_dtypes)} inputs, "
+                             f"it has {n_inputs}")
+        self.input_dtypes = tuple(
+            tuple(DTYPES[d] for d in ((allowed,) if isinstance(allowed, str) else allowed))
+            for allowed in input_dtypes)
         self.signature = inspect.signature(reference)
         self.__doc__ = reference.__doc__
         self.__name__ = name
 
     def infer(self, inputs, params) -> Meta:
-        for i, x in enumerate(inputs):
-            if np.dtype(x.dtype) not in self.dtypes:
-                allowed = ", ".join(str(d) for d in self.dtypes)
+        names = list(self.signature.parameters)
+        for i, (x, allowed) in enumerate(zip(inputs, self.input_dtypes)):
+            if np.dtype(x.dtype) not in allowed:
                 raise ShapeError(
-                    f"{self.name}: input {i} has dtype {np.dtype(x.dtype)}, expected one of "
-                    f"{allowed}"
+                    f"{self.name}: input {i} ({names[i]}) has dtype {np.dtype(x.dtype)}, "
+                    f"expected {' or '.join(str(d) for d in allowed)}"
                 )
         return self._infer(*inputs, **params)
 
@@ -97,10 +108,10 @@ def to_backend(x, backend) -> Tensor:
 
 
 def register(name: str, n_inputs: int, reference: Callable, gpu: Callable, infer: Callable,
-             dtypes: tuple = ("f32",)) -> Op:
+             dtypes: tuple = ("f32",), input_dtypes: tuple | None = None) -> Op:
     if name in REGISTRY:
         raise ValueError(f"op {name!r} registered twice")
-    op = Op(name, n_inputs, reference, gpu, infer, dtypes)
+    op = Op(name, n_inputs, reference, gpu, infer, dtypes, input_dtypes)
     REGISTRY[name] = op
     return op
 

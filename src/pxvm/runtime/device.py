@@ -345,12 +345,20 @@ class Device:
         return Recorder(self, timestamps and ok, profile and ok, capture)
 
     def write(self, alloc: Allocation, data: np.ndarray, offset: int = 0) -> None:
-        """Overwrite bytes of an allocation from the host (ordered before later submits)."""
+        """Overwrite bytes of an allocation from the host (ordered before later submits).
+        WebGPU writes whole 4-byte words: a write starts on one, and one whose length is
+        not a multiple of 4 (uint8 or float16 data) must reach the allocation's end, where
+        its last word is padded with zeros past the data."""
         self._check_alive()
         raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
-        if offset % 4 or raw.nbytes % 4 or offset + raw.nbytes > alloc.binding_size():
-            raise ValueError(f"cannot write {raw.nbytes} bytes at offset {offset} into an "
-                             f"allocation of {alloc.nbytes} bytes (4-byte multiples only)")
+        end = offset + raw.nbytes
+        if offset < 0 or offset % 4 or end > alloc.nbytes or (raw.nbytes % 4 and end != alloc.nbytes):
+            raise ValueError(
+                f"cannot write {raw.nbytes} bytes at offset {offset} into an allocation of "
+                f"{alloc.nbytes} bytes: a write starts at a multiple of 4 bytes, stays inside "
+                "the allocation, and reaches its end unless its length is a multiple of 4")
+        if raw.nbytes % 4:
+            raw = np.concatenate([raw, np.zeros(4 - raw.nbytes % 4, np.uint8)])
         try:
             self.queue.write_buffer(alloc.buffer, offset, raw)
         except Exception as exc:

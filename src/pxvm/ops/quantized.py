@@ -134,8 +134,8 @@ def _lanes(ctx, lanes, m, n, k):
     many rows (prefill) 8; for one row (decoding) a decoded token is a chain of small
     dispatches, each as long as its longest thread: 64 for short rows, 32 for long ones,
     16 for very many columns (an LM head fills the GPU with columns alone). Each was the
-    fastest of 8..256 for its product in SmolLM2's decoding step on the H100
-    (BENCHMARKS.md)."""
+    fastest of 16, 32, 64 and 128 for its product in SmolLM2's decoding step on the
+    H100 (BENCHMARKS.md)."""
     if lanes:
         return int(lanes)
     if ctx.is_software:

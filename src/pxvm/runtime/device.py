@@ -352,7 +352,8 @@ class Device:
         self._check_alive()
         raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
         end = offset + raw.nbytes
-        if offset < 0 or offset % 4 or end > alloc.nbytes or (raw.nbytes % 4 and end != alloc.nbytes):
+        ragged = raw.nbytes % 4 and end != alloc.nbytes
+        if offset < 0 or offset % 4 or end > alloc.nbytes or ragged:
             raise ValueError(
                 f"cannot write {raw.nbytes} bytes at offset {offset} into an allocation of "
                 f"{alloc.nbytes} bytes: a write starts at a multiple of 4 bytes, stays inside "

@@ -2,41 +2,20 @@
 kind, and attention's RANGE / KEY_LANES / COMBINE_WG, each against the unedited step
 measured right before it (the H100's step time drifts by a few percent over a minute).
 Usage: python step_variants.py MODEL.gguf (benchmarks/h100/README.md)."""
-import sys, statistics, numpy as np, wgpu
-from pxvm.llm.model import load_model
-m = load_model(sys.argv[1], backend="gpu", progress=False)
-dev = m.backend.device; d = dev.device
-ids = list(np.random.default_rng(0).integers(0, m.config.vocab_size, 512))
-m.reset(); m.forward(ids)
-g = m._decode_step(); lst = g._list
-logits_buf = g.outputs["logits"].storage
+import statistics
+import sys
+
+from recorded_step import RecordedStep
+
+step = RecordedStep(sys.argv[1])
+m, dev = step.model, step.device
+d = dev.device
+base_items = step.items
+time_items = step.time
+# pipeline -> (kernel, entry, constants), to rebuild a pipeline with other constants
 by_pipe = {id(v.pipeline): k for k, v in dev._pipelines.items() if k[0] != "layout"}
-q = d.create_query_set(type="timestamp", count=2)
-U = wgpu.BufferUsage
-res = d.create_buffer(size=16, usage=U.QUERY_RESOLVE | U.COPY_SRC)
-rd = d.create_buffer(size=16, usage=U.MAP_READ | U.COPY_DST)
-def time_items(items, pos=640, reps=21):
-    ts = []
-    for r in range(reps):
-        m.state.write([1, pos])
-        e = d.create_command_encoder()
-        c = e.begin_compute_pass(timestamp_writes={"query_set": q, "beginning_of_pass_write_index": 0, "end_of_pass_write_index": 1})
-        for p, gr, grp in items:
-            c.set_pipeline(p); c.set_bind_group(0, gr); c.dispatch_workgroups(*grp)
-        c.end(); e.resolve_query_set(q, 0, 2, res, 0); e.copy_buffer_to_buffer(res, 0, rd, 0, 16)
-        d.queue.submit([e.finish()]); rd.map_sync(wgpu.MapMode.READ)
-        t = np.frombuffer(rd.read_mapped(), np.uint64).astype(np.int64); rd.unmap()
-        ts.append((t[1] - t[0]) * 1e-3)
-    return statistics.median(ts[3:] or ts)
-def logits_of(items):
-    time_items(items, reps=1)
-    return dev.read(logits_buf, np.float32, m.config.vocab_size)
-base_items = list(lst.items)
-base = logits_of(base_items)
-def report(name, items):
-    lg = logits_of(items)
-    err = float(np.mean((lg - base) ** 2) / np.mean(base ** 2))
-    print(f"{name}: {time_items(items):.1f} us nmse {err:.1e}", flush=True)
+
+
 def with_lanes(items, idx, lanes):
     out = list(items)
     for i in idx:
@@ -55,7 +34,7 @@ idx["head"] = [len(base_items) - 3]
 
 
 def paired(items, pos=640):
-    pairs = [(time_items(base_items, pos), time_items(items, pos)) for _ in range(3)]
+    pairs = [(time_items(base_items, pos, 21), time_items(items, pos, 21)) for _ in range(3)]
     b = statistics.median(p[0] for p in pairs)
     v = statistics.median(p[1] for p in pairs)
     return f"{v:.1f} us vs {b:.1f} us ({v - b:+.1f})"

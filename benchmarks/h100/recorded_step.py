@@ -1,0 +1,49 @@
+"""The recorded decode step of a model at position 512, and its GPU time with
+timestamps around one pass: shared by step_ablation.py and step_variants.py, which
+time the step with dispatches left out or swapped."""
+import statistics
+
+import numpy as np
+import wgpu
+
+from pxvm.llm.model import load_model
+
+
+class RecordedStep:
+    def __init__(self, path: str):
+        self.model = m = load_model(path, backend="gpu", progress=False)
+        self.device = m.backend.device
+        ids = list(np.random.default_rng(0).integers(0, m.config.vocab_size, 512))
+        m.reset()
+        m.forward(ids)
+        self.items = list(m._decode_step()._list.items)  # (pipeline, bind group, groups)
+        d = self.device.device
+        U = wgpu.BufferUsage
+        self._query = d.create_query_set(type="timestamp", count=2)
+        self._resolve = d.create_buffer(size=16, usage=U.QUERY_RESOLVE | U.COPY_SRC)
+        self._read = d.create_buffer(size=16, usage=U.MAP_READ | U.COPY_DST)
+
+    def time(self, items, pos=640, reps=15) -> float:
+        """Median GPU microseconds of `items` in one pass, the state set to `pos` before
+        each run (the first 3 runs are warm-up)."""
+        d = self.device.device
+        spans = []
+        for _ in range(reps):
+            self.model.state.write([1, pos])
+            enc = d.create_command_encoder()
+            cpass = enc.begin_compute_pass(timestamp_writes={
+                "query_set": self._query, "beginning_of_pass_write_index": 0,
+                "end_of_pass_write_index": 1})
+            for pipe, group, groups in items:
+                cpass.set_pipeline(pipe)
+                cpass.set_bind_group(0, group)
+                cpass.dispatch_workgroups(*groups)
+            cpass.end()
+            enc.resolve_query_set(self._query, 0, 2, self._resolve, 0)
+            enc.copy_buffer_to_buffer(self._resolve, 0, self._read, 0, 16)
+            d.queue.submit([enc.finish()])
+            self._read.map_sync(wgpu.MapMode.READ)
+            t = np.frombuffer(self._read.read_mapped(), np.uint64).astype(np.int64)
+            self._read.unmap()
+            spans.append((t[1] - t[0]) * 1e-3)
+        return statistics.median(spans[3:] or spans)

@@ -39,7 +39,7 @@ struct Params {
 
 var<workgroup> partial: array<f32, WG>;
 var<workgroup> partial_up: array<f32, WG>;
-var<private> inv_rms: f32 = 1.0;
+var<workgroup> squares: array<f32, WG>;
 
 fn byte_at(i: u32) -> u32 {
     return (w[i >> 2u] >> ((i & 3u) * 8u)) & 0xffu;
@@ -141,17 +141,18 @@ fn word_at(i: u32) -> u32 {
     return (lo >> 16u) | (w[(i >> 2u) + 1u] << 16u);
 }
 
-// x[m][k] as the product sees it: normalised and scaled when NORM.
+// x[m][k] as the product sees it: scaled by the gain when NORM (the norm's 1 / rms, the
+// same for the whole row, multiplies the finished sum instead).
 fn x_at(m: u32, k: u32) -> f32 {
     let v = x[m * p.K + k];
-    if (NORM) { return v * inv_rms * gain[k]; }
+    if (NORM) { return v * gain[k]; }
     return v;
 }
 
 fn x4(m: u32, k: u32) -> vec4<f32> {
     let i = m * p.K + k;
     let v = vec4<f32>(x[i], x[i + 1u], x[i + 2u], x[i + 3u]);
-    if (NORM) { return v * inv_rms * vec4<f32>(gain[k], gain[k + 1u], gain[k + 2u], gain[k + 3u]); }
+    if (NORM) { return v * vec4<f32>(gain[k], gain[k + 1u], gain[k + 2u], gain[k + 3u]); }
     return v;
 }
 
@@ -243,22 +244,16 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l
     let lane = lid % LANES;
     let n = wid.x * ROWS_PER_WG + col;
     let m = wid.y;
+    // NORM: every workgroup sums the squares of its x row itself (K values are cheap to
+    // read twice; a separate norm dispatch and its barrier are not), alongside the
+    // product rather than before it, so that the weights' loads need not wait for it and
+    // one reduction serves both.
+    var sq = 0.0;
     if (NORM) {
-        // Every workgroup sums the squares of its x row itself: K values are cheap to
-        // read twice, and a separate norm dispatch (and its barrier) is not.
-        var sq = 0.0;
         for (var k = lid; k < p.K; k = k + WG) {
             let v = x[m * p.K + k];
             sq = sq + v * v;
         }
-        partial[lid] = sq;
-        for (var s = WG / 2u; s > 0u; s = s / 2u) {
-            workgroupBarrier();
-            if (lid < s) { partial[lid] = partial[lid] + partial[lid + s]; }
-        }
-        workgroupBarrier();
-        inv_rms = inverseSqrt(partial[0] / f32(p.K) + p.eps);
-        workgroupBarrier();
     }
     var acc = 0.0;
     var up = 0.0;
@@ -268,19 +263,26 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l
     }
     partial[lid] = acc;
     partial_up[lid] = up;
-    for (var s = LANES / 2u; s > 0u; s = s / 2u) {
+    squares[lid] = sq;
+    // The squares are summed over the whole workgroup, the products over each column's
+    // LANES threads: the latter in the last log2(LANES) steps of the same tree.
+    for (var s = select(LANES, WG, NORM) / 2u; s > 0u; s = s / 2u) {
         workgroupBarrier();
-        if (lane < s) {
+        if (NORM && lid < s) { squares[lid] = squares[lid] + squares[lid + s]; }
+        if (s < LANES && lane < s) {
             partial[lid] = partial[lid] + partial[lid + s];
             if (EPILOGUE == 2u) { partial_up[lid] = partial_up[lid] + partial_up[lid + s]; }
         }
     }
+    if (NORM) { workgroupBarrier(); }
     if (lane == 0u && n < p.N) {
+        var scale = 1.0;
+        if (NORM) { scale = inverseSqrt(squares[0] / f32(p.K) + p.eps); }
         let i = m * p.N + n;
-        let v = partial[lid];
+        let v = partial[lid] * scale;
         switch EPILOGUE {
             case 1u: { y[i] = res[i] + v; }
-            case 2u: { y[i] = v / (1.0 + exp(-v)) * partial_up[lid]; }
+            case 2u: { y[i] = v / (1.0 + exp(-v)) * partial_up[lid] * scale; }
             default: { y[i] = v; }
         }
     }

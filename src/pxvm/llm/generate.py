@@ -183,23 +183,20 @@ def _tokens(model, sampler: Sampler, logits, prompt_ids: list[int], generated: l
         yield token
 
 
-_BENCH_TEXT = ("The quick brown fox jumps over the lazy dog while the committee reviews "
-               "quarterly reports, 42 footnotes and a table of contents. ")
-
-
 def benchmark(model, tokenizer: Tokenizer, prompt_tokens: int = 512, gen_tokens: int = 128,
               repeats: int = 3, warmup: int = 1) -> dict:
     """Prefill tokens/s of one `prompt_tokens`-token forward and decode tokens/s of
     `gen_tokens` greedy decoding steps after it (as llama-bench's tg), medians of `repeats` runs after
-    `warmup` unmeasured runs (which compile pipelines and fill caches)."""
+    `warmup` unmeasured runs (which compile pipelines and fill caches). The prompt is
+    seeded random ids from the vocabulary, as llama-bench's: speed does not depend on
+    them, and any vocabulary can spell them."""
     if prompt_tokens < 1 or gen_tokens < 1 or repeats < 1:
         raise ValueError("prompt_tokens, gen_tokens and repeats must be >= 1")
     n_ctx = context_length(model)
     if prompt_tokens + gen_tokens > n_ctx:
         raise PromptTooLongError(f"{prompt_tokens} + {gen_tokens} tokens exceed the model's "
                                  f"context of {n_ctx}; lower --prompt-tokens or --gen-tokens")
-    unit = tokenizer.encode(_BENCH_TEXT, add_bos=False)
-    ids = (unit * (prompt_tokens // len(unit) + 1))[:prompt_tokens]
+    ids = np.random.default_rng(0).integers(0, tokenizer.vocab_size, prompt_tokens).tolist()
     runs = []
     for run in range(warmup + repeats):
         model.reset()

@@ -106,7 +106,18 @@ class Tokenizer:
 
     def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
         """Token ids of `text`; BOS first when `add_bos` (default: as the file says)."""
-        ids = self._tok.encode(text, add_special_tokens=False).ids
+        encoding = self._tok.encode(text, add_special_tokens=False)
+        # BPE drops what the vocabulary cannot spell (no token, no byte token, no <unk>):
+        # refuse rather than answer a different prompt.
+        covered = bytearray(len(text))
+        for start, end in encoding.offsets:
+            covered[start:end] = b"\x01" * (end - start)
+        missing = covered.find(0)
+        if missing >= 0:
+            raise TokenizerError(f"the text contains {text[missing]!r}, which this model's "
+                                 "vocabulary cannot spell (no token for it or its bytes); "
+                                 "remove that character or use another model")
+        ids = encoding.ids
         if (self.add_bos if add_bos is None else add_bos) and self.bos_id is not None:
             ids = [self.bos_id] + ids
         return ids

@@ -382,6 +382,21 @@ class Device:
         rec.submit()
         return staged
 
+    def submit(self, command_buffer) -> int | None:
+        """Submit one command buffer; its submission index where the backend gives one."""
+        if _NATIVE_QUEUE is None:  # pragma: no cover - another wgpu backend
+            self.queue.submit([command_buffer])
+            return None
+        submit_for_index, _, ffi = _NATIVE_QUEUE
+        handles = ffi.new("WGPUCommandBuffer[1]", [command_buffer._internal])
+        return submit_for_index(self.queue._internal, 1, handles)
+
+    def wait_for(self, submission: int | None) -> None:
+        """Block until the submission with this index is done (no-op for None)."""
+        if submission is not None and _NATIVE_QUEUE is not None:
+            _, poll, ffi = _NATIVE_QUEUE
+            poll(self.device._internal, True, ffi.new("WGPUSubmissionIndex *", submission))
+
     def wait(self) -> None:
         """Block until all submitted work is done."""
         self._fence().result(np.uint32)
@@ -404,6 +419,7 @@ class Staged:
         self._device = device
         self._staging = staging
         self.nbytes = nbytes
+        self.submission: int | None = None  # set by the Recorder's submit
 
     def _finish(self, dtype, count):
         buf = self._staging
@@ -417,6 +433,7 @@ class Staged:
         dev = self._device
         dev._check_alive()
         try:
+            dev.wait_for(self.submission)
             self._staging.map_sync(dev.wgpu.MapMode.READ)
         except Exception as exc:
             raise dev._wrap_gpu_error(exc, "reading back") from exc
@@ -447,6 +464,24 @@ def _native_pass_calls():
 
 
 _NATIVE = _native_pass_calls()
+
+
+def _native_queue_calls():
+    """wgpu-native's submit-with-index and poll-until-index (wgpu-py's error-raising
+    wrappers), or None on another backend. wgpu-py's map polls until *all* queued work is
+    done, so reading back decoding step i with steps i+1.. queued behind it would drain
+    the queue, and the GPU would then idle while the host encodes the next step; waiting
+    for step i's own submission first lets the map resolve at once (H100, greedy decode
+    of a SmolLM2-shaped model: 662 -> 692 tokens/s)."""
+    try:
+        from wgpu.backends.wgpu_native._api import ffi, libf
+
+        return libf.wgpuQueueSubmitForIndex, libf.wgpuDevicePoll, ffi
+    except Exception:  # pragma: no cover - depends on the installed wgpu
+        return None
+
+
+_NATIVE_QUEUE = _native_queue_calls()
 
 
 class DispatchList:
@@ -494,6 +529,7 @@ class Recorder:
         self.encoder = None if capture else device.device.create_command_encoder()
         self._captured: list | None = [] if capture else None
         self.staged: list[Staged] = []
+        self._copies: list[Staged] = []  # every readback copy recorded here
         self._pass = None
         self._keep: list = []
         self._arenas: list[tuple[object, bytearray]] = []
@@ -659,7 +695,9 @@ class Recorder:
         staging = self.device.pool.take(size, self.device.STAGING)
         self.encoder.copy_buffer_to_buffer(alloc.buffer, 0, staging, 0, size)
         self._keep.append(alloc)
-        return Staged(self.device, staging, alloc.nbytes)
+        staged = Staged(self.device, staging, alloc.nbytes)
+        self._copies.append(staged)
+        return staged
 
     def submit(self) -> None:
         if self.submitted:
@@ -695,10 +733,12 @@ class Recorder:
             for i, (buf, data) in enumerate(self._arenas):
                 used = self._slot if i == len(self._arenas) - 1 else UNIFORM_ARENA
                 dev.queue.write_buffer(buf, 0, bytes(data[:used]))
-            dev.queue.submit([self.encoder.finish()])
+            submission = dev.submit(self.encoder.finish())
         except Exception as exc:
             raise dev._wrap_gpu_error(exc, "submitting") from exc
         self.submitted = True
+        for staged in self._copies:
+            staged.submission = submission
         self._arenas = []
         self._keep = []
         if ts_staged is not None:

@@ -1,0 +1,41 @@
+"""Time the recorded decode step with one kernel file replaced by variant texts, each
+against the unedited step measured in alternation (three pairs of 21 runs, medians), at
+positions 64, 640 and 4,000. The variants keep the file's bindings and entry points.
+Usage: python kernel_ab.py MODEL.gguf KERNEL.wgsl VARIANT.wgsl [VARIANT.wgsl ...]
+(KERNEL is a name in src/pxvm/kernels; benchmarks/h100/README.md)."""
+import statistics
+import sys
+
+from recorded_step import RecordedStep
+
+model, kernel, variants = sys.argv[1], sys.argv[2], sys.argv[3:]
+step = RecordedStep(model)
+dev = step.device
+d = dev.device
+# pipeline -> (kernel, entry, constants), to rebuild each with the variant's module
+by_pipe = {id(v.pipeline): k for k, v in dev._pipelines.items() if k[0] != "layout"}
+layout = d.create_pipeline_layout(bind_group_layouts=[dev._layout(kernel)])
+
+
+def swapped(text):
+    module = d.create_shader_module(code=text)
+    built, items = {}, []
+    for pipe, group, groups in step.items:
+        key = by_pipe.get(id(pipe))
+        if key is not None and key[0] == kernel:
+            if key not in built:
+                built[key] = d.create_compute_pipeline(layout=layout, compute={
+                    "module": module, "entry_point": key[1],
+                    "constants": {k: float(v) for k, v in key[2]}})
+            pipe = built[key]
+        items.append((pipe, group, groups))
+    return items
+
+
+for path in variants:
+    items = swapped(open(path).read())
+    for pos in (64, 640, 4000):
+        pairs = [(step.time(step.items, pos, 21), step.time(items, pos, 21)) for _ in range(3)]
+        base = statistics.median(p[0] for p in pairs)
+        var = statistics.median(p[1] for p in pairs)
+        print(f"{path} at {pos}: {var:.1f} us vs {base:.1f} us ({var - base:+.1f})", flush=True)

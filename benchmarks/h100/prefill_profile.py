@@ -1,0 +1,28 @@
+"""Where a 512-token prefill's GPU time goes: the forward's wall time, then every
+dispatch of the same forward timed alone (one pass each), summed per kernel.
+Usage: python prefill_profile.py MODEL.gguf (or through explore_decode.sh)."""
+import sys
+import time
+
+import numpy as np
+
+from pxvm.batch import Batch
+from pxvm.llm.model import load_model
+
+model = load_model(sys.argv[1], backend="gpu", progress=False)
+ids = list(np.random.default_rng(0).integers(0, model.config.vocab_size, 512))
+for _ in range(2):  # the first compiles the pipelines
+    model.reset()
+    t = time.perf_counter()
+    model.forward(ids)
+    print(f"prefill of 512 tokens: {time.perf_counter() - t:.4f} s")
+model.reset()
+batch = Batch(model.backend, profile=True)
+model.record(batch, ids, True)
+batch.execute()
+by_kernel: dict[str, float] = {}
+for label, seconds in batch.profile or []:
+    by_kernel[label] = by_kernel.get(label, 0.0) + seconds
+print(f"{len(batch.profile or [])} dispatches, each timed alone:")
+for label, seconds in sorted(by_kernel.items(), key=lambda kv: -kv[1]):
+    print(f"  {label}: {seconds * 1e3:.2f} ms")

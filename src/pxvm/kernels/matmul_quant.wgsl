@@ -263,7 +263,7 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l
     }
     partial[lid] = acc;
     partial_up[lid] = up;
-    squares[lid] = sq;
+    if (NORM) { squares[lid] = sq; }
     // The squares are summed over the whole workgroup, the products over each column's
     // LANES threads: the latter in the last log2(LANES) steps of the same tree.
     for (var s = select(LANES, WG, NORM) / 2u; s > 0u; s = s / 2u) {

@@ -12,8 +12,6 @@ model, kernel, variants = sys.argv[1], sys.argv[2], sys.argv[3:]
 step = RecordedStep(model)
 dev = step.device
 d = dev.device
-# pipeline -> (kernel, entry, constants), to rebuild each with the variant's module
-by_pipe = {id(v.pipeline): k for k, v in dev._pipelines.items() if k[0] != "layout"}
 layout = d.create_pipeline_layout(bind_group_layouts=[dev._layout(kernel)])
 
 
@@ -21,7 +19,7 @@ def swapped(text):
     module = d.create_shader_module(code=text)
     built, items = {}, []
     for pipe, group, groups in step.items:
-        key = by_pipe.get(id(pipe))
+        key = step.pipeline_key.get(id(pipe))
         if key is not None and key[0] == kernel:
             if key not in built:
                 built[key] = d.create_compute_pipeline(layout=layout, compute={

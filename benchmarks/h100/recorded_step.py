@@ -17,6 +17,9 @@ class RecordedStep:
         m.reset()
         m.forward(ids)
         self.items = list(m._decode_step()._list.items)  # (pipeline, bind group, groups)
+        # id(wgpu pipeline) -> (kernel, entry, constants), to rebuild one with edits
+        self.pipeline_key = {id(v.pipeline): k for k, v in self.device._pipelines.items()
+                             if k[0] != "layout"}
         d = self.device.device
         U = wgpu.BufferUsage
         self._query = d.create_query_set(type="timestamp", count=2)

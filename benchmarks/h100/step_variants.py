@@ -12,8 +12,7 @@ m, dev = step.model, step.device
 d = dev.device
 base_items = step.items
 time_items = step.time
-# pipeline -> (kernel, entry, constants), to rebuild a pipeline with other constants
-by_pipe = {id(v.pipeline): k for k, v in dev._pipelines.items() if k[0] != "layout"}
+by_pipe = step.pipeline_key
 
 
 def with_lanes(items, idx, lanes):
@@ -58,7 +57,8 @@ def attention_variant(wg, rng, kl, cwg, pos):
          .replace("const COMBINE_WG: u32 = 256u;", f"const COMBINE_WG: u32 = {cwg}u;"))
     mod = d.create_shader_module(code=v)
     pipes = {e: d.create_compute_pipeline(layout=layout, compute={
-        "module": mod, "entry_point": e, "constants": {"NEOX": 0.0, "HEAD_DIM": float(m.config.head_dim)}}) for e in ("split", "combine")}
+        "module": mod, "entry_point": e,
+        "constants": {"NEOX": 0.0, "HEAD_DIM": float(m.config.head_dim)}}) for e in ("split", "combine")}
     items = []
     for p, gr, grp in base_items:
         if p.label.endswith(":split"):

@@ -1,11 +1,13 @@
 """Benchmark: LLM prefill and decode tokens/s on each backend.
 
     python benchmarks/bench_llm.py [--model FILE.gguf] [--backends gpu cpu]
-                                   [--prompt-tokens 512] [--gen-tokens 128] [--repeats 3]
+                                   [--prompt-tokens 512] [--gen-tokens 128] [--depth 0]
+                                   [--repeats 3]
 
 Prefill is one forward of a `--prompt-tokens` prompt; decode is `--gen-tokens` greedy
-single-token forwards after it. Medians of the repeats after one warm-up run (the same
-measurement as `pxvm bench llm`). Prints a markdown table for BENCHMARKS.md and writes
+single-token forwards; each starts from a context holding `--depth` tokens (llama-bench's
+-d). Medians of the repeats after one warm-up run (the same measurement as
+`pxvm bench llm`). Prints a markdown table for BENCHMARKS.md and writes
 the raw results as JSON.
 """
 
@@ -25,6 +27,7 @@ def main(argv=None):
     parser.add_argument("--backends", nargs="+", default=["gpu", "cpu"])
     parser.add_argument("--prompt-tokens", type=int, default=512)
     parser.add_argument("--gen-tokens", type=int, default=128)
+    parser.add_argument("--depth", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--output", default="bench_llm.json")
     args = parser.parse_args(argv)
@@ -33,9 +36,10 @@ def main(argv=None):
     for backend in args.backends:
         model = load_model(args.model, backend=backend, progress=False)
         results.append(benchmark(model, Tokenizer(model.metadata), args.prompt_tokens,
-                                 args.gen_tokens, args.repeats))
-    print(f"| backend | device | prefill tok/s ({args.prompt_tokens}) "
-          f"| decode tok/s ({args.gen_tokens}) |")
+                                 args.gen_tokens, args.repeats, depth=args.depth))
+    at = f" @ depth {args.depth}" if args.depth else ""
+    print(f"| backend | device | prefill tok/s ({args.prompt_tokens}{at}) "
+          f"| decode tok/s ({args.gen_tokens}{at}) |")
     print("|---|---|---:|---:|")
     for r in results:
         print(f"| {r['backend']} | {r['device']} | {r['prefill_tokens_per_s']:.1f} "

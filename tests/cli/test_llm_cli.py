@@ -96,6 +96,16 @@ def test_bench_llm_prints_and_writes_json(scripted, tmp_path):
     assert "prefill (20 tokens)" in result.output and "decode (4 tokens)" in result.output
 
 
+def test_bench_llm_depth_is_reported(scripted, tmp_path):
+    scripted("x")
+    out = tmp_path / "bench.json"
+    result = runner.invoke(app, ["bench", "llm", "--prompt-tokens", "6", "--gen-tokens", "2",
+                                 "--depth", "5", "--repeats", "1", "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    assert json.loads(out.read_text())["depth"] == 5
+    assert "decode (2 tokens after 5 tokens of context)" in result.output
+
+
 def test_prompt_longer_than_context_fails(scripted):
     scripted("x", context_length=8)
     result = runner.invoke(app, ["generate", "word " * 30])

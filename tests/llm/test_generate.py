@@ -28,6 +28,7 @@ class ScriptedModel:
         self.script = list(script)
         self.random_logits = random_logits
         self.calls: list[list[int]] = []
+        self.log: list[tuple[int, int]] = []  # (position, tokens) of every call, kept by reset
         self.position = 0
 
     def reset(self):
@@ -38,6 +39,7 @@ class ScriptedModel:
         ids = [int(t) for t in token_ids]
         assert ids and self.position + len(ids) <= self.config.context_length
         self.calls.append(ids)
+        self.log.append((self.position, len(ids)))
         self.position += len(ids)
         if self.random_logits:
             return np.random.default_rng(self.position).normal(
@@ -158,13 +160,23 @@ def test_timings_are_reported(tok, meta):
     assert result.prompt_tokens_per_s > 0 and result.generation_tokens_per_s > 0
 
 
-def test_benchmark_runs_the_requested_token_counts(tok, meta):
+def test_benchmark_runs_the_requested_token_counts_from_an_empty_context(tok, meta):
     model = ScriptedModel(meta, [7])
     result = benchmark(model, tok, prompt_tokens=33, gen_tokens=5, repeats=2, warmup=1)
-    assert model.calls[0] and len(model.calls[0]) == 33
-    assert [len(c) for c in model.calls[1:]] == [1] * 5
+    # Each run: the prompt at position 0, then, after a reset, 5 single steps from 0.
+    run = [(0, 33)] + [(i, 1) for i in range(5)]
+    assert model.log == run * 3
     assert len(result["runs"]) == 2 and result["device"] == "scripted test model"
+    assert result["depth"] == 0
     assert result["prefill_tokens_per_s"] > 0 and result["decode_tokens_per_s"] > 0
     with pytest.raises(PromptTooLongError):
-        benchmark(ScriptedModel(meta, [7], context_length=16), tok, 16, 4)
+        benchmark(ScriptedModel(meta, [7], context_length=16), tok, 17, 4)
 
+
+def test_benchmark_depth_fills_the_context_before_each_measured_part(tok, meta):
+    model = ScriptedModel(meta, [7], context_length=49)
+    result = benchmark(model, tok, prompt_tokens=9, gen_tokens=3, repeats=1, warmup=0, depth=40)
+    assert model.log == [(0, 40), (40, 9), (0, 40), (40, 1), (41, 1), (42, 1)]
+    assert result["depth"] == 40
+    with pytest.raises(PromptTooLongError, match="--depth"):
+        benchmark(model, tok, prompt_tokens=9, gen_tokens=3, depth=41)

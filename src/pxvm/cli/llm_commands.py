@@ -125,6 +125,9 @@ def bench_llm(
     backend: str = typer.Option("auto", help=BACKEND_HELP),
     prompt_tokens: int = typer.Option(512, "--prompt-tokens", min=1),
     gen_tokens: int = typer.Option(128, "--gen-tokens", min=1),
+    depth: int = typer.Option(0, "--depth", "-d", min=0,
+                              help="Tokens already in the context before each measured run "
+                                   "(llama-bench's -d; decoding slows as the context grows)."),
     repeats: int = typer.Option(3, min=1, help="Measured runs (the median is reported)."),
     warmup: int = typer.Option(1, min=0, help="Unmeasured runs first."),
     output: Path = typer.Option(Path("bench_llm.json"), "--output", "-o",
@@ -132,13 +135,14 @@ def bench_llm(
     profile: bool = typer.Option(False, help="Also show where one decoded token's time goes "
                                  "(host encoding, GPU time of the step and per kernel, readback)."),
 ):
-    """Measure prefill tokens/s (one long prompt) and decode tokens/s (one token at a time)."""
+    """Measure prefill tokens/s (one long prompt) and decode tokens/s (one token at a time),
+    as llama-bench's pp and tg tests: both start from an empty context unless --depth."""
     from ..llm.generate import benchmark
     from ..llm.model import profile_decode_step
 
     lm, tok = _load(model, backend)
     with err_console.status(f"benchmarking on {lm.device_name}"):
-        result = benchmark(lm, tok, prompt_tokens, gen_tokens, repeats, warmup)
+        result = benchmark(lm, tok, prompt_tokens, gen_tokens, repeats, warmup, depth)
         if profile and lm.backend_name == "gpu":
             result["decode_profile"] = profile_decode_step(lm)
     if "decode_profile" in result:
@@ -146,8 +150,9 @@ def bench_llm(
     result["model"] = str(model) if model is not None else "default (SmolLM2-135M-Instruct)"
     console.print(f"device: {result['device']} (backend {result['backend']})")
     prefill, decode = result["prefill_tokens_per_s"], result["decode_tokens_per_s"]
-    console.print(f"prefill ({prompt_tokens} tokens): {prefill:.1f} tokens/s")
-    console.print(f"decode ({gen_tokens} tokens): {decode:.1f} tokens/s")
+    at = f" after {depth} tokens of context" if depth else ""
+    console.print(f"prefill ({prompt_tokens} tokens{at}): {prefill:.1f} tokens/s")
+    console.print(f"decode ({gen_tokens} tokens{at}): {decode:.1f} tokens/s")
     output.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     console.print(f"wrote {output}")
 

@@ -184,37 +184,52 @@ def _tokens(model, sampler: Sampler, logits, prompt_ids: list[int], generated: l
 
 
 def benchmark(model, tokenizer: Tokenizer, prompt_tokens: int = 512, gen_tokens: int = 128,
-              repeats: int = 3, warmup: int = 1) -> dict:
-    """Prefill tokens/s of one `prompt_tokens`-token forward and decode tokens/s of
-    `gen_tokens` greedy decoding steps after it (as llama-bench's tg), medians of `repeats` runs after
-    `warmup` unmeasured runs (which compile pipelines and fill caches). The prompt is
-    seeded random ids from the vocabulary, as llama-bench's: speed does not depend on
-    them, and any vocabulary can spell them."""
-    if prompt_tokens < 1 or gen_tokens < 1 or repeats < 1:
-        raise ValueError("prompt_tokens, gen_tokens and repeats must be >= 1")
+              repeats: int = 3, warmup: int = 1, depth: int = 0) -> dict:
+    """Prefill and decode speed measured as llama-bench's pp and tg tests: prefill is one
+    `prompt_tokens`-token forward; decode is `gen_tokens` greedy steps from one token.
+    Each starts from a fresh context holding `depth` tokens already (llama-bench's -d;
+    0 by default, as its tg128, which decodes from an empty context). Medians of
+    `repeats` runs after `warmup` unmeasured runs (which compile pipelines and fill
+    caches). Tokens are seeded random ids from the vocabulary, as llama-bench's: speed
+    does not depend on them, and any vocabulary can spell them."""
+    if prompt_tokens < 1 or gen_tokens < 1 or repeats < 1 or depth < 0:
+        raise ValueError("prompt_tokens, gen_tokens and repeats must be >= 1, depth >= 0")
     n_ctx = context_length(model)
-    if prompt_tokens + gen_tokens > n_ctx:
-        raise PromptTooLongError(f"{prompt_tokens} + {gen_tokens} tokens exceed the model's "
-                                 f"context of {n_ctx}; lower --prompt-tokens or --gen-tokens")
-    ids = np.random.default_rng(0).integers(0, tokenizer.vocab_size, prompt_tokens).tolist()
+    if depth + max(prompt_tokens, gen_tokens) > n_ctx:
+        raise PromptTooLongError(
+            f"{depth} + {max(prompt_tokens, gen_tokens)} tokens exceed the model's context of "
+            f"{n_ctx}; lower --depth, --prompt-tokens or --gen-tokens")
+    rng = np.random.default_rng(0)
+    context = rng.integers(0, tokenizer.vocab_size, depth).tolist()
+    ids = rng.integers(0, tokenizer.vocab_size, prompt_tokens).tolist()
+    first = int(rng.integers(0, tokenizer.vocab_size))
+
+    def fresh_context():
+        model.reset()
+        if context:
+            model.forward(context)
+
     runs = []
     for run in range(warmup + repeats):
-        model.reset()
+        fresh_context()
         t0 = time.perf_counter()
-        logits = model.forward(ids)
-        t1 = time.perf_counter()
-        for _ in greedy_tokens(model, int(np.argmax(logits)), gen_tokens):
+        model.forward(ids)
+        prefill_s = time.perf_counter() - t0
+        fresh_context()
+        t0 = time.perf_counter()
+        for _ in greedy_tokens(model, first, gen_tokens):
             pass
-        t2 = time.perf_counter()
+        decode_s = time.perf_counter() - t0
         if run >= warmup:
-            runs.append({"prefill_s": t1 - t0, "decode_s": t2 - t1,
-                         "prefill_tokens_per_s": prompt_tokens / (t1 - t0),
-                         "decode_tokens_per_s": gen_tokens / (t2 - t1)})
+            runs.append({"prefill_s": prefill_s, "decode_s": decode_s,
+                         "prefill_tokens_per_s": prompt_tokens / prefill_s,
+                         "decode_tokens_per_s": gen_tokens / decode_s})
     return {
         "backend": model.backend_name,
         "device": model.device_name,
         "prompt_tokens": prompt_tokens,
         "gen_tokens": gen_tokens,
+        "depth": depth,
         "repeats": repeats,
         "warmup": warmup,
         "prefill_tokens_per_s": float(np.median([r["prefill_tokens_per_s"] for r in runs])),

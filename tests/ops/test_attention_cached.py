@@ -4,6 +4,8 @@ and the numpy backend against an independent float64 computation written here.""
 
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 import pytest
 from conftest import NMSE_ELEMENTWISE, assert_close
@@ -11,6 +13,8 @@ from conftest import NMSE_ELEMENTWISE, assert_close
 import pxvm
 from pxvm.batch import Batch
 from pxvm.runtime import ShapeError
+
+attention_module = importlib.import_module("pxvm.ops.attention")  # pxvm.ops.attention is the op
 
 # attention_cached in f32 against float64: measured NMSE ~1e-13, so the tightest
 # threshold; a key seen or missed at one of 300 positions costs far more.
@@ -110,13 +114,30 @@ CASES = [  # (hq, hkv, d, n_ctx, pos, s, max_keys)
     (6, 2, 16, 300, 60, 1, 96),       # max_keys: a grid over part of the cache
     (6, 2, 16, 300, 60, 5, 65),       # max_keys one past the last position
     (6, 2, 16, 300, 7, 140, 147),
+    (6, 2, 64, 300, 255, 1, 256),     # the last key a one-pass bound covers
+    (3, 1, 128, 256, 200, 1, None),   # two value groups over 201 keys
 ]
+
+
+@pytest.fixture(params=["single", "split"])
+def path(request, monkeypatch):
+    """Which kernels attention_cached takes: the one-pass `single` (bounds of at most
+    CACHED_SINGLE_MAX_KEYS keys) or `split` + `combine` (forced for every bound)."""
+    if request.param == "split":
+        monkeypatch.setattr(attention_module, "CACHED_SINGLE_MAX_KEYS", 0)
+    return request.param
+
+
+def _skip_unless_path_covers(path, n_ctx, max_keys):
+    if path == "single" and (max_keys or n_ctx) > attention_module.CACHED_SINGLE_MAX_KEYS:
+        pytest.skip("bound beyond the one-pass kernel's keys: split + combine only")
 
 
 @pytest.mark.parametrize("style", ["interleaved", "neox"])
 @pytest.mark.parametrize("hq,hkv,d,n_ctx,pos,s,max_keys", CASES)
 def test_attention_cached_gpu_matches_float64_and_appends_only_its_rows(
-        hq, hkv, d, n_ctx, pos, s, max_keys, style, rng, gpu_device):
+        hq, hkv, d, n_ctx, pos, s, max_keys, style, path, rng, gpu_device):
+    _skip_unless_path_covers(path, n_ctx, max_keys)
     qkv, kc, vc = _case(rng, hq, hkv, d, n_ctx, s)
     state = _state(rng, pos, extra=(12345,))
     got = _run("gpu", qkv, kc, vc, state, n_heads=hq, style=style, max_keys=max_keys)
@@ -165,7 +186,7 @@ def test_attention_cached_equals_rope_write_rows_and_attention(hq, hkv, pos, s, 
     np.testing.assert_array_equal(v_fused.numpy(), v_old.numpy())
 
 
-def test_one_recorded_attention_step_serves_every_position(rng, gpu_device):
+def test_one_recorded_attention_step_serves_every_position(path, rng, gpu_device):
     # The position lives in the state tensor on the device: a step captured once and
     # submitted again (with host writes of the new token's qkv and of the state in
     # between) must attend at the position of each submit and append there.
@@ -238,7 +259,7 @@ def test_attention_cached_reference_refuses_positions_outside_the_cache(pos, s, 
 
 
 
-def test_positions_beyond_max_keys_are_refused_on_cpu_and_nan_on_gpu(rng, gpu_device):
+def test_positions_beyond_max_keys_are_refused_on_cpu_and_nan_on_gpu(path, rng, gpu_device):
     # max_keys=32 records one 32-key range; a token at position 40 has keys the grid never
     # covers. The reference knows the position and refuses; the GPU reads it on the device
     # and answers NaN instead of attention over part of the keys.

@@ -12,6 +12,9 @@
 // from the cache; newer ones from qkv, because they are being written in this same pass.
 // Ranges beyond the token's position end at once, so the grid may cover the whole cache.
 // `combine`: workgroup (h, i) merges the ranges by rescaling them to a common max.
+// `single`: for short contexts (at most SINGLE_WG keys), workgroup (h, i) does the whole
+// attention in one pass, without `part`: one dispatch instead of two, which on the H100
+// costs less than the split's parallelism saves while the key count is small.
 // The head size D is the pipeline constant HEAD_DIM, so that loops over a head's
 // elements have trip counts the driver knows (the H100's decode step: -14 us at
 // position 64, -13 us at 640, -34 us at 4,000, against D read from the params).
@@ -26,6 +29,11 @@ const KEY_LANES: u32 = 4u;   // threads per key (WG = RANGE * KEY_LANES)
 // so far, and more threads make each one's chain of loads shorter.
 const COMBINE_WG: u32 = 256u;
 const MAX_D: u32 = 256u;
+// `single`: one thread per key for the softmax, SINGLE_LANES threads per key for the
+// scores, so each thread loads 8 of a key's elements at a time (loads in flight, not
+// long chains, set the speed of these small passes).
+const SINGLE_WG: u32 = 256u;
+const SINGLE_LANES: u32 = 8u;
 
 struct Params {
     s: u32,         // new tokens (rows of qkv)
@@ -54,6 +62,8 @@ var<workgroup> q_row: array<f32, MAX_D>;
 var<workgroup> scores: array<f32, RANGE>;
 var<workgroup> scratch: array<f32, COMBINE_WG>;
 var<workgroup> weights: array<f32, COMBINE_WG>;
+var<workgroup> key_parts: array<f32, SINGLE_WG * SINGLE_LANES>;  // [key * SINGLE_LANES + lane]
+var<workgroup> exps: array<f32, SINGLE_WG>;
 
 // Max or sum of x over the `size` threads of the workgroup.
 fn reduce(lid: u32, x: f32, take_max: bool, size: u32) -> f32 {
@@ -278,6 +288,130 @@ fn combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) 
             var acc = 0.0;
             for (var u = 0u; u < groups; u = u + 1u) { acc = acc + scratch[u * HEAD_DIM + lid]; }
             out[(i * p.hq + h) * HEAD_DIM + lid] = select(acc / total, nan, unseen);
+        }
+    }
+}
+
+// Sum of scores[u] * V row (first + u) element c over keys u = g, g + groups, .. < n_keys,
+// eight loads in flight per trip while the rows are in the cache (below pos0). Rows at
+// pos0 and later come from qkv (new tokens of this pass).
+fn weighted_values(c: u32, g: u32, groups: u32, n_keys: u32, first: u32, pos0: u32,
+                   kvh: u32, v_off: u32) -> f32 {
+    var a = vec4<f32>(0.0);
+    var b = vec4<f32>(0.0);
+    var u = g;
+    let step = groups * p.hkv * HEAD_DIM;
+    for (; u + 7u * groups < n_keys && first + u + 7u * groups < pos0; u = u + 8u * groups) {
+        let v0 = ((first + u) * p.hkv + kvh) * HEAD_DIM + c;
+        a = a + vec4<f32>(exps[u], exps[u + groups], exps[u + 2u * groups], exps[u + 3u * groups])
+              * vec4<f32>(v_cache[v0], v_cache[v0 + step], v_cache[v0 + 2u * step],
+                          v_cache[v0 + 3u * step]);
+        b = b + vec4<f32>(exps[u + 4u * groups], exps[u + 5u * groups], exps[u + 6u * groups],
+                          exps[u + 7u * groups])
+              * vec4<f32>(v_cache[v0 + 4u * step], v_cache[v0 + 5u * step],
+                          v_cache[v0 + 6u * step], v_cache[v0 + 7u * step]);
+    }
+    let ab = a + b;
+    var sum = ab.x + ab.y + ab.z + ab.w;
+    for (; u < n_keys; u = u + groups) {
+        let j = first + u;
+        var val: f32;
+        if (j < pos0) {
+            val = v_cache[(j * p.hkv + kvh) * HEAD_DIM + c];
+        } else {
+            val = qkv[(j - pos0) * row_len() + v_off + c];
+        }
+        sum = sum + exps[u] * val;
+    }
+    return sum;
+}
+
+@compute @workgroup_size(SINGLE_WG)
+fn single(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid3: vec3<u32>) {
+    let lid = lid3.x;
+    let h = wid.x;
+    let i = wid.y;
+    let pos0 = u32(state[1]);
+    let at = pos0 + i;
+    // As in `combine`: a token beyond the recorded bound gets NaN, not attention over
+    // part of its keys.
+    let unseen = at >= min(p.n_ranges * RANGE, SINGLE_WG) || at >= p.n_ctx;
+    let nan = bitcast<f32>(0x7fc00000u | (p.hq & 0u));
+    let n_keys = min(at + 1u, SINGLE_WG);
+    let group = p.hq / p.hkv;
+    let kvh = h / group;
+    let row = row_len();
+    let k_off = p.hq * HEAD_DIM + kvh * HEAD_DIM;
+    let v_off = (p.hq + p.hkv) * HEAD_DIM + kvh * HEAD_DIM;
+
+    for (var c = lid; c < HEAD_DIM; c = c + SINGLE_WG) {
+        q_row[c] = rotated(i * row + h * HEAD_DIM, c, at) * p.scale;
+    }
+    workgroupBarrier();
+
+    // Partial scores: key t + k * (SINGLE_WG / SINGLE_LANES), elements lane, lane + LANES, ..
+    let lane = lid % SINGLE_LANES;
+    let per_trip = SINGLE_WG / SINGLE_LANES;
+    for (var j = lid / SINGLE_LANES; j < n_keys; j = j + per_trip) {
+        var acc = 0.0;
+        if (j < pos0) {
+            let kb = (j * p.hkv + kvh) * HEAD_DIM;
+            var a = vec4<f32>(0.0);
+            var b = vec4<f32>(0.0);
+            var c = lane;
+            let L = SINGLE_LANES;
+            for (; c + 7u * L < HEAD_DIM; c = c + 8u * L) {
+                a = a + vec4<f32>(q_row[c], q_row[c + L], q_row[c + 2u * L], q_row[c + 3u * L])
+                      * vec4<f32>(k_cache[kb + c], k_cache[kb + c + L], k_cache[kb + c + 2u * L],
+                                  k_cache[kb + c + 3u * L]);
+                b = b + vec4<f32>(q_row[c + 4u * L], q_row[c + 5u * L], q_row[c + 6u * L],
+                                  q_row[c + 7u * L])
+                      * vec4<f32>(k_cache[kb + c + 4u * L], k_cache[kb + c + 5u * L],
+                                  k_cache[kb + c + 6u * L], k_cache[kb + c + 7u * L]);
+            }
+            for (; c < HEAD_DIM; c = c + L) { a.x = a.x + q_row[c] * k_cache[kb + c]; }
+            let ab = a + b;
+            acc = ab.x + ab.y + ab.z + ab.w;
+        } else {
+            let kb = (j - pos0) * row + k_off;
+            for (var c = lane; c < HEAD_DIM; c = c + SINGLE_LANES) { acc = acc + q_row[c] * rotated(kb, c, j); }
+        }
+        key_parts[j * SINGLE_LANES + lane] = acc;
+    }
+    workgroupBarrier();
+    var sc = EMPTY;
+    if (lid < n_keys) {
+        sc = 0.0;
+        for (var u = 0u; u < SINGLE_LANES; u = u + 1u) { sc = sc + key_parts[lid * SINGLE_LANES + u]; }
+    }
+    let m = reduce(lid, sc, true, SINGLE_WG);
+    let e = select(0.0, exp(sc - m), lid < n_keys);
+    exps[lid] = e;
+    let l = reduce(lid, e, false, SINGLE_WG);  // its barriers also publish exps
+
+    let groups = value_groups(SINGLE_WG);
+    let g = lid / HEAD_DIM;
+    if (g < groups) {
+        for (var c = lid % HEAD_DIM; c < HEAD_DIM; c = c + SINGLE_WG) {
+            let sum = weighted_values(c, g, groups, n_keys, 0u, pos0, kvh, v_off);
+            scratch[lid] = sum;
+            if (groups == 1u) { out[(i * p.hq + h) * HEAD_DIM + c] = select(sum / l, nan, unseen); }
+        }
+    }
+    if (groups > 1u) {
+        workgroupBarrier();
+        if (lid < HEAD_DIM) {
+            var sum = 0.0;
+            for (var u = 0u; u < groups; u = u + 1u) { sum = sum + scratch[u * HEAD_DIM + lid]; }
+            out[(i * p.hq + h) * HEAD_DIM + lid] = select(sum / l, nan, unseen);
+        }
+    }
+    // Append this token's key and value once per kv head (the first query head of its
+    // group). Workgroups of this pass read cache rows below pos0 only.
+    if (h % group == 0u && at < p.n_ctx) {
+        for (var c = lid; c < HEAD_DIM; c = c + SINGLE_WG) {
+            k_cache[(at * p.hkv + kvh) * HEAD_DIM + c] = rotated(i * row + k_off, c, at);
+            v_cache[(at * p.hkv + kvh) * HEAD_DIM + c] = qkv[i * row + v_off + c];
         }
     }
 }

@@ -95,6 +95,9 @@ attention = register("attention", 3, attention_ref, attention_gpu, _infer)
 
 CACHED_KERNEL = "attention_cached.wgsl"
 CACHED_RANGE = 32  # keys per workgroup of attention_cached.wgsl's `split` (its RANGE)
+# Bounds of at most this many keys take attention_cached.wgsl's one-pass `single` (its
+# SINGLE_WG) instead of `split` + `combine`.
+CACHED_SINGLE_MAX_KEYS = 256
 
 
 def attention_cached_ref(qkv, k_cache, v_cache, state, n_heads=1, theta=10000.0,
@@ -154,15 +157,21 @@ def attention_cached_gpu(ctx, qkv, k_cache, v_cache, state, n_heads=1, theta=100
     s = qkv.shape[0]
     n_ctx, hkv, d = k_cache.shape
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    n_ranges = -(-(max_keys or n_ctx) // CACHED_RANGE)
+    bound = max_keys or n_ctx
+    n_ranges = -(-bound // CACHED_RANGE)
+    single = bound <= CACHED_SINGLE_MAX_KEYS
     table = rope_table(ctx, theta, d, n_ctx)
-    part = ctx.empty((s * n_heads * n_ranges, d + 2), np.float32, "attention partial sums")
+    part_rows = 1 if single else s * n_heads * n_ranges
+    part = ctx.empty((part_rows, d + 2), np.float32, "attention partial sums")
     out = ctx.empty((s, n_heads * d), np.float32)
     tensors = [qkv, k_cache, v_cache, state, table, part, out]
     params = (s, n_heads, hkv, n_ctx, n_ranges, scale)
     consts = {"NEOX": int(style == "neox"), "HEAD_DIM": d}
-    ctx.dispatch(CACHED_KERNEL, "split", tensors, params, (n_ranges, n_heads, s), consts)
-    ctx.dispatch(CACHED_KERNEL, "combine", tensors, params, (n_heads, s, 1), consts)
+    if single:
+        ctx.dispatch(CACHED_KERNEL, "single", tensors, params, (n_heads, s, 1), consts)
+    else:
+        ctx.dispatch(CACHED_KERNEL, "split", tensors, params, (n_ranges, n_heads, s), consts)
+        ctx.dispatch(CACHED_KERNEL, "combine", tensors, params, (n_heads, s, 1), consts)
     return out
 
 

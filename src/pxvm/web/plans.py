@@ -275,6 +275,12 @@ CASES.update({
                                            rng.standard_normal((11, 2, 8)).astype(np.float32),
                                            rng.standard_normal((11, 2, 8)).astype(np.float32),
                                            np.array([0, 5], np.int32)],
+                              {"n_heads": 4}, threshold=NMSE_LONG),
+                         # a cache longer than the one-pass kernel's 256 keys: split + combine
+                         Case(lambda rng: [rng.standard_normal((2, 64)).astype(np.float32),
+                                           rng.standard_normal((300, 2, 8)).astype(np.float32),
+                                           rng.standard_normal((300, 2, 8)).astype(np.float32),
+                                           np.array([0, 290], np.int32)],
                               {"n_heads": 4}, threshold=NMSE_LONG)],
     "greedy_step": [Case(lambda rng: [rng.standard_normal(333).astype(np.float32),
                                       np.array([7, 4], np.int32)], threshold=0.0)],

@@ -101,6 +101,38 @@ def test_launches_submitted_before_reading_return_their_own_results_in_order(
         assert all(np.array_equal(again[k], results[i][k]) for k in ("state", "logits"))
 
 
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
+def test_launch_with_runs_returns_each_runs_values_as_separate_launches_would(
+        backend, rng, request):
+    if backend == "gpu":
+        request.getfixturevalue("gpu_device")
+    values = _initial(rng)
+    expected = _expected_runs(values, 7)
+    graph, _ = _graph(backend, values)
+    first = graph.launch("state", "logits", runs=3)
+    second = graph.launch("state", runs=4)  # queued before the first is read
+    got, rest = first.result(), second.result()
+    assert got["state"].shape == (3, 2)
+    assert got["logits"].shape == (3, *expected[0]["logits"].shape)
+    assert rest["state"].shape == (4, 2)
+    for i in range(3):
+        np.testing.assert_array_equal(got["state"][i], expected[i]["state"])
+        assert_close(got["logits"][i], expected[i]["logits"], NMSE_ELEMENTWISE)
+    for i in range(4):
+        np.testing.assert_array_equal(rest["state"][i], expected[3 + i]["state"])
+    assert rest["state"][:, 1].tolist() == [9, 10, 11, 12]
+    assert len({int(t) for t in got["state"][:, 0]}) > 1  # the runs really chained
+
+
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
+def test_launch_with_runs_below_one_is_refused(backend, rng, request):
+    if backend == "gpu":
+        request.getfixturevalue("gpu_device")
+    graph, _ = _graph(backend, _initial(rng))
+    with pytest.raises(ValueError, match="runs must be >= 1"):
+        graph.launch("state", runs=0)
+
+
 def test_graph_dispatches_is_an_int_on_gpu_and_none_on_cpu(rng, gpu_device):
     values = _initial(rng)
     gpu, _ = _graph("gpu", values)

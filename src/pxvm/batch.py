@@ -164,15 +164,24 @@ class Graph:
         """Dispatches per launch (None on the numpy backend)."""
         return None if self._list is None else len(self._list)
 
-    def launch(self, *names: str, timestamps: bool = False) -> "Launch":
-        """Run once; the returned Launch reads the named outputs back."""
+    def launch(self, *names: str, timestamps: bool = False, runs: int | None = None) -> "Launch":
+        """Run once; the returned Launch reads the named outputs back. With `runs` = k,
+        run k times in a row in one submit, and each output comes back with a leading
+        axis of k: its value after each run."""
+        if runs is not None and runs < 1:
+            raise ValueError(f"runs must be >= 1, got {runs}")
         if self._list is None:
-            b = Batch(self.backend)
-            outs = self._record(b)
-            b.execute()
-            return Launch({n: outs[n].numpy() for n in names}, None)
-        rec = self._list.submit([self.outputs[n].storage for n in names], timestamps)
-        return Launch({n: (self.outputs[n], st) for n, st in zip(names, rec.staged)}, rec)
+            values = []
+            for _ in range(runs or 1):
+                b = Batch(self.backend)
+                outs = self._record(b)
+                b.execute()
+                values.append({n: outs[n].numpy() for n in names})
+            if runs is None:
+                return Launch(values[0], None)
+            return Launch({n: np.stack([v[n] for v in values]) for n in names}, None)
+        rec = self._list.submit([self.outputs[n].storage for n in names], timestamps, runs or 1)
+        return Launch({n: (self.outputs[n], st, runs) for n, st in zip(names, rec.staged)}, rec)
 
     def run(self, *names: str) -> dict[str, np.ndarray]:
         return self.launch(*names).result()
@@ -189,8 +198,9 @@ class Launch:
         out = {}
         for name, item in self._pending.items():
             if isinstance(item, tuple):
-                tensor, staged = item
-                item = staged.result(tensor.dtype, tensor.size).reshape(tensor.shape)
+                tensor, staged, runs = item
+                shape = tensor.shape if runs is None else (runs, *tensor.shape)
+                item = staged.result(tensor.dtype, tensor.size).reshape(shape)
             out[name] = item
         self._pending = out
         return out

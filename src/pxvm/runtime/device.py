@@ -413,20 +413,32 @@ class Device:
 
 
 class Staged:
-    """A readback copy recorded in a Recorder; map it after the submit."""
+    """A readback copy recorded in a Recorder; map it after the submit. It may hold
+    `copies` snapshots of one allocation (taken at different points of the command
+    buffer, `stride` bytes apart): `result` then has one row per snapshot."""
 
-    def __init__(self, device: Device, staging, nbytes: int):
+    def __init__(self, device: Device, staging, nbytes: int, copies: int = 1,
+                 stride: int = 0):
         self._device = device
         self._staging = staging
         self.nbytes = nbytes
+        self.copies = copies
+        self.stride = stride
         self.submission: int | None = None  # set by the Recorder's submit
 
     def _finish(self, dtype, count):
         buf = self._staging
-        data = np.frombuffer(buf.read_mapped(0, buf.size), np.uint8)[: self.nbytes].copy()
+        raw = np.frombuffer(buf.read_mapped(0, buf.size), np.uint8)
+        if self.copies > 1:
+            rows = raw[: self.copies * self.stride].reshape(self.copies, self.stride)
+            data = rows[:, : self.nbytes].copy()
+        else:
+            data = raw[: self.nbytes].copy()
         buf.unmap()
         self._device.pool.give_back(buf)
         arr = data.view(np.dtype(dtype)) if self.nbytes else np.zeros(0, dtype)
+        if self.copies > 1:
+            return arr if count is None else arr[:, :count]
         return arr if count is None else arr[:count]
 
     def result(self, dtype, count: int | None = None) -> np.ndarray:
@@ -505,12 +517,23 @@ class DispatchList:
     def __len__(self) -> int:
         return len(self.items)
 
-    def submit(self, stage: list[Allocation] = (), timestamps: bool = False) -> "Recorder":
+    def submit(self, stage: list[Allocation] = (), timestamps: bool = False,
+               runs: int = 1) -> "Recorder":
         """Encode and submit the dispatches, then copies of `stage` for reading back; the
-        returned (submitted) Recorder has the Staged copies in `.staged`."""
+        returned (submitted) Recorder has the Staged copies in `.staged`. With `runs` > 1
+        the dispatches go `runs` times into the one command buffer, and each Staged holds
+        a copy of its allocation after every run: one submit and one readback for
+        several steps (each submit and map costs the host more than the GPU's step on
+        the H100's Vulkan driver)."""
+        if runs < 1:
+            raise ValueError(f"runs must be >= 1, got {runs}")
         rec = self.device.recorder(timestamps=timestamps)
-        rec.replay(self.items, self.native)
-        rec.staged = [rec.stage(a) for a in stage]
+        staged = [rec.staging(a, runs) for a in stage]
+        for run in range(runs):
+            rec.replay(self.items, self.native)
+            for alloc, st in zip(stage, staged):
+                rec.copy_to_staging(alloc, st, run)
+        rec.staged = staged
         rec.submit()
         return rec
 
@@ -689,15 +712,29 @@ class Recorder:
 
     def stage(self, alloc: Allocation) -> Staged:
         """Record a copy of `alloc` into a mappable buffer; map it after submit."""
+        staged = self.staging(alloc)
+        self.copy_to_staging(alloc, staged, 0)
+        return staged
+
+    def staging(self, alloc: Allocation, copies: int = 1) -> Staged:
+        """A mappable buffer for `copies` snapshots of `alloc`, each recorded here by
+        `copy_to_staging`; map it after submit."""
         self._check_encoding("readbacks")
-        self._close_pass()
-        size = max(4, (alloc.nbytes + 3) // 4 * 4)
-        staging = self.device.pool.take(size, self.device.STAGING)
-        self.encoder.copy_buffer_to_buffer(alloc.buffer, 0, staging, 0, size)
-        self._keep.append(alloc)
-        staged = Staged(self.device, staging, alloc.nbytes)
+        stride = max(4, (alloc.nbytes + 3) // 4 * 4)
+        staging = self.device.pool.take(stride * copies, self.device.STAGING)
+        staged = Staged(self.device, staging, alloc.nbytes, copies, stride)
         self._copies.append(staged)
         return staged
+
+    def copy_to_staging(self, alloc: Allocation, staged: Staged, index: int) -> None:
+        """Record the copy of `alloc`'s current contents into snapshot `index`."""
+        self._check_encoding("readbacks")
+        if not 0 <= index < staged.copies:
+            raise IndexError(f"snapshot {index} of {staged.copies}")
+        self._close_pass()
+        self.encoder.copy_buffer_to_buffer(alloc.buffer, 0, staged._staging,
+                                           index * staged.stride, staged.stride)
+        self._keep.append(alloc)
 
     def submit(self) -> None:
         if self.submitted:

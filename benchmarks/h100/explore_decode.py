@@ -1,5 +1,5 @@
 """Decode and prefill speed of a GGUF on the GPU for several lanes-per-column and
-steps-in-flight settings, then the decode profile (benchmarks/h100/README.md)."""
+steps-per-submit settings, then the decode profile (benchmarks/h100/README.md)."""
 import json
 import statistics
 import sys
@@ -10,7 +10,7 @@ import numpy as np
 import pxvm.llm.model as model_module
 import pxvm.ops.quantized as quantized
 from pxvm.batch import Batch
-from pxvm.llm.model import load_model, profile_decode_step
+from pxvm.llm.model import load_model, profile_decode_step, step_bound
 
 m = load_model(sys.argv[1], backend="gpu", progress=False)
 print(m.device_name, sorted(m.backend.device.features), flush=True)
@@ -18,7 +18,7 @@ ids = np.random.default_rng(0).integers(0, m.config.vocab_size, 512).tolist()
 
 
 def run(label, repeats=3):
-    m._step = None  # record the step again with the current settings
+    m._steps.clear()  # record the steps again with the current settings
     runs = []
     for _ in range(repeats + 1):
         m.reset()
@@ -42,18 +42,19 @@ for lanes in (32, 16, 8):
     first = first or tokens
     print("  same tokens as the first setting:", tokens == first)
 quantized._lanes = default_lanes
-for depth in (2, 3, 5):
-    model_module.STEPS_IN_FLIGHT = depth
-    tokens = run(f"steps in flight {depth}")
+default_runs = model_module.STEPS_PER_SUBMIT
+for runs in (1, 2, 8):
+    model_module.STEPS_PER_SUBMIT = runs
+    tokens = run(f"steps per submit {runs}")
     print("  same tokens as the first setting:", tokens == first)
-model_module.STEPS_IN_FLIGHT = 4
-m._step = None
+model_module.STEPS_PER_SUBMIT = default_runs
+m._steps.clear()
 m.reset()
 m.forward(ids)
 print(json.dumps(profile_decode_step(m, 20), indent=1))
 m.state.write([1, m.position])
 b = Batch(m.backend, profile=True)
-m.record_step(b)
+m.record_step(b, max_keys=step_bound(m.position, m.context_length))
 b.execute()
 print("first layer:", [(label.split(":")[1], round(s * 1e6, 1)) for label, s in b.profile[:8]])
 print("last:", [(label.split(":")[1], round(s * 1e6, 1)) for label, s in b.profile[-5:]])

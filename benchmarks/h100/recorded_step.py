@@ -1,6 +1,8 @@
-"""The recorded decode step of a model at position 512, and its GPU time with
-timestamps around one pass: shared by step_ablation.py and step_variants.py, which
-time the step with dispatches left out or swapped."""
+"""A recorded decode step of a model (after a 512-token prompt), and its GPU time with
+timestamps around one pass: shared by step_ablation.py, step_variants.py and
+kernel_ab.py, which time the step with dispatches left out or swapped. By default the
+step recorded for the whole context (valid at every position); `for_position` picks the
+shorter-span step that decoding uses there (pxvm.llm.model.step_bound)."""
 import statistics
 
 import numpy as np
@@ -10,13 +12,14 @@ from pxvm.llm.model import load_model
 
 
 class RecordedStep:
-    def __init__(self, path: str):
+    def __init__(self, path: str, for_position: int | None = None):
         self.model = m = load_model(path, backend="gpu", progress=False)
         self.device = m.backend.device
         ids = list(np.random.default_rng(0).integers(0, m.config.vocab_size, 512))
         m.reset()
         m.forward(ids)
-        self.items = list(m._decode_step()._list.items)  # (pipeline, bind group, groups)
+        at = m.context_length - 1 if for_position is None else for_position
+        self.items = list(m._decode_step(at)._list.items)  # (pipeline, bind group, groups)
         # id(wgpu pipeline) -> (kernel, entry, constants), to rebuild one with edits
         self.pipeline_key = {id(v.pipeline): k for k, v in self.device._pipelines.items()
                              if k[0] != "layout"}

@@ -8,7 +8,9 @@ import pytest
 from conftest import nmse
 from make_tiny_gguf import TinySpec, write_tiny_gguf
 
+import pxvm.llm.model as model_module
 from pxvm.llm import ContextOverflowError, load_model
+from pxvm.llm.model import step_bound
 
 NMSE_MODEL = 1e-5
 
@@ -166,10 +168,13 @@ def test_gpu_forward_is_one_submit(tmp_path, rng, gpu_device, monkeypatch):
     assert len(submits) == 2, f"{len(submits)} submits for two forward calls"
 
 
+@pytest.mark.parametrize("per_submit", [1, 5])
 @pytest.mark.parametrize("backend", ["cpu", "gpu"])
-def test_decode_greedy_matches_argmax_of_forward_token_by_token(backend, tmp_path, rng, request):
+def test_decode_greedy_matches_argmax_of_forward_token_by_token(backend, per_submit, tmp_path,
+                                                                rng, request, monkeypatch):
     if backend == "gpu":
         request.getfixturevalue("gpu_device")
+    monkeypatch.setattr(model_module, "STEPS_PER_SUBMIT", per_submit)
     path = tmp_path / "tiny.gguf"
     write_tiny_gguf(path, TinySpec(context_length=40), rng)
     prompt = rng.integers(0, 101, size=5).tolist()
@@ -181,9 +186,14 @@ def test_decode_greedy_matches_argmax_of_forward_token_by_token(backend, tmp_pat
         expected.append(token)
     chained = load_model(str(path), backend=backend, progress=False)
     first = int(np.argmax(chained.forward(prompt)))
+    launches = []
+    graph = chained._decode_step(chained.position)
+    launch = graph.launch
+    monkeypatch.setattr(graph, "launch", lambda *a, **k: launches.append(k["runs"]) or launch(*a, **k))
     got = list(chained.decode_greedy(first, 12))
     assert got == expected
     assert chained.position == stepwise.position == 5 + 12
+    assert launches == ([1] * 12 if per_submit == 1 else [5, 5, 2])
 
 
 def test_decode_greedy_stopped_early_continues_from_the_received_tokens(tmp_path, rng, gpu_device):
@@ -210,9 +220,36 @@ def test_gpu_decode_step_is_recorded_once_and_replayed(tmp_path, rng, gpu_device
     model = load_model(str(path), backend="gpu", progress=False)
     model.forward([1, 2])
     model.forward([3])
-    step = model._decode_step()
+    step = model._decode_step(model.position)
     model.forward([4])
     list(model.decode_greedy(5, 3))
-    assert model._decode_step() is step
-    # 2 layers x (QKV, attention split + combine, O, SwiGLU, down) + embed, LM head, argmax x2
-    assert step.dispatches == 2 * 6 + 4
+    assert model._decode_step(model.position) is step
+    # 2 layers x (QKV, one-pass attention, O, SwiGLU, down) + embed, LM head, argmax x2
+    assert step.dispatches == 2 * 5 + 4
+
+
+@pytest.mark.parametrize("position,context,bound", [
+    (0, 24, 24), (0, 8192, 256), (255, 8192, 256), (256, 8192, 1024), (1023, 8192, 1024),
+    (1024, 8192, 4096), (4096, 8192, 8192), (8191, 8192, 8192), (300, 300, 300)])
+def test_step_bound_is_the_smallest_span_that_covers_the_position(position, context, bound):
+    assert step_bound(position, context) == bound
+
+
+def test_greedy_decoding_across_step_bounds_matches_the_numpy_backend(tmp_path, rng, gpu_device):
+    # Context 300: positions below 256 take the one-pass attention step, later ones the
+    # split step recorded for the whole context; one chained run crosses from one to the
+    # other and must choose the tokens the numpy backend chooses token by token.
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path, TinySpec(context_length=300), rng)
+    prompt = rng.integers(0, 101, size=250).tolist()
+    cpu = load_model(str(path), backend="cpu", progress=False)
+    token = first = int(np.argmax(cpu.forward(prompt)))
+    expected = []
+    for _ in range(12):
+        token = int(np.argmax(cpu.forward([token])))
+        expected.append(token)
+    gpu = load_model(str(path), backend="gpu", progress=False)
+    gpu.forward(prompt)
+    assert list(gpu.decode_greedy(first, 12)) == expected
+    assert sorted(gpu._steps) == [256, 300]
+    assert [gpu._steps[b].dispatches for b in (256, 300)] == [2 * 5 + 4, 2 * 6 + 4]

@@ -5,6 +5,8 @@ A prompt runs as one batch of matrix products. A single token runs a decoding st
 recorded once as a `Graph`: the token and its position live in a small state tensor on
 the device, so each step only re-submits the same dispatches; greedy decoding chains
 steps on the GPU (the argmax becomes the next step's token) without waiting for the host.
+A step is recorded per span of positions (`step_bound`): attention's grid covers only the
+keys the span can see, and short contexts take its one-pass kernel.
 """
 
 from __future__ import annotations
@@ -19,10 +21,28 @@ from ..batch import Batch, Graph
 from ..runtime.errors import PxvmError
 from .gguf_model import Config, GGUFModelFile, Weight, default_model_path
 
-#: Greedy decoding steps submitted before the host waits for the oldest one (on the H100
-#: 2, 3 and 5 gave 594, 604 and 640 tokens/s; a deeper queue absorbs host hiccups, and
-#: stopping wastes at most this many steps).
-STEPS_IN_FLIGHT = 4
+#: Greedy decoding submits this many steps in one command buffer and reads their tokens
+#: back with one map: on the H100 a submit plus a map cost the host ~0.3 ms, a quarter of
+#: the GPU's step (benchmarks/h100/host_per_token.py: 839 tokens/s with 4 steps per
+#: submit, 757 with one, after a prefill).
+STEPS_PER_SUBMIT = 4
+#: Submits queued before the host waits for the oldest, so the GPU never waits for the
+#: host's encoding; stopping early wastes at most STEPS_PER_SUBMIT * this many steps.
+SUBMITS_IN_FLIGHT = 2
+
+#: The smallest recorded step's key bound; each next one is STEP_BOUND_GROWTH times larger,
+#: the last the whole context. 256 keys is what attention's one-pass kernel covers.
+FIRST_STEP_BOUND = 256
+STEP_BOUND_GROWTH = 4
+
+
+def step_bound(position: int, context_length: int) -> int:
+    """The key bound of the recorded step that decodes the token at `position`: the
+    smallest of FIRST_STEP_BOUND, x GROWTH, .. (capped at the context) above it."""
+    bound = FIRST_STEP_BOUND
+    while bound <= position:
+        bound *= STEP_BOUND_GROWTH
+    return min(bound, context_length)
 
 
 class ContextOverflowError(PxvmError):
@@ -90,7 +110,7 @@ class Model:
         self.v_cache = [self.backend.from_numpy(zeros) for _ in range(cfg.n_layers)]
         # [token, position] of the next decoding step, read by the recorded step.
         self.state = self.backend.from_numpy(np.zeros(2, np.int32))
-        self._step: Graph | None = None
+        self._steps: dict[int, Graph] = {}  # key bound -> the step recorded for it
         self.position = 0
 
     def _vector(self, w: Weight):
@@ -125,7 +145,7 @@ class Model:
         if ids.size > 1:
             return self._run(ids, last_only=True)[-1]
         self.state.write([int(ids[0]), self.position])
-        logits = self._decode_step().run("logits")["logits"]
+        logits = self._decode_step(self.position).run("logits")["logits"]
         self.position += 1
         return logits[-1]
 
@@ -145,18 +165,22 @@ class Model:
             raise ContextOverflowError(
                 f"{self.position + n} tokens do not fit in the context of "
                 f"{self.context_length}; lower --max-tokens")
-        step = self._decode_step()
         self.state.write([int(token), self.position])
-        start, received = self.position, 0
+        start, received, queued = self.position, 0, 0
         pending: deque = deque()
         try:
-            for i in range(n):
-                pending.append(step.launch("state"))
-                while pending and (len(pending) > STEPS_IN_FLIGHT or i == n - 1):
-                    next_token = int(pending.popleft().result()["state"][0])
-                    received += 1
-                    self.position = start + received
-                    yield next_token
+            while queued < n:
+                at = start + queued
+                # the runs of one submit share a recorded step, so they stop at its bound
+                runs = min(STEPS_PER_SUBMIT, n - queued,
+                           step_bound(at, self.context_length) - at)
+                pending.append(self._decode_step(at).launch("state", runs=runs))
+                queued += runs
+                while pending and (len(pending) > SUBMITS_IN_FLIGHT or queued == n):
+                    for next_token in pending.popleft().result()["state"][:, 0]:
+                        received += 1
+                        self.position = start + received
+                        yield int(next_token)
         finally:
             self.position = start + received
 
@@ -178,10 +202,13 @@ class Model:
         b.execute()
         return b.read(logits)
 
-    def _decode_step(self) -> Graph:
-        if self._step is None:
-            self._step = Graph(self.backend, self.record_step)
-        return self._step
+    def _decode_step(self, position: int) -> Graph:
+        """The recorded step for a token at `position` (recorded on first use)."""
+        bound = step_bound(position, self.context_length)
+        if bound not in self._steps:
+            self._steps[bound] = Graph(self.backend,
+                                       lambda b: self.record_step(b, max_keys=bound))
+        return self._steps[bound]
 
     # ---- recording --------------------------------------------------------------------
     def record(self, b: Batch, token_ids, last_only: bool = True):
@@ -197,11 +224,13 @@ class Model:
         self.position = pos + s
         return self._logits(b, x)
 
-    def record_step(self, b: Batch) -> dict:
+    def record_step(self, b: Batch, max_keys: int | None = None) -> dict:
         """Queue one decoding step driven by `self.state` = [token, position]: the logits
-        of that token, then state becomes [argmax of the logits, position + 1]."""
+        of that token, then state becomes [argmax of the logits, position + 1]. Valid
+        for positions below `max_keys` (default: the whole context)."""
         x = self._embed(b, self.state.prefix(1))
-        logits = self._logits(b, self._layers(b, x, self.state, max_keys=self.context_length))
+        logits = self._logits(b, self._layers(b, x, self.state,
+                                              max_keys=max_keys or self.context_length))
         b.greedy_step(logits, self.state)
         return {"logits": logits, "state": self.state}
 
@@ -255,8 +284,8 @@ def profile_decode_step(model: Model, repeats: int = 20) -> dict:
     import statistics
     import time
 
-    step = model._decode_step()
     start = model.position
+    step = model._decode_step(start)
     encode, wait = [], []
     for i in range(repeats + 1):
         model.state.write([1, start])
@@ -273,7 +302,7 @@ def profile_decode_step(model: Model, repeats: int = 20) -> dict:
     timed.result()
     model.state.write([1, start])
     b = Batch(model.backend, profile=True)
-    model.record_step(b)
+    model.record_step(b, max_keys=step_bound(start, model.context_length))
     b.execute()
     kernels: dict[str, float] = {}
     for label, seconds in b.profile or []:

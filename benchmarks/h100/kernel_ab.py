@@ -1,15 +1,24 @@
 """Time the recorded decode step with one kernel file replaced by variant texts, each
 against the unedited step measured in alternation (three pairs of 21 runs, medians), at
-positions 64, 640 and 4,000. The variants keep the file's bindings and entry points.
-Usage: python kernel_ab.py MODEL.gguf KERNEL.wgsl VARIANT.wgsl [VARIANT.wgsl ...]
+positions 64, 640 and 4,000 (the whole-context step) or those given with --at (the step
+decoding uses at the last of them, so all must share its key bound). The variants keep
+the file's bindings and entry points.
+Usage: python kernel_ab.py MODEL.gguf KERNEL.wgsl VARIANT.wgsl [..] [--at 0,64,128,255]
 (KERNEL is a name in src/pxvm/kernels; benchmarks/h100/README.md)."""
+import argparse
 import statistics
-import sys
 
 from recorded_step import RecordedStep
 
-model, kernel, variants = sys.argv[1], sys.argv[2], sys.argv[3:]
-step = RecordedStep(model)
+parser = argparse.ArgumentParser()
+parser.add_argument("model")
+parser.add_argument("kernel")
+parser.add_argument("variants", nargs="+")
+parser.add_argument("--at", default=None, help="comma-separated positions")
+args = parser.parse_args()
+model, kernel, variants = args.model, args.kernel, args.variants
+positions = [int(p) for p in args.at.split(",")] if args.at else [64, 640, 4000]
+step = RecordedStep(model, for_position=max(positions) if args.at else None)
 dev = step.device
 d = dev.device
 layout = d.create_pipeline_layout(bind_group_layouts=[dev._layout(kernel)])
@@ -32,7 +41,7 @@ def swapped(text):
 
 for path in variants:
     items = swapped(open(path).read())
-    for pos in (64, 640, 4000):
+    for pos in positions:
         pairs = [(step.time(step.items, pos, 21), step.time(items, pos, 21)) for _ in range(3)]
         base = statistics.median(p[0] for p in pairs)
         var = statistics.median(p[1] for p in pairs)

@@ -384,7 +384,7 @@ fn cached_key_parts(kb: u32, kb2: u32, lane: u32) -> vec2<f32> {
 fn key_part(j: u32, lane: u32, pos0: u32, kvh: u32, k_off: u32) -> f32 {
     if (j < pos0) {
         let kb = (j * p.hkv + kvh) * HEAD_DIM;
-        return cached_key_parts(kb, kb, lane).x;
+        return cached_key_parts(kb, kb, lane).x;  // one key: its row twice (cached loads)
     }
     let kb = (j - pos0) * row_len() + k_off;
     var acc = 0.0;

@@ -4,7 +4,8 @@ the WebGPU backend (weights resident and still quantized) and on the numpy backe
 A prompt runs as one batch of matrix products. A single token runs a decoding step
 recorded once as a `Graph`: the token and its position live in a small state tensor on
 the device, so each step only re-submits the same dispatches; greedy decoding chains
-steps on the GPU (the argmax becomes the next step's token) without waiting for the host.
+steps on the GPU (the argmax becomes the next step's token) without waiting for the host,
+several steps per submit.
 A step is recorded per span of positions (`step_bound`): attention's grid covers only the
 keys the span can see, and short contexts take its one-pass kernel.
 """

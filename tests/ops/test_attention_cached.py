@@ -128,16 +128,18 @@ def path(request, monkeypatch):
     return request.param
 
 
-def _skip_unless_path_covers(path, n_ctx, max_keys):
-    if path == "single" and (max_keys or n_ctx) > attention_module.CACHED_SINGLE_MAX_KEYS:
-        pytest.skip("bound beyond the one-pass kernel's keys: split + combine only")
+# Every case through split + combine, and through the one-pass kernel where its bound allows.
+PATH_CASES = [pytest.param(path, *case, id=f"{path}-{'-'.join(map(str, case))}")
+              for case in CASES for path in ("single", "split")
+              if path == "split" or (case[6] or case[3]) <= attention_module.CACHED_SINGLE_MAX_KEYS]
 
 
 @pytest.mark.parametrize("style", ["interleaved", "neox"])
-@pytest.mark.parametrize("hq,hkv,d,n_ctx,pos,s,max_keys", CASES)
+@pytest.mark.parametrize("kernels,hq,hkv,d,n_ctx,pos,s,max_keys", PATH_CASES)
 def test_attention_cached_gpu_matches_float64_and_appends_only_its_rows(
-        hq, hkv, d, n_ctx, pos, s, max_keys, style, path, rng, gpu_device):
-    _skip_unless_path_covers(path, n_ctx, max_keys)
+        kernels, hq, hkv, d, n_ctx, pos, s, max_keys, style, rng, gpu_device, monkeypatch):
+    if kernels == "split":
+        monkeypatch.setattr(attention_module, "CACHED_SINGLE_MAX_KEYS", 0)
     qkv, kc, vc = _case(rng, hq, hkv, d, n_ctx, s)
     state = _state(rng, pos, extra=(12345,))
     got = _run("gpu", qkv, kc, vc, state, n_heads=hq, style=style, max_keys=max_keys)

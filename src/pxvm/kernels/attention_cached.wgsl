@@ -96,6 +96,30 @@ fn value_groups(size: u32) -> u32 {
     return max(1u, size / HEAD_DIM);
 }
 
+// Element c's sum over the `groups` partial sums the value groups left in scratch.
+fn group_sum(c: u32, groups: u32) -> f32 {
+    var sum = 0.0;
+    for (var u = 0u; u < groups; u = u + 1u) { sum = sum + scratch[u * HEAD_DIM + c]; }
+    return sum;
+}
+
+// Query head h of token i, rotated to position `at` and scaled, into q_row (threads lid,
+// lid + size, ..); the caller publishes it with a barrier.
+fn stage_query(lid: u32, size: u32, i: u32, h: u32, at: u32) {
+    for (var c = lid; c < HEAD_DIM; c = c + size) {
+        q_row[c] = rotated(i * row_len() + h * HEAD_DIM, c, at) * p.scale;
+    }
+}
+
+// Append token i's key (rotated to `at`) and value of kv head kvh to the caches at row
+// `at` (threads lid, lid + size, ..).
+fn append_key_value(lid: u32, size: u32, i: u32, at: u32, kvh: u32, k_off: u32, v_off: u32) {
+    for (var c = lid; c < HEAD_DIM; c = c + size) {
+        k_cache[(at * p.hkv + kvh) * HEAD_DIM + c] = rotated(i * row_len() + k_off, c, at);
+        v_cache[(at * p.hkv + kvh) * HEAD_DIM + c] = qkv[i * row_len() + v_off + c];
+    }
+}
+
 // Element c of the head vector qkv[base .. base + HEAD_DIM) rotated to position `pos`.
 fn rotated(base: u32, c: u32, pos: u32) -> f32 {
     let half = HEAD_DIM / 2u;
@@ -131,9 +155,7 @@ fn split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) li
     let k_off = p.hq * HEAD_DIM + kvh * HEAD_DIM;
     let v_off = (p.hq + p.hkv) * HEAD_DIM + kvh * HEAD_DIM;
 
-    for (var c = lid; c < HEAD_DIM; c = c + WG) {
-        q_row[c] = rotated(i * row + h * HEAD_DIM, c, at) * p.scale;
-    }
+    stage_query(lid, WG, i, h, at);
     workgroupBarrier();
 
     // Scores: KEY_LANES threads per key, each over every KEY_LANES-th element.
@@ -211,11 +233,7 @@ fn split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) li
     }
     if (groups > 1u) {
         workgroupBarrier();
-        if (lid < HEAD_DIM) {
-            var sum = 0.0;
-            for (var u = 0u; u < groups; u = u + 1u) { sum = sum + scratch[u * HEAD_DIM + lid]; }
-            part[base + lid] = sum;
-        }
+        if (lid < HEAD_DIM) { part[base + lid] = group_sum(lid, groups); }
     }
     if (lid == 0u) {
         var l = 0.0;
@@ -227,10 +245,7 @@ fn split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) li
     // its group in the range holding the token's own position. No workgroup of this pass
     // reads cache rows >= pos0, so the writes race with nothing.
     if (h % group == 0u && at < begin + RANGE && at < p.n_ctx) {
-        for (var c = lid; c < HEAD_DIM; c = c + WG) {
-            k_cache[(at * p.hkv + kvh) * HEAD_DIM + c] = rotated(i * row + k_off, c, at);
-            v_cache[(at * p.hkv + kvh) * HEAD_DIM + c] = qkv[i * row + v_off + c];
-        }
+        append_key_value(lid, WG, i, at, kvh, k_off, v_off);
     }
 }
 
@@ -287,26 +302,24 @@ fn combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) 
     if (groups > 1u) {
         workgroupBarrier();
         if (lid < HEAD_DIM) {
-            var acc = 0.0;
-            for (var u = 0u; u < groups; u = u + 1u) { acc = acc + scratch[u * HEAD_DIM + lid]; }
-            out[(i * p.hq + h) * HEAD_DIM + lid] = select(acc / total, nan, unseen);
+            out[(i * p.hq + h) * HEAD_DIM + lid] = select(group_sum(lid, groups) / total, nan, unseen);
         }
     }
 }
 
-// Sum of scores[u] * V row (first + u) element c over keys u = g, g + groups, .. < n_keys,
+// Sum of exps[u] * V row u element c over keys u = g, g + groups, .. < n_keys,
 // sixteen (then eight) loads in flight per trip while the rows are in the cache (below
 // pos0). Rows at pos0 and later come from qkv (new tokens of this pass).
-fn weighted_values(c: u32, g: u32, groups: u32, n_keys: u32, first: u32, pos0: u32,
-                   kvh: u32, v_off: u32) -> f32 {
+fn weighted_values(c: u32, g: u32, groups: u32, n_keys: u32, pos0: u32, kvh: u32,
+                   v_off: u32) -> f32 {
     var a = vec4<f32>(0.0);
     var b = vec4<f32>(0.0);
     var a2 = vec4<f32>(0.0);
     var b2 = vec4<f32>(0.0);
     var u = g;
     let step = groups * p.hkv * HEAD_DIM;
-    for (; u + 15u * groups < n_keys && first + u + 15u * groups < pos0; u = u + 16u * groups) {
-        let v0 = ((first + u) * p.hkv + kvh) * HEAD_DIM + c;
+    for (; u + 15u * groups < min(n_keys, pos0); u = u + 16u * groups) {
+        let v0 = (u * p.hkv + kvh) * HEAD_DIM + c;
         let v8 = v0 + 8u * step;
         let u8 = u + 8u * groups;
         a = a + vec4<f32>(exps[u], exps[u + groups], exps[u + 2u * groups], exps[u + 3u * groups])
@@ -324,8 +337,8 @@ fn weighted_values(c: u32, g: u32, groups: u32, n_keys: u32, first: u32, pos0: u
               * vec4<f32>(v_cache[v8 + 4u * step], v_cache[v8 + 5u * step],
                           v_cache[v8 + 6u * step], v_cache[v8 + 7u * step]);
     }
-    for (; u + 7u * groups < n_keys && first + u + 7u * groups < pos0; u = u + 8u * groups) {
-        let v0 = ((first + u) * p.hkv + kvh) * HEAD_DIM + c;
+    for (; u + 7u * groups < min(n_keys, pos0); u = u + 8u * groups) {
+        let v0 = (u * p.hkv + kvh) * HEAD_DIM + c;
         a = a + vec4<f32>(exps[u], exps[u + groups], exps[u + 2u * groups], exps[u + 3u * groups])
               * vec4<f32>(v_cache[v0], v_cache[v0 + step], v_cache[v0 + 2u * step],
                           v_cache[v0 + 3u * step]);
@@ -337,12 +350,11 @@ fn weighted_values(c: u32, g: u32, groups: u32, n_keys: u32, first: u32, pos0: u
     let ab = a + b + a2 + b2;
     var sum = ab.x + ab.y + ab.z + ab.w;
     for (; u < n_keys; u = u + groups) {
-        let j = first + u;
         var val: f32;
-        if (j < pos0) {
-            val = v_cache[(j * p.hkv + kvh) * HEAD_DIM + c];
+        if (u < pos0) {
+            val = v_cache[(u * p.hkv + kvh) * HEAD_DIM + c];
         } else {
-            val = qkv[(j - pos0) * row_len() + v_off + c];
+            val = qkv[(u - pos0) * row_len() + v_off + c];
         }
         sum = sum + exps[u] * val;
     }
@@ -406,13 +418,10 @@ fn single(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l
     let n_keys = min(at + 1u, SINGLE_WG);
     let group = p.hq / p.hkv;
     let kvh = h / group;
-    let row = row_len();
     let k_off = p.hq * HEAD_DIM + kvh * HEAD_DIM;
     let v_off = (p.hq + p.hkv) * HEAD_DIM + kvh * HEAD_DIM;
 
-    for (var c = lid; c < HEAD_DIM; c = c + SINGLE_WG) {
-        q_row[c] = rotated(i * row + h * HEAD_DIM, c, at) * p.scale;
-    }
+    stage_query(lid, SINGLE_WG, i, h, at);
     workgroupBarrier();
 
     // Partial scores, two keys per trip (keys j and j + per_trip) while both are cached.
@@ -445,7 +454,7 @@ fn single(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l
     let g = lid / HEAD_DIM;
     if (g < groups) {
         for (var c = lid % HEAD_DIM; c < HEAD_DIM; c = c + SINGLE_WG) {
-            let sum = weighted_values(c, g, groups, n_keys, 0u, pos0, kvh, v_off);
+            let sum = weighted_values(c, g, groups, n_keys, pos0, kvh, v_off);
             scratch[lid] = sum;
             if (groups == 1u) { out[(i * p.hq + h) * HEAD_DIM + c] = select(sum / l, nan, unseen); }
         }
@@ -453,17 +462,12 @@ fn single(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l
     if (groups > 1u) {
         workgroupBarrier();
         if (lid < HEAD_DIM) {
-            var sum = 0.0;
-            for (var u = 0u; u < groups; u = u + 1u) { sum = sum + scratch[u * HEAD_DIM + lid]; }
-            out[(i * p.hq + h) * HEAD_DIM + lid] = select(sum / l, nan, unseen);
+            out[(i * p.hq + h) * HEAD_DIM + lid] = select(group_sum(lid, groups) / l, nan, unseen);
         }
     }
     // Append this token's key and value once per kv head (the first query head of its
     // group). Workgroups of this pass read cache rows below pos0 only.
     if (h % group == 0u && at < p.n_ctx) {
-        for (var c = lid; c < HEAD_DIM; c = c + SINGLE_WG) {
-            k_cache[(at * p.hkv + kvh) * HEAD_DIM + c] = rotated(i * row + k_off, c, at);
-            v_cache[(at * p.hkv + kvh) * HEAD_DIM + c] = qkv[i * row + v_off + c];
-        }
+        append_key_value(lid, SINGLE_WG, i, at, kvh, k_off, v_off);
     }
 }

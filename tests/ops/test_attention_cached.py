@@ -119,12 +119,16 @@ CASES = [  # (hq, hkv, d, n_ctx, pos, s, max_keys)
 ]
 
 
+def _take(kernels, monkeypatch):
+    """Make attention_cached take `kernels`: the one-pass "single" (its default for bounds
+    of at most CACHED_SINGLE_MAX_KEYS keys) or "split" + combine (forced for every bound)."""
+    if kernels == "split":
+        monkeypatch.setattr(attention_module, "CACHED_SINGLE_MAX_KEYS", 0)
+
+
 @pytest.fixture(params=["single", "split"])
 def path(request, monkeypatch):
-    """Which kernels attention_cached takes: the one-pass `single` (bounds of at most
-    CACHED_SINGLE_MAX_KEYS keys) or `split` + `combine` (forced for every bound)."""
-    if request.param == "split":
-        monkeypatch.setattr(attention_module, "CACHED_SINGLE_MAX_KEYS", 0)
+    _take(request.param, monkeypatch)
     return request.param
 
 
@@ -138,8 +142,7 @@ PATH_CASES = [pytest.param(path, *case, id=f"{path}-{'-'.join(map(str, case))}")
 @pytest.mark.parametrize("kernels,hq,hkv,d,n_ctx,pos,s,max_keys", PATH_CASES)
 def test_attention_cached_gpu_matches_float64_and_appends_only_its_rows(
         kernels, hq, hkv, d, n_ctx, pos, s, max_keys, style, rng, gpu_device, monkeypatch):
-    if kernels == "split":
-        monkeypatch.setattr(attention_module, "CACHED_SINGLE_MAX_KEYS", 0)
+    _take(kernels, monkeypatch)
     qkv, kc, vc = _case(rng, hq, hkv, d, n_ctx, s)
     state = _state(rng, pos, extra=(12345,))
     got = _run("gpu", qkv, kc, vc, state, n_heads=hq, style=style, max_keys=max_keys)

@@ -155,3 +155,19 @@ def test_a_readback_waits_for_its_own_submission_only(gpu_device, rng, monkeypat
     for a, s in zip(arrays, staged):
         np.testing.assert_array_equal(s.result(np.float32), a)
     assert waited == indices
+
+
+def test_readbacks_match_through_wgpu_py_map_as_through_native_calls(gpu_device, rng,
+                                                                     monkeypatch):
+    # Staged.result maps through wgpu-native's own calls where it can (device._NATIVE_MAP)
+    # and through wgpu-py's map_sync otherwise: both must return the same bytes.
+    import pxvm.runtime.device as device_module
+
+    arrays = [rng.standard_normal(n).astype(np.float32) for n in (1, 257, 4099)]
+    for native in (device_module._NATIVE_MAP, None):
+        monkeypatch.setattr(device_module, "_NATIVE_MAP", native)
+        for a in arrays:
+            rec = gpu_device.recorder()
+            staged = rec.stage(gpu_device.upload(a))
+            rec.submit()
+            np.testing.assert_array_equal(staged.result(np.float32), a)

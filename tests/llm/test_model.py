@@ -168,10 +168,11 @@ def test_gpu_forward_is_one_submit(tmp_path, rng, gpu_device, monkeypatch):
     assert len(submits) == 2, f"{len(submits)} submits for two forward calls"
 
 
-@pytest.mark.parametrize("per_submit", [1, 5])
+@pytest.mark.parametrize("per_submit,launched", [(1, [1] * 12), (5, [5, 5, 2])])
 @pytest.mark.parametrize("backend", ["cpu", "gpu"])
-def test_decode_greedy_matches_argmax_of_forward_token_by_token(backend, per_submit, tmp_path,
-                                                                rng, request, monkeypatch):
+def test_decode_greedy_matches_argmax_of_forward_token_by_token(backend, per_submit, launched,
+                                                                tmp_path, rng, request,
+                                                                monkeypatch):
     if backend == "gpu":
         request.getfixturevalue("gpu_device")
     monkeypatch.setattr(model_module, "STEPS_PER_SUBMIT", per_submit)
@@ -193,7 +194,7 @@ def test_decode_greedy_matches_argmax_of_forward_token_by_token(backend, per_sub
     got = list(chained.decode_greedy(first, 12))
     assert got == expected
     assert chained.position == stepwise.position == 5 + 12
-    assert launches == ([1] * 12 if per_submit == 1 else [5, 5, 2])
+    assert launches == launched
 
 
 def test_decode_greedy_stopped_early_continues_from_the_received_tokens(tmp_path, rng, gpu_device):
@@ -224,24 +225,29 @@ def test_gpu_decode_step_is_recorded_once_and_replayed(tmp_path, rng, gpu_device
     model.forward([4])
     list(model.decode_greedy(5, 3))
     assert model._decode_step(model.position) is step
-    # 2 layers x (QKV, one-pass attention, O, SwiGLU, down) + embed, LM head, argmax x2
+    # 2 layers x (QKV, attention, O, SwiGLU, down) + embed, LM head, argmax x2
     assert step.dispatches == 2 * 5 + 4
 
 
 @pytest.mark.parametrize("position,context,bound", [
-    (0, 24, 24), (0, 8192, 256), (255, 8192, 256), (256, 8192, 1024), (1023, 8192, 1024),
+    (0, 24, 24), (0, 8192, 64), (63, 8192, 64), (64, 8192, 256), (255, 8192, 256),
+    (256, 8192, 1024), (1023, 8192, 1024),
     (1024, 8192, 4096), (4096, 8192, 8192), (8191, 8192, 8192), (300, 300, 300)])
 def test_step_bound_is_the_smallest_span_that_covers_the_position(position, context, bound):
     assert step_bound(position, context) == bound
 
 
-def test_greedy_decoding_across_step_bounds_matches_the_numpy_backend(tmp_path, rng, gpu_device):
-    # Context 300: positions below 256 take the one-pass attention step, later ones the
-    # split step recorded for the whole context; one chained run crosses from one to the
-    # other and must choose the tokens the numpy backend chooses token by token.
+@pytest.mark.parametrize("prompt_len,bounds", [(58, [64, 256]), (250, [256, 300])])
+def test_greedy_decoding_across_step_bounds_matches_the_numpy_backend(prompt_len, bounds,
+                                                                     tmp_path, rng, gpu_device):
+    # Context 300: positions below 64 take the step whose attention is one key range,
+    # those below 256 the step whose four ranges the output projection merges, later
+    # ones the step recorded for the whole context; a chained run crosses from one to
+    # the next and must choose the tokens the numpy backend chooses token by token.
+    # Every step takes 5 dispatches a layer.
     path = tmp_path / "tiny.gguf"
     write_tiny_gguf(path, TinySpec(context_length=300), rng)
-    prompt = rng.integers(0, 101, size=250).tolist()
+    prompt = rng.integers(0, 101, size=prompt_len).tolist()
     cpu = load_model(str(path), backend="cpu", progress=False)
     token = first = int(np.argmax(cpu.forward(prompt)))
     expected = []
@@ -251,5 +257,5 @@ def test_greedy_decoding_across_step_bounds_matches_the_numpy_backend(tmp_path, 
     gpu = load_model(str(path), backend="gpu", progress=False)
     gpu.forward(prompt)
     assert list(gpu.decode_greedy(first, 12)) == expected
-    assert sorted(gpu._steps) == [256, 300]
-    assert [gpu._steps[b].dispatches for b in (256, 300)] == [2 * 5 + 4, 2 * 6 + 4]
+    assert sorted(gpu._steps) == bounds
+    assert [gpu._steps[b].dispatches for b in bounds] == [2 * 5 + 4] * 2

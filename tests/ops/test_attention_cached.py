@@ -1,10 +1,13 @@
 """attention_cached (RoPE, KV append and causal attention over a cache in one step, the
-position read from a state tensor on the device), greedy_step and concat_columns: the GPU
+position read from a state tensor on the device), attention_cached_matmul_quant_add (the
+same with the output projection and residual), greedy_step and concat_columns: the GPU
 and the numpy backend against an independent float64 computation written here."""
 
 from __future__ import annotations
 
 import importlib
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,6 +16,9 @@ from conftest import NMSE_ELEMENTWISE, assert_close
 import pxvm
 from pxvm.batch import Batch
 from pxvm.runtime import ShapeError
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "llm"))
+from gguf_blocks import dequantize, quantize  # noqa: E402
 
 attention_module = importlib.import_module("pxvm.ops.attention")  # pxvm.ops.attention is the op
 
@@ -98,44 +104,47 @@ def _check(got, kc, vc, expected, pos, s):
 
 CASES = [  # (hq, hkv, d, n_ctx, pos, s, max_keys)
     (6, 2, 16, 320, 0, 1, None),      # decode: the first token
-    (6, 2, 16, 320, 31, 1, None),     # last key of the first 32-key range
-    (6, 2, 16, 320, 32, 1, None),     # first key of the second
-    (6, 2, 64, 320, 127, 1, None),    # last key of a 128-key span
-    (6, 2, 64, 320, 128, 1, None),    # first key past it
-    (6, 2, 64, 320, 300, 1, None),    # ten ranges
+    (6, 2, 16, 320, 63, 1, None),     # last key of the first 64-key chunk
+    (6, 2, 16, 320, 64, 1, None),     # first key of the second
+    (6, 2, 64, 320, 127, 1, None),
+    (6, 2, 64, 320, 128, 1, None),
+    (6, 2, 64, 320, 300, 1, None),    # five ranges
     (3, 3, 48, 320, 300, 1, None),    # MHA; 48 does not divide the workgroup
-    (4, 1, 96, 200, 150, 1, None),    # MQA; one value group
-    (2, 2, 256, 64, 63, 1, None),     # head dim 256, the cache's last row
+    (4, 1, 96, 200, 150, 1, None),    # MQA; two value groups
+    (2, 2, 256, 64, 63, 1, None),     # head dim 256 (one value group), the cache's last row
     (1, 1, 2, 40, 33, 1, None),       # the smallest head
+    (2, 1, 16, 1100, 1050, 1, None),  # 128-key ranges: two chunks each
+    (1, 1, 8, 2100, 2000, 1, None),   # 192-key ranges: three chunks each
     (6, 2, 16, 160, 0, 5, None),      # prefill from 0
     (6, 2, 16, 160, 7, 5, None),      # prefill after a cached prefix
-    (3, 3, 32, 160, 0, 140, None),    # long prefill: new keys span five ranges
+    (3, 3, 32, 160, 0, 140, None),    # long prefill: new keys span several chunks
     (6, 2, 16, 160, 7, 140, None),
     (6, 2, 16, 300, 60, 1, 96),       # max_keys: a grid over part of the cache
     (6, 2, 16, 300, 60, 5, 65),       # max_keys one past the last position
     (6, 2, 16, 300, 7, 140, 147),
-    (6, 2, 64, 300, 255, 1, 256),     # the last key a one-pass bound covers
+    (6, 2, 64, 300, 255, 1, 256),     # the last key one range covers
     (3, 1, 128, 256, 200, 1, None),   # two value groups over 201 keys
 ]
 
 
 def _take(kernels, monkeypatch):
-    """Make attention_cached take `kernels`: the one-pass "single" (its default for bounds
-    of at most CACHED_SINGLE_MAX_KEYS keys) or "split" + combine (forced for every bound)."""
-    if kernels == "split":
-        monkeypatch.setattr(attention_module, "CACHED_SINGLE_MAX_KEYS", 0)
+    """Make attention_cached take `kernels`: "one range" (`split` alone, its default for
+    bounds of at most CACHED_ONE_RANGE_MAX_KEYS keys) or "ranges" + `combine` (forced
+    for every bound)."""
+    if kernels == "ranges":
+        monkeypatch.setattr(attention_module, "CACHED_ONE_RANGE_MAX_KEYS", 0)
 
 
-@pytest.fixture(params=["single", "split"])
+@pytest.fixture(params=["one range", "ranges"])
 def path(request, monkeypatch):
     _take(request.param, monkeypatch)
     return request.param
 
 
-# Every case through split + combine, and through the one-pass kernel where its bound allows.
+# Every case through ranges + combine, and through one range where its bound allows.
 PATH_CASES = [pytest.param(path, *case, id=f"{path}-{'-'.join(map(str, case))}")
-              for case in CASES for path in ("single", "split")
-              if path == "split" or (case[6] or case[3]) <= attention_module.CACHED_SINGLE_MAX_KEYS]
+              for case in CASES for path in ("one range", "ranges")
+              if path == "ranges" or (case[6] or case[3]) <= attention_module.CACHED_ONE_RANGE_MAX_KEYS]
 
 
 @pytest.mark.parametrize("style", ["interleaved", "neox"])
@@ -265,8 +274,7 @@ def test_attention_cached_reference_refuses_positions_outside_the_cache(pos, s, 
 
 
 def test_positions_beyond_max_keys_are_refused_on_cpu_and_nan_on_gpu(path, rng, gpu_device):
-    # max_keys=32 records one 32-key range; a token at position 40 has keys the grid never
-    # covers. The reference knows the position and refuses; the GPU reads it on the device
+    # max_keys=32 records a grid for 32 keys; a token at position 40 has keys beyond it. The reference knows the position and refuses; the GPU reads it on the device
     # and answers NaN instead of attention over part of the keys.
     qkv, kc, vc = _case(rng, 4, 2, 16, 100, 1)
     state = np.array([0, 40], np.int32)
@@ -279,6 +287,112 @@ def test_positions_beyond_max_keys_are_refused_on_cpu_and_nan_on_gpu(path, rng, 
     inside = pxvm.ops.attention_cached(qkv, kc, vc, np.array([0, 31], np.int32), n_heads=4,
                                        max_keys=32, backend="gpu").numpy()
     assert np.isfinite(inside).all()
+
+def test_python_constants_match_the_kernels():
+    # The host sizes grids and buffers by these; the kernels loop by their own copies.
+    import re
+
+    from pxvm.ops import quantized
+    from pxvm.runtime import load_wgsl
+
+    def const(kernel, name):
+        return int(re.search(rf"const {name}: u32 = (\d+)u;", load_wgsl(kernel)).group(1))
+
+    assert const("attention_cached.wgsl", "WG") // const("attention_cached.wgsl", "KEY_LANES") \
+        * 2 == attention_module.CACHED_CHUNK  # CHUNK = 2 * SLOTS
+    assert const("matmul_quant.wgsl", "MAX_MERGED") == quantized.MAX_MERGED
+
+
+# ---- attention_cached_matmul_quant_add ------------------------------------------------
+
+PROJECTED_CASES = [  # (hq, hkv, d, n_ctx, pos, s, max_keys, qtype)
+    (6, 2, 16, 320, 0, 1, 256, 3),    # one range: split, then a plain product
+    (6, 2, 16, 320, 200, 1, 256, 8),
+    (6, 2, 64, 320, 300, 1, None, 3),   # five ranges merged by the product
+    (4, 2, 48, 320, 299, 1, None, 2),   # 48 does not divide the workgroup
+    (2, 1, 16, 1100, 1050, 1, None, 3),  # 128-key ranges of two chunks
+    (6, 2, 16, 400, 7, 140, None, 3),    # prefill: 140 rows
+    (6, 2, 16, 400, 270, 5, 300, 8),
+]
+
+
+def _projected(rng, hq, hkv, d, n_ctx, pos, s, qtype, n_out=37):
+    qkv, kc, vc = _case(rng, hq, hkv, d, n_ctx, s)
+    k = hq * d
+    w = quantize((rng.standard_normal((n_out, k)) * k ** -0.5).astype(np.float32), qtype)
+    residual = rng.standard_normal((s, n_out)).astype(np.float32)
+    state = _state(rng, pos)
+    att, k_new, v_new = expected_step(qkv, kc, vc, pos, hq)
+    expected = residual + att @ dequantize(w, qtype, k).astype(np.float64).T
+    return (qkv, kc, vc, state, w, residual), (expected, k_new, v_new)
+
+
+def _run_projected(backend, inputs, **params):
+    qkv, kc, vc, state, w, residual = inputs
+    be = pxvm.backends.get_backend(backend)
+    k_t, v_t = be.from_numpy(kc), be.from_numpy(vc)
+    out = pxvm.ops.attention_cached_matmul_quant_add(
+        qkv, k_t, v_t, state, w, residual, backend=backend, **params).numpy()
+    return out, k_t.numpy(), v_t.numpy()
+
+
+@pytest.mark.parametrize("merge", ["in the product", "by combine"])
+@pytest.mark.parametrize("hq,hkv,d,n_ctx,pos,s,max_keys,qtype", PROJECTED_CASES)
+def test_attention_cached_matmul_quant_add_gpu_matches_float64(
+        hq, hkv, d, n_ctx, pos, s, max_keys, qtype, merge, rng, gpu_device, monkeypatch):
+    if merge == "by combine":  # as for attention outputs too long to merge in the product
+        monkeypatch.setattr(attention_module, "MAX_MERGED", 0)
+    else:  # a prompt's tokens too (by default only a decoding step's one token)
+        monkeypatch.setattr(attention_module, "PRODUCT_MERGES_MAX_TOKENS", 1000)
+    inputs, (expected, k_new, v_new) = _projected(rng, hq, hkv, d, n_ctx, pos, s, qtype)
+    out, k_got, v_got = _run_projected("gpu", inputs, n_heads=hq, max_keys=max_keys,
+                                       qtype=qtype, k=hq * d)
+    assert out.shape == expected.shape and out.dtype == np.float32
+    assert_close(out, expected, TOL)
+    assert_close(k_got, k_new, TOL)
+    np.testing.assert_array_equal(v_got, v_new.astype(np.float32))
+
+
+def test_attention_cached_matmul_quant_add_reference_matches_float64(rng):
+    inputs, (expected, k_new, v_new) = _projected(rng, 6, 2, 16, 80, 40, 3, 3)
+    out, k_got, _ = _run_projected("cpu", inputs, n_heads=6, qtype=3, k=96)
+    assert_close(out, expected, TOL)
+    assert_close(k_got, k_new, TOL)
+
+
+def test_attention_cached_matmul_quant_add_is_nan_beyond_max_keys_on_gpu(rng, gpu_device):
+    # As attention_cached: the merging product reads the position on the device and
+    # answers NaN for a token whose keys the recorded grid does not cover.
+    inputs, _ = _projected(rng, 6, 2, 16, 400, 300, 1, 3)
+    inputs[3][1] = 350  # position 350 > max_keys 300 (ranges merged by the product)
+    out = _run_projected("gpu", inputs, n_heads=6, max_keys=300, qtype=3, k=96)[0]
+    assert np.isnan(out).all()
+    inputs[3][1] = 299
+    assert np.isfinite(_run_projected("gpu", inputs, n_heads=6, max_keys=300, qtype=3,
+                                      k=96)[0]).all()
+
+
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
+@pytest.mark.parametrize("change,message", [
+    ({"k": 64}, r"K = n_heads \* head dim = 96; got k=64"),
+    ({"w": np.zeros((37, 50), np.uint8)}, r"Q4_1 weight of K=96 needs \(N, 60\) bytes, "
+                                          r"got \(37, 50\)"),
+    ({"residual": np.ones((1, 36), np.float32)},
+     r"the residual must have shape \(1, 37\), got \(1, 36\)"),
+    ({"n_heads": 4}, r"qkv must be \(S, 128\)"),
+])
+def test_attention_cached_matmul_quant_add_refuses_bad_operands_clearly(change, message,
+                                                                        backend, rng, request):
+    if backend == "gpu":
+        request.getfixturevalue("gpu_device")
+    inputs, _ = _projected(rng, 6, 2, 16, 80, 40, 1, 3)
+    args = dict(zip(("qkv", "k_cache", "v_cache", "state", "w", "residual"), inputs))
+    params = {"n_heads": 6, "qtype": 3, "k": 96}
+    for key, value in change.items():
+        (args if key in args else params)[key] = value
+    with pytest.raises(ShapeError, match=message):
+        pxvm.ops.attention_cached_matmul_quant_add(*args.values(), backend=backend, **params)
+
 
 # ---- greedy_step -------------------------------------------------------------------
 

@@ -4,17 +4,21 @@
 // pos .. pos + S - 1, where pos = state[1] is read on the GPU, so one recorded step
 // serves every position. Rotary embedding is applied here (cos/sin from a host table),
 // and the new keys and values are appended to the caches (n_ctx, Hkv, D) by this pass.
-// `split`: workgroup (range r, query head h, token i) handles the RANGE keys
-// r*RANGE .. r*RANGE+RANGE-1 that token i may see (keys 0 .. pos + i): KEY_LANES threads
-// share each key's dot product, then groups of threads share the weighted sum of values,
-// so that no thread walks a long chain of dependent loads. It stores the range's
-// unnormalised output, max and sum of exponentials in `part`. Keys below pos are read
-// from the cache; newer ones from qkv, because they are being written in this same pass.
-// Ranges beyond the token's position end at once, so the grid may cover the whole cache.
+// `split`: workgroup (range r, query head h, token i) handles keys r*range_len ..
+// r*range_len + range_len - 1 that token i may see (keys 0 .. pos + i), CHUNK keys at a
+// time with an online softmax (the chunk's max joins the range's and earlier sums are
+// rescaled). KEY_LANES threads share each key's dot product, each loading 8 elements of
+// two keys at once, and groups of threads share the weighted sum of values, sixteen rows
+// per trip: loads in flight, not long chains, set the speed of these small passes (on
+// the H100 two keys and sixteen value rows per trip took the SmolLM2-shaped step from
+// 1,254 to 1,205 us at position 128; 4 or 16 lanes per key were slower). It stores the
+// range's unnormalised output, max and sum of exponentials in `part`; with one range
+// (n_ranges = 1) it writes the normalised output instead, and no `combine` is needed.
+// Keys below pos are read from the cache; newer ones from qkv, because they are being
+// written in this same pass. Ranges beyond the token's position end at once, so the grid
+// may cover the whole cache.
 // `combine`: workgroup (h, i) merges the ranges by rescaling them to a common max.
-// `single`: for short contexts (at most SINGLE_WG keys), workgroup (h, i) does the whole
-// attention in one pass, without `part`: one dispatch instead of two, which on the H100
-// costs less than the split's parallelism saves while the key count is small.
+// (matmul_quant.wgsl can merge the ranges instead, as the input of the output projection.)
 // The head size D is the pipeline constant HEAD_DIM, so that loops over a head's
 // elements have trip counts the driver knows (the H100's decode step: -14 us at
 // position 64, -13 us at 640, -34 us at 4,000, against D read from the params).
@@ -22,20 +26,14 @@
 
 override NEOX: bool = false;
 override HEAD_DIM: u32 = 64u;  // even, at most MAX_D
-const WG: u32 = 128u;
-const RANGE: u32 = 32u;      // keys per workgroup of `split`
-const KEY_LANES: u32 = 4u;   // threads per key (WG = RANGE * KEY_LANES)
+const WG: u32 = 256u;          // `split`'s threads; at least MAX_D
+const KEY_LANES: u32 = 8u;     // threads per key's dot product
+const SLOTS: u32 = WG / KEY_LANES;
+const CHUNK: u32 = 2u * SLOTS; // keys per trip of `split` (two per slot)
 // `combine` is wider: its few workgroups (one per head and token) each merge every range
 // so far, and more threads make each one's chain of loads shorter.
 const COMBINE_WG: u32 = 256u;
 const MAX_D: u32 = 256u;
-// `single`: one thread per key for the softmax, SINGLE_LANES threads per key for the
-// scores, each thread loading 8 elements of two keys at a time (loads in flight, not
-// long chains, set the speed of these small passes: on the H100, two keys and sixteen
-// value rows per trip took the SmolLM2-shaped step from 1,254 to 1,205 us at position 128
-// and from 1,471 to 1,394 us at 255; 4 or 16 lanes per key were slower).
-const SINGLE_WG: u32 = 256u;
-const SINGLE_LANES: u32 = 8u;
 
 struct Params {
     s: u32,         // new tokens (rows of qkv)
@@ -43,6 +41,8 @@ struct Params {
     hkv: u32,
     n_ctx: u32,     // rows of the caches
     n_ranges: u32,  // key ranges in the grid (and per token in `part`)
+    range_len: u32, // keys per range, a multiple of CHUNK
+    max_keys: u32,  // the bound the grid was recorded for (at most n_ctx)
     scale: f32,
 }
 
@@ -61,11 +61,10 @@ struct Params {
 const EMPTY: f32 = -3.0e38;
 
 var<workgroup> q_row: array<f32, MAX_D>;
-var<workgroup> scores: array<f32, RANGE>;
 var<workgroup> scratch: array<f32, COMBINE_WG>;
 var<workgroup> weights: array<f32, COMBINE_WG>;
-var<workgroup> key_parts: array<f32, SINGLE_WG * SINGLE_LANES>;  // [key * SINGLE_LANES + lane]
-var<workgroup> exps: array<f32, SINGLE_WG>;
+var<workgroup> key_parts: array<f32, CHUNK * KEY_LANES>;  // [key * KEY_LANES + lane]
+var<workgroup> exps: array<f32, WG>;
 
 // Max or sum of x over the `size` threads of the workgroup.
 fn reduce(lid: u32, x: f32, take_max: bool, size: u32) -> f32 {
@@ -146,105 +145,83 @@ fn split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) li
     let i = wid.z;
     let pos0 = u32(state[1]);
     let at = pos0 + i;                 // this token's position: it sees keys 0 ..= at
-    let begin = r * RANGE;
+    let begin = r * p.range_len;
     if (begin > at) { return; }        // the same for the whole workgroup
-    let n_keys = min(RANGE, at + 1u - begin);
+    let end = min(begin + p.range_len, at + 1u);
     let group = p.hq / p.hkv;
     let kvh = h / group;
-    let row = row_len();
     let k_off = p.hq * HEAD_DIM + kvh * HEAD_DIM;
     let v_off = (p.hq + p.hkv) * HEAD_DIM + kvh * HEAD_DIM;
 
     stage_query(lid, WG, i, h, at);
     workgroupBarrier();
 
-    // Scores: KEY_LANES threads per key, each over every KEY_LANES-th element.
-    let t = lid / KEY_LANES;
     let lane = lid % KEY_LANES;
-    let j = begin + t;
-    var acc = 0.0;
-    if (t < n_keys) {
-        if (j < pos0) {
-            // Four independent sums, so four loads are in flight at a time: these loops
-            // are latency-bound, and drivers do not reliably unroll the loops naga emits.
-            let kb = (j * p.hkv + kvh) * HEAD_DIM;
-            var a4 = vec4<f32>(0.0);
-            var c = lane;
-            for (; c + 3u * KEY_LANES < HEAD_DIM; c = c + 4u * KEY_LANES) {
-                a4 = a4 + vec4<f32>(q_row[c], q_row[c + KEY_LANES], q_row[c + 2u * KEY_LANES],
-                                    q_row[c + 3u * KEY_LANES])
-                        * vec4<f32>(k_cache[kb + c], k_cache[kb + c + KEY_LANES],
-                                    k_cache[kb + c + 2u * KEY_LANES], k_cache[kb + c + 3u * KEY_LANES]);
-            }
-            for (; c < HEAD_DIM; c = c + KEY_LANES) { a4.x = a4.x + q_row[c] * k_cache[kb + c]; }
-            acc = a4.x + a4.y + a4.z + a4.w;
-        } else {
-            let kb = (j - pos0) * row + k_off;
-            for (var c = lane; c < HEAD_DIM; c = c + KEY_LANES) { acc = acc + q_row[c] * rotated(kb, c, j); }
-        }
-    }
-    scratch[lid] = acc;
-    workgroupBarrier();
-    if (lane == 0u) {
-        var sc = EMPTY;
-        if (t < n_keys) {
-            sc = 0.0;
-            for (var u = 0u; u < KEY_LANES; u = u + 1u) { sc = sc + scratch[lid + u]; }
-        }
-        scores[t] = sc;
-    }
-    workgroupBarrier();
-    var m = EMPTY;
-    for (var u = 0u; u < n_keys; u = u + 1u) { m = max(m, scores[u]); }
-    workgroupBarrier();
-    if (lid < RANGE) { scores[lid] = select(0.0, exp(scores[lid] - m), lid < n_keys); }
-    workgroupBarrier();
-
-    // Weighted values: group g of value_groups() sums keys g, g + groups, ...
+    let slot = lid / KEY_LANES;
     let groups = value_groups(WG);
     let g = lid / HEAD_DIM;
-    let base = ((i * p.hq + h) * p.n_ranges + r) * (HEAD_DIM + 2u);
-    if (g < groups) {
-        for (var c = lid % HEAD_DIM; c < HEAD_DIM; c = c + WG) {
-            var s4 = vec4<f32>(0.0);
-            var u = g;
-            for (; u + 3u * groups < n_keys && begin + u + 3u * groups < pos0; u = u + 4u * groups) {
-                let v0 = ((begin + u) * p.hkv + kvh) * HEAD_DIM + c;
-                let step = groups * p.hkv * HEAD_DIM;
-                s4 = s4 + vec4<f32>(scores[u], scores[u + groups], scores[u + 2u * groups],
-                                    scores[u + 3u * groups])
-                        * vec4<f32>(v_cache[v0], v_cache[v0 + step], v_cache[v0 + 2u * step],
-                                    v_cache[v0 + 3u * step]);
+    var m_run = EMPTY;   // the range's max score so far
+    var l_run = 0.0;     // thread lid's key's exps so far, relative to m_run
+    var acc = 0.0;       // element lid % HEAD_DIM of value group g's sum, relative to m_run
+    for (var c0 = begin; c0 < end; c0 = c0 + CHUNK) {
+        let n_keys = min(CHUNK, end - c0);
+        // Partial scores of keys c0 + slot and c0 + slot + SLOTS (both from the cache
+        // when they are in it: sixteen loads in flight).
+        let j = c0 + slot;
+        let j2 = j + SLOTS;
+        if (slot + SLOTS < n_keys && j2 < pos0) {
+            let parts = cached_key_parts((j * p.hkv + kvh) * HEAD_DIM,
+                                         (j2 * p.hkv + kvh) * HEAD_DIM, lane);
+            key_parts[slot * KEY_LANES + lane] = parts.x;
+            key_parts[(slot + SLOTS) * KEY_LANES + lane] = parts.y;
+        } else {
+            if (slot < n_keys) { key_parts[slot * KEY_LANES + lane] = key_part(j, lane, pos0, kvh, k_off); }
+            if (slot + SLOTS < n_keys) {
+                key_parts[(slot + SLOTS) * KEY_LANES + lane] = key_part(j2, lane, pos0, kvh, k_off);
             }
-            var sum = s4.x + s4.y + s4.z + s4.w;
-            for (; u < n_keys; u = u + groups) {
-                let jj = begin + u;
-                var val: f32;
-                if (jj < pos0) {
-                    val = v_cache[(jj * p.hkv + kvh) * HEAD_DIM + c];
-                } else {
-                    val = qkv[(jj - pos0) * row + v_off + c];
-                }
-                sum = sum + scores[u] * val;
-            }
-            scratch[lid] = sum;
-            if (groups == 1u) { part[base + c] = sum; }
         }
-    }
-    if (groups > 1u) {
         workgroupBarrier();
-        if (lid < HEAD_DIM) { part[base + lid] = group_sum(lid, groups); }
+        var sc = EMPTY;
+        if (lid < n_keys) {
+            sc = 0.0;
+            for (var u = 0u; u < KEY_LANES; u = u + 1u) { sc = sc + key_parts[lid * KEY_LANES + u]; }
+        }
+        // Online softmax: the chunk's max joins the range's, earlier sums are rescaled.
+        let m = max(m_run, reduce(lid, sc, true, CHUNK));
+        let rescale = exp(m_run - m);  // 0 for the first chunk (m_run = EMPTY)
+        let e = select(0.0, exp(sc - m), lid < n_keys);
+        exps[lid] = e;
+        l_run = l_run * rescale + e;
+        m_run = m;
+        workgroupBarrier();
+        if (g < groups) {
+            acc = acc * rescale + weighted_values(lid % HEAD_DIM, g, groups, c0, n_keys, pos0,
+                                                  kvh, v_off);
+        }
+        workgroupBarrier();  // key_parts and exps are rewritten by the next chunk
     }
-    if (lid == 0u) {
-        var l = 0.0;
-        for (var u = 0u; u < n_keys; u = u + 1u) { l = l + scores[u]; }
-        part[base + HEAD_DIM] = m;
-        part[base + HEAD_DIM + 1u] = l;
+    let l = reduce(lid, l_run, false, CHUNK);
+    scratch[lid] = acc;
+    workgroupBarrier();
+    let sum = group_sum(lid, groups);
+    if (p.n_ranges == 1u) {
+        // One range holds every key: the output itself, no `combine` pass. A token
+        // beyond the recorded bound gets NaN, as in `combine`.
+        let unseen = at >= p.max_keys;
+        let nan = bitcast<f32>(0x7fc00000u | (p.hq & 0u));
+        if (lid < HEAD_DIM) { out[(i * p.hq + h) * HEAD_DIM + lid] = select(sum / l, nan, unseen); }
+    } else {
+        let base = ((i * p.hq + h) * p.n_ranges + r) * (HEAD_DIM + 2u);
+        if (lid < HEAD_DIM) { part[base + lid] = sum; }
+        if (lid == 0u) {
+            part[base + HEAD_DIM] = m_run;
+            part[base + HEAD_DIM + 1u] = l;
+        }
     }
     // Append this token's key and value: once per kv head, by the first query head of
     // its group in the range holding the token's own position. No workgroup of this pass
     // reads cache rows >= pos0, so the writes race with nothing.
-    if (h % group == 0u && at < begin + RANGE && at < p.n_ctx) {
+    if (h % group == 0u && at < begin + p.range_len && at < p.n_ctx) {
         append_key_value(lid, WG, i, at, kvh, k_off, v_off);
     }
 }
@@ -255,12 +232,12 @@ fn combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) 
     let h = wid.x;
     let i = wid.y;
     let at = u32(state[1]) + i;
-    // Keys beyond the grid (or the cache) were never seen: say so with NaN rather than
+    // Keys beyond the bound (or the cache) were never seen: say so with NaN rather than
     // return attention over part of them; the host cannot check, as the position lives
     // on the device. (Not a constant: WGSL forbids constant NaN.)
-    let unseen = at >= p.n_ranges * RANGE || at >= p.n_ctx;
+    let unseen = at >= p.max_keys;
     let nan = bitcast<f32>(0x7fc00000u | (p.hq & 0u));
-    let n_used = min(at / RANGE + 1u, p.n_ranges);
+    let n_used = min(at / p.range_len + 1u, p.n_ranges);
     let first = (i * p.hq + h) * p.n_ranges;
     let stride = HEAD_DIM + 2u;
     var mx = EMPTY;
@@ -307,19 +284,20 @@ fn combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) 
     }
 }
 
-// Sum of exps[u] * V row u element c over keys u = g, g + groups, .. < n_keys,
+// Sum of exps[u] * V row first + u, element c, over u = g, g + groups, .. < n_keys,
 // sixteen (then eight) loads in flight per trip while the rows are in the cache (below
 // pos0). Rows at pos0 and later come from qkv (new tokens of this pass).
-fn weighted_values(c: u32, g: u32, groups: u32, n_keys: u32, pos0: u32, kvh: u32,
-                   v_off: u32) -> f32 {
+fn weighted_values(c: u32, g: u32, groups: u32, first: u32, n_keys: u32, pos0: u32,
+                   kvh: u32, v_off: u32) -> f32 {
     var a = vec4<f32>(0.0);
     var b = vec4<f32>(0.0);
     var a2 = vec4<f32>(0.0);
     var b2 = vec4<f32>(0.0);
     var u = g;
     let step = groups * p.hkv * HEAD_DIM;
-    for (; u + 15u * groups < min(n_keys, pos0); u = u + 16u * groups) {
-        let v0 = (u * p.hkv + kvh) * HEAD_DIM + c;
+    let cached = min(n_keys, pos0 - min(first, pos0));  // keys of the cache among them
+    for (; u + 15u * groups < cached; u = u + 16u * groups) {
+        let v0 = ((first + u) * p.hkv + kvh) * HEAD_DIM + c;
         let v8 = v0 + 8u * step;
         let u8 = u + 8u * groups;
         a = a + vec4<f32>(exps[u], exps[u + groups], exps[u + 2u * groups], exps[u + 3u * groups])
@@ -337,8 +315,8 @@ fn weighted_values(c: u32, g: u32, groups: u32, n_keys: u32, pos0: u32, kvh: u32
               * vec4<f32>(v_cache[v8 + 4u * step], v_cache[v8 + 5u * step],
                           v_cache[v8 + 6u * step], v_cache[v8 + 7u * step]);
     }
-    for (; u + 7u * groups < min(n_keys, pos0); u = u + 8u * groups) {
-        let v0 = (u * p.hkv + kvh) * HEAD_DIM + c;
+    for (; u + 7u * groups < cached; u = u + 8u * groups) {
+        let v0 = ((first + u) * p.hkv + kvh) * HEAD_DIM + c;
         a = a + vec4<f32>(exps[u], exps[u + groups], exps[u + 2u * groups], exps[u + 3u * groups])
               * vec4<f32>(v_cache[v0], v_cache[v0 + step], v_cache[v0 + 2u * step],
                           v_cache[v0 + 3u * step]);
@@ -350,11 +328,12 @@ fn weighted_values(c: u32, g: u32, groups: u32, n_keys: u32, pos0: u32, kvh: u32
     let ab = a + b + a2 + b2;
     var sum = ab.x + ab.y + ab.z + ab.w;
     for (; u < n_keys; u = u + groups) {
+        let key = first + u;
         var val: f32;
-        if (u < pos0) {
-            val = v_cache[(u * p.hkv + kvh) * HEAD_DIM + c];
+        if (key < pos0) {
+            val = v_cache[(key * p.hkv + kvh) * HEAD_DIM + c];
         } else {
-            val = qkv[(u - pos0) * row_len() + v_off + c];
+            val = qkv[(key - pos0) * row_len() + v_off + c];
         }
         sum = sum + exps[u] * val;
     }
@@ -362,14 +341,14 @@ fn weighted_values(c: u32, g: u32, groups: u32, n_keys: u32, pos0: u32, kvh: u32
 }
 
 // Lane `lane`'s parts of the scores of the two cached keys whose rows start at kb and
-// kb2 (elements lane, lane + SINGLE_LANES, ..), all sixteen loads in flight at once.
+// kb2 (elements lane, lane + KEY_LANES, ..), all sixteen loads in flight at once.
 fn cached_key_parts(kb: u32, kb2: u32, lane: u32) -> vec2<f32> {
     var a = vec4<f32>(0.0);
     var b = vec4<f32>(0.0);
     var a2 = vec4<f32>(0.0);
     var b2 = vec4<f32>(0.0);
     var c = lane;
-    let L = SINGLE_LANES;
+    let L = KEY_LANES;
     for (; c + 7u * L < HEAD_DIM; c = c + 8u * L) {
         let qa = vec4<f32>(q_row[c], q_row[c + L], q_row[c + 2u * L], q_row[c + 3u * L]);
         let qb = vec4<f32>(q_row[c + 4u * L], q_row[c + 5u * L], q_row[c + 6u * L],
@@ -400,74 +379,6 @@ fn key_part(j: u32, lane: u32, pos0: u32, kvh: u32, k_off: u32) -> f32 {
     }
     let kb = (j - pos0) * row_len() + k_off;
     var acc = 0.0;
-    for (var c = lane; c < HEAD_DIM; c = c + SINGLE_LANES) { acc = acc + q_row[c] * rotated(kb, c, j); }
+    for (var c = lane; c < HEAD_DIM; c = c + KEY_LANES) { acc = acc + q_row[c] * rotated(kb, c, j); }
     return acc;
-}
-
-@compute @workgroup_size(SINGLE_WG)
-fn single(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid3: vec3<u32>) {
-    let lid = lid3.x;
-    let h = wid.x;
-    let i = wid.y;
-    let pos0 = u32(state[1]);
-    let at = pos0 + i;
-    // As in `combine`: a token beyond the recorded bound gets NaN, not attention over
-    // part of its keys.
-    let unseen = at >= min(p.n_ranges * RANGE, SINGLE_WG) || at >= p.n_ctx;
-    let nan = bitcast<f32>(0x7fc00000u | (p.hq & 0u));
-    let n_keys = min(at + 1u, SINGLE_WG);
-    let group = p.hq / p.hkv;
-    let kvh = h / group;
-    let k_off = p.hq * HEAD_DIM + kvh * HEAD_DIM;
-    let v_off = (p.hq + p.hkv) * HEAD_DIM + kvh * HEAD_DIM;
-
-    stage_query(lid, SINGLE_WG, i, h, at);
-    workgroupBarrier();
-
-    // Partial scores, two keys per trip (keys j and j + per_trip) while both are cached.
-    let lane = lid % SINGLE_LANES;
-    let per_trip = SINGLE_WG / SINGLE_LANES;
-    for (var j = lid / SINGLE_LANES; j < n_keys; j = j + 2u * per_trip) {
-        let j2 = j + per_trip;
-        if (j2 < min(pos0, n_keys)) {
-            let parts = cached_key_parts((j * p.hkv + kvh) * HEAD_DIM,
-                                         (j2 * p.hkv + kvh) * HEAD_DIM, lane);
-            key_parts[j * SINGLE_LANES + lane] = parts.x;
-            key_parts[j2 * SINGLE_LANES + lane] = parts.y;
-        } else {
-            key_parts[j * SINGLE_LANES + lane] = key_part(j, lane, pos0, kvh, k_off);
-            if (j2 < n_keys) { key_parts[j2 * SINGLE_LANES + lane] = key_part(j2, lane, pos0, kvh, k_off); }
-        }
-    }
-    workgroupBarrier();
-    var sc = EMPTY;
-    if (lid < n_keys) {
-        sc = 0.0;
-        for (var u = 0u; u < SINGLE_LANES; u = u + 1u) { sc = sc + key_parts[lid * SINGLE_LANES + u]; }
-    }
-    let m = reduce(lid, sc, true, SINGLE_WG);
-    let e = select(0.0, exp(sc - m), lid < n_keys);
-    exps[lid] = e;
-    let l = reduce(lid, e, false, SINGLE_WG);  // its barriers also publish exps
-
-    let groups = value_groups(SINGLE_WG);
-    let g = lid / HEAD_DIM;
-    if (g < groups) {
-        for (var c = lid % HEAD_DIM; c < HEAD_DIM; c = c + SINGLE_WG) {
-            let sum = weighted_values(c, g, groups, n_keys, pos0, kvh, v_off);
-            scratch[lid] = sum;
-            if (groups == 1u) { out[(i * p.hq + h) * HEAD_DIM + c] = select(sum / l, nan, unseen); }
-        }
-    }
-    if (groups > 1u) {
-        workgroupBarrier();
-        if (lid < HEAD_DIM) {
-            out[(i * p.hq + h) * HEAD_DIM + lid] = select(group_sum(lid, groups) / l, nan, unseen);
-        }
-    }
-    // Append this token's key and value once per kv head (the first query head of its
-    // group). Workgroups of this pass read cache rows below pos0 only.
-    if (h % group == 0u && at < p.n_ctx) {
-        append_key_value(lid, SINGLE_WG, i, at, kvh, k_off, v_off);
-    }
 }

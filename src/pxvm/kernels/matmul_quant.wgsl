@@ -10,6 +10,12 @@
 // several small ones: NORM RMS-normalises each x row and scales it by `gain` before the
 // product; EPILOGUE 1 adds `res` (a residual), EPILOGUE 2 is SwiGLU: W holds the gate
 // rows then the up rows (2N rows) and y = silu(x Wg^T) * (x Wu^T).
+// ATTENTION_PARTS: x holds attention_cached.wgsl's per-range partial results (`part`:
+// per token, query head and key range, HEAD_DIM unnormalised sums, the max score, the
+// sum of exponentials) and `ids` its state [token, position]. Every workgroup merges
+// its token's ranges into the attention output (K = heads * HEAD_DIM values, at most
+// MAX_MERGED) in workgroup memory, then multiplies that: the output projection takes
+// attention's merge pass and the wait for it.
 
 override FORMAT: u32 = 3u;
 const WG: u32 = 256u;
@@ -20,6 +26,8 @@ override LANES: u32 = 32u;
 override ROWS_PER_WG: u32 = WG / LANES;   // output columns per workgroup
 override NORM: bool = false;
 override EPILOGUE: u32 = 0u;
+override ATTENTION_PARTS: bool = false;
+const MAX_MERGED: u32 = 2048u;
 
 struct Params {
     M: u32,
@@ -27,6 +35,10 @@ struct Params {
     K: u32,
     row_bytes: u32,  // bytes of one weight row
     eps: f32,        // NORM's epsilon
+    head_dim: u32,   // ATTENTION_PARTS: values per head,
+    n_ranges: u32,   // key ranges per token and head,
+    range_len: u32,  // keys per range,
+    max_keys: u32,   // and the keys they cover (within the cache)
 }
 
 @group(0) @binding(0) var<storage, read> x: array<f32>;
@@ -40,6 +52,7 @@ struct Params {
 var<workgroup> partial: array<f32, WG>;
 var<workgroup> partial_up: array<f32, WG>;
 var<workgroup> squares: array<f32, WG>;
+var<workgroup> merged: array<f32, MAX_MERGED>;
 
 fn byte_at(i: u32) -> u32 {
     return (w[i >> 2u] >> ((i & 3u) * 8u)) & 0xffu;
@@ -144,12 +157,14 @@ fn word_at(i: u32) -> u32 {
 // x[m][k] as the product sees it: scaled by the gain when NORM (the norm's 1 / rms, the
 // same for the whole row, multiplies the finished sum instead).
 fn x_at(m: u32, k: u32) -> f32 {
+    if (ATTENTION_PARTS) { return merged[k]; }
     let v = x[m * p.K + k];
     if (NORM) { return v * gain[k]; }
     return v;
 }
 
 fn x4(m: u32, k: u32) -> vec4<f32> {
+    if (ATTENTION_PARTS) { return vec4<f32>(merged[k], merged[k + 1u], merged[k + 2u], merged[k + 3u]); }
     let i = m * p.K + k;
     let v = vec4<f32>(x[i], x[i + 1u], x[i + 2u], x[i + 3u]);
     if (NORM) { return v * vec4<f32>(gain[k], gain[k + 1u], gain[k + 2u], gain[k + 3u]); }
@@ -237,6 +252,43 @@ fn lane_dot(m: u32, n: u32, lane: u32) -> f32 {
     return acc;
 }
 
+// ATTENTION_PARTS: token m's attention output into `merged`. Each thread merges whole
+// elements itself (no barriers), four ranges per trip (twelve loads in flight), with an
+// online max; ranges beyond the token's last are clamped to it and weigh nothing. A
+// token beyond the ranges' keys gets NaN, as attention_cached.wgsl's `combine` does.
+fn merge_attention(m: u32, lid: u32) {
+    let at = u32(ids[1]) + m;
+    let used = min(at / p.range_len + 1u, p.n_ranges);
+    let unseen = at >= p.max_keys;
+    let nan = bitcast<f32>(0x7fc00000u | (p.M & 0u));
+    let stride = p.head_dim + 2u;
+    let heads = p.K / p.head_dim;
+    for (var o = lid; o < p.K; o = o + WG) {
+        let first = (m * heads + o / p.head_dim) * p.n_ranges;
+        let c = o % p.head_dim;
+        var mx = -3.0e38;
+        var total = 0.0;
+        var sum = 0.0;
+        for (var r = 0u; r < used; r = r + 4u) {
+            let live = vec4<bool>(true, r + 1u < used, r + 2u < used, r + 3u < used);
+            let b = (first + vec4<u32>(r, min(r + 1u, used - 1u), min(r + 2u, used - 1u),
+                                       min(r + 3u, used - 1u))) * stride;
+            let ms = select(vec4<f32>(-3.0e38), vec4<f32>(x[b.x + p.head_dim], x[b.y + p.head_dim],
+                                                           x[b.z + p.head_dim], x[b.w + p.head_dim]), live);
+            let ls = vec4<f32>(x[b.x + p.head_dim + 1u], x[b.y + p.head_dim + 1u],
+                               x[b.z + p.head_dim + 1u], x[b.w + p.head_dim + 1u]);
+            let os = vec4<f32>(x[b.x + c], x[b.y + c], x[b.z + c], x[b.w + c]);
+            let new_mx = max(mx, max(max(ms.x, ms.y), max(ms.z, ms.w)));
+            let rescale = exp(mx - new_mx);
+            let e = exp(ms - vec4<f32>(new_mx));
+            total = total * rescale + dot(e, ls);
+            sum = sum * rescale + dot(e, os);
+            mx = new_mx;
+        }
+        merged[o] = select(sum / total, nan, unseen);
+    }
+}
+
 @compute @workgroup_size(WG)
 fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid3: vec3<u32>) {
     let lid = lid3.x;
@@ -244,6 +296,10 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l
     let lane = lid % LANES;
     let n = wid.x * ROWS_PER_WG + col;
     let m = wid.y;
+    if (ATTENTION_PARTS) {
+        merge_attention(m, lid);
+        workgroupBarrier();
+    }
     // NORM: every workgroup sums the squares of its x row itself (K values are cheap to
     // read twice; a separate norm dispatch and its barrier are not), alongside the
     // product rather than before it, so that the weights' loads need not wait for it and

@@ -7,7 +7,7 @@ the device, so each step only re-submits the same dispatches; greedy decoding ch
 steps on the GPU (the argmax becomes the next step's token) without waiting for the host,
 several steps per submit.
 A step is recorded per span of positions (`step_bound`): attention's grid covers only the
-keys the span can see, and short contexts take its one-pass kernel.
+keys the span can see.
 """
 
 from __future__ import annotations
@@ -32,8 +32,10 @@ STEPS_PER_SUBMIT = 4
 SUBMITS_IN_FLIGHT = 2
 
 #: The smallest recorded step's key bound; each next one is STEP_BOUND_GROWTH times larger,
-#: the last the whole context. 256 keys is what attention's one-pass kernel covers.
-FIRST_STEP_BOUND = 256
+#: the last the whole context. The first span's attention is one key range per head
+#: (pxvm.ops.attention.CACHED_ONE_RANGE_MAX_KEYS), the others' ranges are merged by the
+#: output projection.
+FIRST_STEP_BOUND = 64
 STEP_BOUND_GROWTH = 4
 
 
@@ -248,11 +250,14 @@ class Model:
         cfg = self.config
         for i, layer in enumerate(self.layers):
             qkv = self._normed_product(b, x, layer.attn_norm, layer.qkv)
-            att = b.attention_cached(qkv, self.k_cache[i], self.v_cache[i], state,
-                                     n_heads=cfg.n_heads, theta=cfg.rope_theta,
-                                     style="interleaved", max_keys=max_keys)
-            x = _add_product(b, att, layer.wo, x)
-            x = _add_product(b, self._swiglu(b, x, layer), layer.w_down, x)
+            wo = layer.wo
+            x = b.attention_cached_matmul_quant_add(
+                qkv, self.k_cache[i], self.v_cache[i], state, wo.tensor, x,
+                n_heads=cfg.n_heads, theta=cfg.rope_theta, style="interleaved",
+                max_keys=max_keys, qtype=wo.qtype, k=wo.k)
+            down = layer.w_down
+            x = b.matmul_quant_add(self._swiglu(b, x, layer), down.tensor, x, qtype=down.qtype,
+                                   k=down.k)
         return x
 
     def _normed_product(self, b: Batch, x, gain, parts: list[Matrix]):
@@ -271,10 +276,6 @@ class Model:
                                           eps=self.config.norm_eps)
         gate, up = (self._normed_product(b, x, layer.ffn_norm, [m]) for m in layer.gate_up)
         return b.mul(b.silu(gate), up)
-
-
-def _add_product(b: Batch, x, w: Matrix, residual):
-    return b.matmul_quant_add(x, w.tensor, residual, qtype=w.qtype, k=w.k)
 
 
 def profile_decode_step(model: Model, repeats: int = 20) -> dict:

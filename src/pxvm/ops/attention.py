@@ -5,7 +5,9 @@ keys (decoding) split the keys over several workgroups and merge the partial res
 `attention_cached` (attention_cached.wgsl) is the transformer's whole attention step
 over a KV cache: rotary embedding, appending the new keys and values, attending. It
 reads the position from a state tensor on the device, so a recorded decoding step is
-valid at every position."""
+valid at every position. `attention_cached_matmul_quant_add` adds the output projection
+and the residual: for a decoding step its product merges attention's per-range results
+itself, so a layer's attention takes two dispatches however many keys it sees."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import math
 import numpy as np
 
 from .normalization import rope_ref, rope_table
+from .quantized import MAX_MERGED, matmul_quant_add, matmul_quant_add_ref, record_product
 from .registry import meta, register, require
 
 KERNEL = "attention.wgsl"
@@ -94,10 +97,34 @@ def attention_gpu(ctx, q, k, v, causal=True, scale=None):
 attention = register("attention", 3, attention_ref, attention_gpu, _infer)
 
 CACHED_KERNEL = "attention_cached.wgsl"
-CACHED_RANGE = 32  # keys per workgroup of attention_cached.wgsl's `split` (its RANGE)
-# Bounds of at most this many keys take attention_cached.wgsl's one-pass `single` (its
-# SINGLE_WG) instead of `split` + `combine`.
-CACHED_SINGLE_MAX_KEYS = 256
+CACHED_CHUNK = 64  # keys per trip of attention_cached.wgsl's `split` (its CHUNK)
+# The keys a token may see are cut into at most CACHED_MAX_RANGES ranges, one workgroup
+# each per (token, head); their results are merged by `combine` or by the output
+# projection. Bounds of at most CACHED_ONE_RANGE_MAX_KEYS keys take one range, which
+# needs no merge: `attention_cached` then runs in one dispatch. On the H100 (SmolLM2's
+# decoding step, benchmarks/h100/tree_ab.py) one 64-key range beat four merged ones by
+# 40 us at position 0, but one range over 256 keys (four chunks in turn) lost to four
+# ranges by 120-230 us at positions 128-255. Every thread reading the chunk's scores for
+# the max and sum itself, instead of the reductions, cost 120 us at positions 64-255
+# and 640 at 2,000.
+CACHED_MAX_RANGES = 16
+CACHED_ONE_RANGE_MAX_KEYS = 64
+# Every workgroup of the output projection merges its token's ranges again: for one
+# token (a decoding step) that costs less than a `combine` pass and the wait for it, for
+# a prompt's many tokens more (SmolLM2's shapes on the H100, 512-token prefill: 4,973 and
+# 5,036 tokens/s merged in the product, 5,172 and 5,436 with combine).
+PRODUCT_MERGES_MAX_TOKENS = 1
+
+
+def cached_key_ranges(bound: int):
+    """(ranges, keys per range) covering `bound` keys: one range up to
+    CACHED_ONE_RANGE_MAX_KEYS keys, else the fewest chunk-aligned ranges of equal length,
+    at most CACHED_MAX_RANGES."""
+    chunk = CACHED_CHUNK
+    if bound <= CACHED_ONE_RANGE_MAX_KEYS:
+        return 1, -(-bound // chunk) * chunk
+    range_len = chunk * -(-bound // (chunk * CACHED_MAX_RANGES))
+    return -(-bound // range_len), range_len
 
 
 def attention_cached_ref(qkv, k_cache, v_cache, state, n_heads=1, theta=10000.0,
@@ -152,28 +179,80 @@ def _infer_cached(qkv, k_cache, v_cache, state, n_heads=1, theta=10000.0,
     return meta((qkv.shape[0], n_heads * d), np.float32)
 
 
-def attention_cached_gpu(ctx, qkv, k_cache, v_cache, state, n_heads=1, theta=10000.0,
-                         style="interleaved", scale=None, max_keys=None):
+def _attend(ctx, qkv, k_cache, v_cache, state, n_heads, theta, style, scale, bound):
+    """Record `split` over keys below `bound`: with one range it returns (the attention
+    output, None), else (the ranges' partial results, (ranges, keys per range, a function
+    that records `combine` and returns the output)), leaving the merge to the caller."""
     s = qkv.shape[0]
     n_ctx, hkv, d = k_cache.shape
+    n_ranges, range_len = cached_key_ranges(bound)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    bound = max_keys or n_ctx
-    n_ranges = -(-bound // CACHED_RANGE)
-    single = bound <= CACHED_SINGLE_MAX_KEYS
     table = rope_table(ctx, theta, d, n_ctx)
-    part_rows = 1 if single else s * n_heads * n_ranges
-    part = ctx.empty((part_rows, d + 2), np.float32, "attention partial sums")
+    part = ctx.empty((1 if n_ranges == 1 else s * n_heads * n_ranges, d + 2), np.float32,
+                     "attention partial sums")
     out = ctx.empty((s, n_heads * d), np.float32)
     tensors = [qkv, k_cache, v_cache, state, table, part, out]
-    params = (s, n_heads, hkv, n_ctx, n_ranges, scale)
+    params = (s, n_heads, hkv, n_ctx, n_ranges, range_len, bound, scale)
     consts = {"NEOX": int(style == "neox"), "HEAD_DIM": d}
-    if single:
-        ctx.dispatch(CACHED_KERNEL, "single", tensors, params, (n_heads, s, 1), consts)
-    else:
-        ctx.dispatch(CACHED_KERNEL, "split", tensors, params, (n_ranges, n_heads, s), consts)
+    ctx.dispatch(CACHED_KERNEL, "split", tensors, params, (n_ranges, n_heads, s), consts)
+    if n_ranges == 1:
+        return out, None
+
+    def combine():
         ctx.dispatch(CACHED_KERNEL, "combine", tensors, params, (n_heads, s, 1), consts)
-    return out
+        return out
+
+    return part, (n_ranges, range_len, combine)
+
+
+def attention_cached_gpu(ctx, qkv, k_cache, v_cache, state, n_heads=1, theta=10000.0,
+                         style="interleaved", scale=None, max_keys=None):
+    result, ranges = _attend(ctx, qkv, k_cache, v_cache, state, n_heads, theta, style,
+                             scale, max_keys or k_cache.shape[0])
+    return result if ranges is None else ranges[2]()
 
 
 attention_cached = register("attention_cached", 4, attention_cached_ref, attention_cached_gpu,
                             _infer_cached, input_dtypes=("f32", "f32", "f32", "i32"))
+
+
+def attention_cached_matmul_quant_add_ref(qkv, k_cache, v_cache, state, w, residual, n_heads=1,
+                                          theta=10000.0, style="interleaved", scale=None,
+                                          max_keys=None, qtype=3, k=0, lanes=None):
+    """residual + attention_cached(qkv, caches, state, ...) @ W^T, W raw GGUF blocks: a
+    layer's attention with its output projection (the caches are written in place)."""
+    att = attention_cached_ref(qkv, k_cache, v_cache, state, n_heads, theta, style, scale,
+                               max_keys)
+    return matmul_quant_add_ref(att, w, residual, qtype, k)
+
+
+def _infer_cached_product(qkv, k_cache, v_cache, state, w, residual, n_heads=1, theta=10000.0,
+                          style="interleaved", scale=None, max_keys=None, qtype=3, k=0,
+                          lanes=None):
+    att = _infer_cached(qkv, k_cache, v_cache, state, n_heads, theta, style, scale, max_keys)
+    require(k == att.shape[1], f"attention_cached_matmul_quant_add: the output projection "
+            f"takes the attention output, K = n_heads * head dim = {att.shape[1]}; got k={k}")
+    return matmul_quant_add.infer([att, w, residual], {"qtype": qtype, "k": k, "lanes": lanes})
+
+
+def attention_cached_matmul_quant_add_gpu(ctx, qkv, k_cache, v_cache, state, w, residual,
+                                          n_heads=1, theta=10000.0, style="interleaved",
+                                          scale=None, max_keys=None, qtype=3, k=0, lanes=None):
+    n_ctx, _, d = k_cache.shape
+    bound = max_keys or n_ctx
+    result, ranges = _attend(ctx, qkv, k_cache, v_cache, state, n_heads, theta, style, scale,
+                             bound)
+    if (ranges is None or qkv.shape[0] > PRODUCT_MERGES_MAX_TOKENS
+            or n_heads * d > MAX_MERGED):
+        att = result if ranges is None else ranges[2]()
+        return record_product(ctx, att, w, w.shape[0], qtype, k, residual=residual,
+                              lanes=lanes, epilogue=1)
+    merge = (state, d, ranges[0], ranges[1], bound)
+    return record_product(ctx, result, w, w.shape[0], qtype, k, residual=residual,
+                          lanes=lanes, epilogue=1, rows=qkv.shape[0], attention=merge)
+
+
+attention_cached_matmul_quant_add = register(
+    "attention_cached_matmul_quant_add", 6, attention_cached_matmul_quant_add_ref,
+    attention_cached_matmul_quant_add_gpu, _infer_cached_product,
+    input_dtypes=("f32", "f32", "f32", "i32", "u8", "f32"))

@@ -147,40 +147,56 @@ def _lanes(ctx, lanes, m, n, k):
     return 64 if k <= 1024 else 32
 
 
-def _product(ctx, x, w, gain, res, n, qtype, k, eps, lanes, norm, epilogue):
-    """Record the `matmul` entry: y (M, n) with the given fusions."""
-    m = x.shape[0]
+#: The longest attention output (heads x head size) that a product merges from attention's
+#: per-range results itself (matmul_quant.wgsl's MAX_MERGED, in workgroup memory).
+MAX_MERGED = 2048
+
+
+def record_product(ctx, x, w, n, qtype, k, *, gain=None, residual=None, eps=0.0, lanes=None,
+                   epilogue=0, rows=None, attention=None):
+    """Record matmul_quant.wgsl's `matmul`: y (rows, n), rows = x's (default). `gain`
+    makes it norm-fused, `epilogue` 1 adds `residual`, 2 is SwiGLU. `attention` =
+    (state, head_dim, n_ranges, range_len, max_keys) says that x is attention_cached's
+    per-range partial results, merged by the product (ATTENTION_PARTS)."""
+    m = x.shape[0] if rows is None else rows
     out = ctx.empty((m, n), np.float32)
     lanes = _lanes(ctx, lanes, m, n, k)
     rows_per_wg = 256 // lanes
-    ctx.dispatch("matmul_quant.wgsl", "matmul", [x, w, out, x, gain, res],
-                 (m, n, k, row_bytes(qtype, k), float(eps)),
+    state, merge = (x, (0, 0, 0, 0)) if attention is None else (attention[0], attention[1:])
+    ctx.dispatch("matmul_quant.wgsl", "matmul",
+                 [x, w, out, state, x if gain is None else gain,
+                  x if residual is None else residual],
+                 (m, n, k, row_bytes(qtype, k), float(eps), *merge),
                  ((n + rows_per_wg - 1) // rows_per_wg, m, 1),
-                 {"FORMAT": qtype, "LANES": lanes, "NORM": int(norm), "EPILOGUE": epilogue})
+                 {"FORMAT": qtype, "LANES": lanes, "NORM": int(gain is not None),
+                  "EPILOGUE": epilogue, "ATTENTION_PARTS": int(attention is not None)})
     return out
 
 
 def matmul_quant_gpu(ctx, x, w, qtype=3, k=0, lanes=None):
-    return _product(ctx, x, w, x, x, w.shape[0], qtype, k, 0.0, lanes, False, 0)
+    return record_product(ctx, x, w, w.shape[0], qtype, k, lanes=lanes)
 
 
 def rmsnorm_matmul_quant_gpu(ctx, x, gain, w, qtype=3, k=0, eps=1e-6, lanes=None):
-    return _product(ctx, x, w, gain, x, w.shape[0], qtype, k, eps, lanes, True, 0)
+    return record_product(ctx, x, w, w.shape[0], qtype, k, gain=gain, eps=eps, lanes=lanes)
 
 
 def matmul_quant_add_gpu(ctx, x, w, residual, qtype=3, k=0, lanes=None):
-    return _product(ctx, x, w, x, residual, w.shape[0], qtype, k, 0.0, lanes, False, 1)
+    return record_product(ctx, x, w, w.shape[0], qtype, k, residual=residual, lanes=lanes,
+                          epilogue=1)
 
 
 def rmsnorm_swiglu_quant_gpu(ctx, x, gain, w, qtype=3, k=0, eps=1e-6, lanes=None):
-    return _product(ctx, x, w, gain, x, w.shape[0] // 2, qtype, k, eps, lanes, True, 2)
+    return record_product(ctx, x, w, w.shape[0] // 2, qtype, k, gain=gain, eps=eps,
+                          lanes=lanes, epilogue=2)
 
 
 def embedding_quant_gpu(ctx, ids, w, qtype=3, k=0):
     s = ids.shape[0]
     out = ctx.empty((s, k), np.float32)
     ctx.dispatch("matmul_quant.wgsl", "embed", [w, w, out, ids, w, w],
-                 (s, w.shape[0], k, row_bytes(qtype, k), 0.0), ((k + 255) // 256, s, 1),
+                 (s, w.shape[0], k, row_bytes(qtype, k), 0.0, 0, 0, 0, 0),
+                 ((k + 255) // 256, s, 1),
                  {"FORMAT": qtype})
     return out
 

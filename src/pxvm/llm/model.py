@@ -23,13 +23,14 @@ from ..runtime.errors import PxvmError
 from .gguf_model import Config, GGUFModelFile, Weight, default_model_path
 
 #: Greedy decoding submits this many steps in one command buffer and reads their tokens
-#: back with one map: on the H100 a submit plus a map cost the host ~0.3 ms, a quarter of
-#: the GPU's step (benchmarks/h100/host_per_token.py: 839 tokens/s with 4 steps per
-#: submit, 757 with one, after a prefill).
-STEPS_PER_SUBMIT = 4
-#: Submits queued before the host waits for the oldest, so the GPU never waits for the
-#: host's encoding; stopping early wastes at most STEPS_PER_SUBMIT * this many steps.
-SUBMITS_IN_FLIGHT = 2
+#: back with one map, with SUBMITS_IN_FLIGHT submits queued before the host waits for
+#: the oldest, so that the GPU does not wait for the host's encoding. On the H100
+#: (benchmarks/h100/decode_overlap.py, SmolLM2's shapes, 128 tokens from an empty
+#: context): 2 steps x 4 in flight 819.6 tokens/s, 4 x 2 814.3, 4 x 3 813.4, 8 x 2 797.5,
+#: submits growing 1, 2, 4, 8 steps 799.9; the GPU alone, every submit encoded before
+#: the first runs, 852-862. Stopping early wastes at most the steps in flight.
+STEPS_PER_SUBMIT = 2
+SUBMITS_IN_FLIGHT = 4
 
 #: The smallest recorded step's key bound; each next one is STEP_BOUND_GROWTH times larger,
 #: the last the whole context. The first span's attention is one key range per head

@@ -12,4 +12,4 @@ timeout 60 python3 -m pxvm generate --model $M --chat "What is the capital of Fr
 timeout 200 python3 -m pxvm bench llm --model $M --repeats 5 --profile -o $OUT/llm_bench.json 2>&1 | tail -32
 timeout 200 python3 -m pxvm bench llm --model $M --repeats 5 --depth 512 -o $OUT/llm_bench_d512.json 2>&1 | tail -3
 /tmp/lcpp/llama.cpp/build/bin/llama-bench -m $M -ngl 99 -p 512 -n 128 -d 0,512 2>&1 | tee $OUT/llama_bench.md | tail -7
-timeout 120 python3 benchmarks/h100/host_per_token.py $M 2>&1 | tail -20
+timeout 150 python3 benchmarks/h100/decode_overlap.py $M 2>&1 | grep -v Warn | tail -12

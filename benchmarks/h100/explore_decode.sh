@@ -8,6 +8,7 @@ import numpy as np, time
 t=time.time()
 spec = TinySpec(n_layers=30, dim=576, n_heads=9, n_kv_heads=3, ffn_dim=1536, vocab_size=49152, context_length=8192, rope_theta=100000.0)
 write_tiny_gguf('/tmp/shaped.gguf', spec, np.random.default_rng(0)); print('made model', time.time()-t)"
+[ "$1" = "--setup" ] && exit 0  # installed and the model written: for other scripts
 # Scripts to run (default explore_decode.py), each given the model:
 for script in "${@:-explore_decode.py}"; do
     echo "== $script"; python3 benchmarks/h100/$script /tmp/shaped.gguf

@@ -37,9 +37,9 @@ def scripted(monkeypatch):
     def install(reply: str, context_length: int = 8192):
         script = tok.encode(reply) + [tok.token_id("<|im_end|>")]
 
-        def fake_load(path=None, backend="auto", progress=True):
+        def fake_load(path=None, backend="auto", progress=True, warm_up=False):
             model = ScriptedModel(smollm_metadata(), script, context_length)
-            made.append((path, backend, model))
+            made.append((path, backend, model, warm_up))
             return model
 
         monkeypatch.setattr(pxvm.llm, "load_model", fake_load)
@@ -56,6 +56,7 @@ def test_generate_streams_text_then_speeds(scripted):
     assert result.output.startswith("Bonjour à tous 🙂\n")
     assert "tokens/s" in result.output and "scripted test model" in result.output
     assert made[0][:2] == ("some.gguf", "cpu")
+    assert made[0][3]  # kernels compiled before the timed generation
 
 
 def test_generate_chat_and_sampling_options(scripted):

@@ -259,3 +259,31 @@ def test_greedy_decoding_across_step_bounds_matches_the_numpy_backend(prompt_len
     assert list(gpu.decode_greedy(first, 12)) == expected
     assert sorted(gpu._steps) == bounds
     assert [gpu._steps[b].dispatches for b in bounds] == [2 * 5 + 4] * 2
+
+
+@pytest.mark.parametrize("context", [300, 20])
+def test_warm_up_compiles_what_a_generation_needs_and_leaves_no_trace(context, tmp_path, rng,
+                                                                      gpu_device):
+    # After warm_up, a prefill of more than 64 tokens (several key ranges and a merge
+    # pass), sampled decoding across the 64-key span and greedy decoding compile no new
+    # pipeline; and they produce what a model that never warmed up produces.
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path, TinySpec(context_length=context), rng)
+    prompt = rng.integers(0, 101, size=min(70, context - 8)).tolist()
+
+    def run(model):
+        model.reset()
+        logits = model.forward(prompt)
+        sampled = [int(np.argmax(model.forward([int(np.argmax(logits))]))) for _ in range(3)]
+        return logits, sampled + list(model.decode_greedy(sampled[-1], 4))
+
+    cold = load_model(str(path), backend="gpu", progress=False)
+    expected_logits, expected = run(cold)
+    gpu_device._pipelines.clear()  # compiled by the run above (and earlier tests)
+    warm = load_model(str(path), backend="gpu", progress=False, warm_up=True)
+    assert warm.position == 0
+    pipelines = set(gpu_device._pipelines)
+    logits, tokens = run(warm)
+    assert set(gpu_device._pipelines) == pipelines
+    assert tokens == expected
+    assert nmse(logits, expected_logits) <= 1e-10

@@ -16,14 +16,14 @@ MODEL_HELP = "A llama-family .gguf file (default: SmolLM2-135M-Instruct from llm
 BACKEND_HELP = "auto, gpu or cpu."
 
 
-def _load(model: Path | None, backend: str):
+def _load(model: Path | None, backend: str, warm_up: bool = True):
     from .. import llm
     from ..llm.tokenizer import Tokenizer
 
     if backend not in ("auto", "gpu", "cpu"):
         raise typer.BadParameter(f"--backend must be auto, gpu or cpu, not {backend!r}")
     loaded = llm.load_model(str(model) if model is not None else None, backend=backend,
-                            progress=sys.stderr.isatty())
+                            progress=sys.stderr.isatty(), warm_up=warm_up)
     return loaded, Tokenizer(loaded.metadata)
 
 
@@ -140,7 +140,7 @@ def bench_llm(
     from ..llm.generate import benchmark
     from ..llm.model import profile_decode_step
 
-    lm, tok = _load(model, backend)
+    lm, tok = _load(model, backend, warm_up=False)  # its own warm-up runs
     with err_console.status(f"benchmarking on {lm.device_name}"):
         result = benchmark(lm, tok, prompt_tokens, gen_tokens, repeats, warmup, depth)
         if profile and lm.backend_name == "gpu":

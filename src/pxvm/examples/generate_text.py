@@ -26,7 +26,8 @@ def main(argv=None) -> int:
     from pxvm.llm.tokenizer import Tokenizer
 
     try:
-        model = load_model(args.model, backend=args.backend, progress=sys.stderr.isatty())
+        model = load_model(args.model, backend=args.backend, progress=sys.stderr.isatty(),
+                           warm_up=True)
         tokenizer = Tokenizer(model.metadata)
         print(f"{model.backend_name} backend on {model.device_name}")
         print(f"> {args.prompt}")

@@ -203,20 +203,21 @@ fn split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) li
     let l = reduce(lid, l_run, false, CHUNK);
     scratch[lid] = acc;
     workgroupBarrier();
-    let sum = group_sum(lid, groups);
-    if (p.n_ranges == 1u) {
-        // One range holds every key: the output itself, no `combine` pass. A token
-        // beyond the recorded bound gets NaN, as in `combine`.
-        let unseen = at >= p.max_keys;
-        let nan = bitcast<f32>(0x7fc00000u | (p.hq & 0u));
-        if (lid < HEAD_DIM) { out[(i * p.hq + h) * HEAD_DIM + lid] = select(sum / l, nan, unseen); }
-    } else {
-        let base = ((i * p.hq + h) * p.n_ranges + r) * (HEAD_DIM + 2u);
-        if (lid < HEAD_DIM) { part[base + lid] = sum; }
-        if (lid == 0u) {
-            part[base + HEAD_DIM] = m_run;
-            part[base + HEAD_DIM + 1u] = l;
+    let base = ((i * p.hq + h) * p.n_ranges + r) * (HEAD_DIM + 2u);
+    if (lid < HEAD_DIM) {
+        let sum = group_sum(lid, groups);
+        if (p.n_ranges == 1u) {
+            // One range holds every key: the output itself, no `combine` pass. A token
+            // beyond the recorded bound gets NaN, as in `combine`.
+            let nan = bitcast<f32>(0x7fc00000u | (p.hq & 0u));
+            out[(i * p.hq + h) * HEAD_DIM + lid] = select(sum / l, nan, at >= p.max_keys);
+        } else {
+            part[base + lid] = sum;
         }
+    }
+    if (p.n_ranges > 1u && lid == 0u) {
+        part[base + HEAD_DIM] = m_run;
+        part[base + HEAD_DIM + 1u] = l;
     }
     // Append this token's key and value: once per kv head, by the first query head of
     // its group in the range holding the token's own position. No workgroup of this pass

@@ -90,6 +90,40 @@ def test_top_p_keeps_the_smallest_set_reaching_p(rng, p):
     assert probs[~mask].max(initial=0.0) <= kept.min()
 
 
+@pytest.mark.parametrize("p", [0.05, 0.5, 0.9, 0.999])
+@pytest.mark.parametrize("scale,top_k", [(0.3, 0), (3.0, 0), (3.0, 40)])
+def test_top_p_over_a_large_vocabulary_equals_a_full_stable_sort(rng, p, scale, top_k):
+    # Beyond TOP_P_CANDIDATES tokens the mask is taken among the likeliest ones first;
+    # it must be the set a stable sort of the whole vocabulary gives, ties included
+    # (logits rounded to a coarse grid make many tokens equally likely), also when top-k
+    # has left most probabilities at 0.
+    z = np.round(_logits(rng, 49152) * scale, 1).astype(np.float64)
+    if top_k:
+        z[np.argsort(-z, kind="stable")[top_k:]] = -np.inf
+    probs = softmax(z)
+    order = np.argsort(-probs, kind="stable")
+    count = int(np.searchsorted(np.cumsum(probs[order]), p, side="left")) + 1
+    expected = np.zeros(probs.size, bool)
+    expected[order[:count]] = True
+    np.testing.assert_array_equal(top_p_mask(probs, p), expected)
+
+
+def test_top_p_takes_the_lowest_indices_of_a_tie_at_the_candidate_bound(rng):
+    # 1,000 likely tokens, then 100 equally likely ones at scattered indices around the
+    # TOP_P_CANDIDATES-th place: p ends inside the tie, so which tied tokens are kept
+    # (the lowest indices, as a stable sort keeps them) decides the mask.
+    probs = np.full(49152, 1e-7)
+    likely = rng.choice(49152, 1100, replace=False)
+    probs[likely[:1000]] = 1e-3
+    probs[likely[1000:]] = 1e-4
+    probs /= probs.sum()
+    p = probs[likely[:1000]].sum() + 10.5 * probs[likely[1000]]
+    mask = top_p_mask(probs, p)
+    tied = np.sort(likely[1000:])
+    assert mask[likely[:1000]].all() and mask[tied[:11]].all()
+    assert mask.sum() == 1011
+
+
 def test_top_p_distribution_renormalises(rng):
     z = _logits(rng, 40)
     probs = next_token_probs(z, SamplingParams(temperature=1.0, top_p=0.6))

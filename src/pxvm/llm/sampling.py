@@ -58,12 +58,37 @@ def top_k_mask(logits: np.ndarray, k: int) -> np.ndarray:
     return mask
 
 
+#: top_p_mask first looks among the tokens at least as likely as the TOP_P_CANDIDATES-th
+#: most likely one; only when they do not reach p does it sort the whole vocabulary.
+#: Sampling a token from SmolLM2's 49,152 logits (temperature 0.7, 2-core development
+#: machine, numpy 2.4): top-p 0.9 1.1 ms instead of 5.2-5.6 (a stable sort of them all,
+#: longer than a decoding step on the H100); top-k 40 and top-p 0.95 1.4 ms instead of
+#: 1.8; neither 1.0 instead of 1.4 (softmax without masked copies).
+TOP_P_CANDIDATES = 1024
+
+
 def top_p_mask(probs: np.ndarray, p: float) -> np.ndarray:
-    """True for the smallest set of most likely tokens whose probabilities sum to >= p."""
+    """True for the smallest set of most likely tokens whose probabilities sum to >= p
+    (ties ordered by index)."""
     if p >= 1.0:
         return probs > 0
-    order = np.argsort(-probs, kind="stable")
-    cumulative = np.cumsum(probs[order], dtype=np.float64)
+    order = cumulative = None
+    if probs.size > TOP_P_CANDIDATES:
+        # Every nonzero token as likely as the candidate bound, ties included, in index
+        # order: sorted stably, they are the start of a stable sort of all, with the same
+        # running sums.
+        chosen = probs > 0
+        if np.count_nonzero(chosen) > TOP_P_CANDIDATES:  # else (after top-k) all of them
+            k = probs.size - TOP_P_CANDIDATES
+            chosen &= probs >= np.partition(probs, k)[k]
+        candidates = np.flatnonzero(chosen)
+        order = candidates[np.argsort(-probs[candidates], kind="stable")]
+        cumulative = np.cumsum(probs[order], dtype=np.float64)
+        if cumulative.size == 0 or cumulative[-1] < p:
+            order = None
+    if order is None:
+        order = np.argsort(-probs, kind="stable")
+        cumulative = np.cumsum(probs[order], dtype=np.float64)
     count = int(np.searchsorted(cumulative, p, side="left")) + 1
     mask = np.zeros(probs.shape[-1], dtype=bool)
     mask[order[:min(count, order.size)]] = True
@@ -71,10 +96,14 @@ def top_p_mask(probs: np.ndarray, p: float) -> np.ndarray:
 
 
 def softmax(x: np.ndarray) -> np.ndarray:
+    """exp(x - max) normalised, over the finite entries (the others get 0)."""
     x = np.asarray(x, dtype=np.float64)
     finite = np.isfinite(x)
-    e = np.zeros_like(x)
-    e[finite] = np.exp(x[finite] - x[finite].max())
+    if finite.all():  # the common case, without masked copies (0.84 -> 0.2 ms for 49,152)
+        e = np.exp(x - x.max())
+    else:
+        e = np.zeros_like(x)
+        e[finite] = np.exp(x[finite] - x[finite].max())
     return e / e.sum()
 
 
@@ -89,10 +118,13 @@ def next_token_probs(logits: np.ndarray, params: SamplingParams,
     """The distribution a sampling step draws from (float64, sums to 1): penalty, then
     top-k on logits, temperature, softmax, then top-p and renormalisation."""
     z = penalized(logits, params, previous).astype(np.float64)
-    z[~top_k_mask(z, params.top_k)] = -np.inf
+    if params.top_k > 0:  # filters that are off cost no masks (sampling runs every token)
+        z[~top_k_mask(z, params.top_k)] = -np.inf
     probs = softmax(z / params.temperature)
-    probs[~top_p_mask(probs, params.top_p)] = 0.0
-    return probs / probs.sum()
+    if params.top_p < 1.0:
+        probs[~top_p_mask(probs, params.top_p)] = 0.0
+        probs /= probs.sum()
+    return probs
 
 
 class Sampler:

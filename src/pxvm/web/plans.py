@@ -202,14 +202,14 @@ def _with_gain(make):
     return with_gain
 
 
-def _projected_attention(n_ctx, pos):
-    """attention_cached's inputs (4 query heads, 2 kv heads of 8, 2 new tokens at `pos`),
-    then a Q4_1 output projection and the residual."""
-    return lambda rng: [rng.standard_normal((2, 64)).astype(np.float32),
+def _projected_attention(n_ctx, pos, tokens):
+    """attention_cached's inputs (4 query heads, 2 kv heads of 8, `tokens` new tokens at
+    `pos`), then a Q4_1 output projection and the residual."""
+    return lambda rng: [rng.standard_normal((tokens, 64)).astype(np.float32),
                         rng.standard_normal((n_ctx, 2, 8)).astype(np.float32),
                         rng.standard_normal((n_ctx, 2, 8)).astype(np.float32),
                         np.array([0, pos], np.int32), _quantized_rows(rng, 3, 13, 32),
-                        rng.standard_normal((2, 13)).astype(np.float32)]
+                        rng.standard_normal((tokens, 13)).astype(np.float32)]
 
 
 def _quantized_embedding(qtype):
@@ -286,16 +286,16 @@ CASES.update({
                                            rng.standard_normal((11, 2, 8)).astype(np.float32),
                                            np.array([0, 5], np.int32)],
                               {"n_heads": 4}, threshold=NMSE_LONG),
-                         # a cache longer than one range's 256 keys: ranges + combine
+                         # a cache longer than one range (64 keys): ranges + combine
                          Case(lambda rng: [rng.standard_normal((2, 64)).astype(np.float32),
                                            rng.standard_normal((300, 2, 8)).astype(np.float32),
                                            rng.standard_normal((300, 2, 8)).astype(np.float32),
                                            np.array([0, 290], np.int32)],
                               {"n_heads": 4}, threshold=NMSE_LONG)],
-    # one range, then ranges merged by the product (a cache longer than 256 keys)
+    # two tokens in one range; one token (decoding) whose ranges the product merges
     "attention_cached_matmul_quant_add": [
-        Case(_projected_attention(n_ctx, pos), {"n_heads": 4, "qtype": 3, "k": 32},
-             threshold=NMSE_LONG) for n_ctx, pos in ((11, 5), (300, 290))],
+        Case(_projected_attention(n_ctx, pos, tokens), {"n_heads": 4, "qtype": 3, "k": 32},
+             threshold=NMSE_LONG) for n_ctx, pos, tokens in ((11, 5, 2), (300, 290, 1))],
     "greedy_step": [Case(lambda rng: [rng.standard_normal(333).astype(np.float32),
                                       np.array([7, 4], np.int32)], threshold=0.0)],
 })

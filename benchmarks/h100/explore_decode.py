@@ -37,7 +37,7 @@ def run(label, repeats=3):
 default_lanes = quantized._lanes
 first = None
 for lanes in (32, 16, 8):
-    quantized._lanes = lambda ctx, requested, rows, v=lanes: v
+    quantized._lanes = lambda ctx, requested, m, n, k, v=lanes: v
     tokens = run(f"lanes {lanes}")
     first = first or tokens
     print("  same tokens as the first setting:", tokens == first)

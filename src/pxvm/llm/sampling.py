@@ -99,7 +99,7 @@ def softmax(x: np.ndarray) -> np.ndarray:
     """exp(x - max) normalised, over the finite entries (the others get 0)."""
     x = np.asarray(x, dtype=np.float64)
     finite = np.isfinite(x)
-    if finite.all():  # the common case, without masked copies (0.84 -> 0.2 ms for 49,152)
+    if finite.all():  # the common case, without masked copies (0.84 -> 0.35 ms for 49,152)
         e = np.exp(x - x.max())
     else:
         e = np.zeros_like(x)

@@ -202,13 +202,19 @@ def _with_gain(make):
     return with_gain
 
 
-def _projected_attention(n_ctx, pos, tokens):
-    """attention_cached's inputs (4 query heads, 2 kv heads of 8, `tokens` new tokens at
-    `pos`), then a Q4_1 output projection and the residual."""
+def _cached_attention(tokens, n_ctx, pos):
+    """attention_cached's inputs: 4 query heads and 2 kv heads of 8, `tokens` new tokens
+    at `pos`, caches of `n_ctx` rows."""
     return lambda rng: [rng.standard_normal((tokens, 64)).astype(np.float32),
                         rng.standard_normal((n_ctx, 2, 8)).astype(np.float32),
                         rng.standard_normal((n_ctx, 2, 8)).astype(np.float32),
-                        np.array([0, pos], np.int32), _quantized_rows(rng, 3, 13, 32),
+                        np.array([0, pos], np.int32)]
+
+
+def _projected_attention(tokens, n_ctx, pos):
+    """The same, then a Q4_1 output projection and the residual."""
+    attention = _cached_attention(tokens, n_ctx, pos)
+    return lambda rng: [*attention(rng), _quantized_rows(rng, 3, 13, 32),
                         rng.standard_normal((tokens, 13)).astype(np.float32)]
 
 
@@ -281,21 +287,14 @@ CASES.update({
     "concat_columns": [Case(lambda rng: [rng.standard_normal((5, 7)).astype(np.float32),
                                          rng.standard_normal((5, 4)).astype(np.float32)],
                             threshold=0.0)],
-    "attention_cached": [Case(lambda rng: [rng.standard_normal((3, 64)).astype(np.float32),
-                                           rng.standard_normal((11, 2, 8)).astype(np.float32),
-                                           rng.standard_normal((11, 2, 8)).astype(np.float32),
-                                           np.array([0, 5], np.int32)],
-                              {"n_heads": 4}, threshold=NMSE_LONG),
-                         # a cache longer than one range (64 keys): ranges + combine
-                         Case(lambda rng: [rng.standard_normal((2, 64)).astype(np.float32),
-                                           rng.standard_normal((300, 2, 8)).astype(np.float32),
-                                           rng.standard_normal((300, 2, 8)).astype(np.float32),
-                                           np.array([0, 290], np.int32)],
-                              {"n_heads": 4}, threshold=NMSE_LONG)],
+    # one range; a cache longer than one range (64 keys): ranges + combine
+    "attention_cached": [Case(_cached_attention(tokens, n_ctx, pos), {"n_heads": 4},
+                              threshold=NMSE_LONG) for tokens, n_ctx, pos in ((3, 11, 5),
+                                                                              (2, 300, 290))],
     # two tokens in one range; one token (decoding) whose ranges the product merges
     "attention_cached_matmul_quant_add": [
-        Case(_projected_attention(n_ctx, pos, tokens), {"n_heads": 4, "qtype": 3, "k": 32},
-             threshold=NMSE_LONG) for n_ctx, pos, tokens in ((11, 5, 2), (300, 290, 1))],
+        Case(_projected_attention(tokens, n_ctx, pos), {"n_heads": 4, "qtype": 3, "k": 32},
+             threshold=NMSE_LONG) for tokens, n_ctx, pos in ((2, 11, 5), (1, 300, 290))],
     "greedy_step": [Case(lambda rng: [rng.standard_normal(333).astype(np.float32),
                                       np.array([7, 4], np.int32)], threshold=0.0)],
 })

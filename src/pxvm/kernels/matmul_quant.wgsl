@@ -154,21 +154,28 @@ fn word_at(i: u32) -> u32 {
     return (lo >> 16u) | (w[(i >> 2u) + 1u] << 16u);
 }
 
-// x[m][k] as the product sees it: scaled by the gain when NORM (the norm's 1 / rms, the
-// same for the whole row, multiplies the finished sum instead).
+// x[m][k] as read (the attention output when ATTENTION_PARTS). NORM multiplies it by
+// gain_at(k) for the product and sums its square for the norm; the norm's 1 / rms, the
+// same for the whole row, multiplies the finished sum.
 fn x_at(m: u32, k: u32) -> f32 {
     if (ATTENTION_PARTS) { return merged[k]; }
-    let v = x[m * p.K + k];
-    if (NORM) { return v * gain[k]; }
-    return v;
+    return x[m * p.K + k];
+}
+
+fn gain_at(k: u32) -> f32 {
+    if (NORM) { return gain[k]; }
+    return 1.0;
 }
 
 fn x4(m: u32, k: u32) -> vec4<f32> {
     if (ATTENTION_PARTS) { return vec4<f32>(merged[k], merged[k + 1u], merged[k + 2u], merged[k + 3u]); }
     let i = m * p.K + k;
-    let v = vec4<f32>(x[i], x[i + 1u], x[i + 2u], x[i + 3u]);
-    if (NORM) { return v * vec4<f32>(gain[k], gain[k + 1u], gain[k + 2u], gain[k + 3u]); }
-    return v;
+    return vec4<f32>(x[i], x[i + 1u], x[i + 2u], x[i + 3u]);
+}
+
+fn gain4(k: u32) -> vec4<f32> {
+    if (NORM) { return vec4<f32>(gain[k], gain[k + 1u], gain[k + 2u], gain[k + 3u]); }
+    return vec4<f32>(1.0);
 }
 
 fn nibbles_lo(word: u32) -> vec4<f32> {
@@ -185,71 +192,108 @@ fn int8s(word: u32) -> vec4<f32> {
                      f32(i32(word << 8u) >> 24u), f32(i32(word) >> 24u));
 }
 
+// Scale terms (d, m) of the 32-value block at byte b. Q4_1's 20-byte blocks are
+// word-aligned, so its d and m are one load.
+fn block_scales(b: u32) -> vec2<f32> {
+    if (FORMAT == 3u) { return unpack2x16float(w[b >> 2u]); }
+    return vec2<f32>(half_at(b), 0.0);
+}
+
+// Quant word i of the 32-value block at byte b (Q8_0: 4 int8s; Q4_x: 8 nibbles).
+fn quant_word(b: u32, i: u32) -> u32 {
+    if (FORMAT == 3u) { return w[(b >> 2u) + 1u + i]; }
+    return word_at(b + 2u + 4u * i);
+}
+
+// Block b's sum of q * x over quant word i, given x's values for that word (xa; xb the
+// high nibbles' for Q4_x).
+fn word_dot(word: u32, xa: vec4<f32>, xb: vec4<f32>) -> f32 {
+    if (FORMAT == 8u) { return dot(int8s(word), xa); }
+    // Q4_0: w = d * (q - 8), the offset taken before the sum (no cancellation); Q4_1:
+    // w = d * q + m, the m term added per block from sum(x). Word i holds values
+    // 4i..4i+3 (low nibbles) and 16+4i..16+4i+3 (high nibbles).
+    let offset = vec4<f32>(select(8.0, 0.0, FORMAT == 3u));
+    return dot(nibbles_lo(word) - offset, xa) + dot(nibbles_hi(word) - offset, xb);
+}
+
 // lane_dot for the 32-value formats, a word (4 or 8 values) at a time: the sum of q * x
 // per block, scaled once, instead of dequantizing value by value. A task is `span`
 // consecutive quant words of one block. With many lanes a task is one word, so that the
 // lanes of a short row (K = 576 is 18 blocks) all work and each walks a short chain of
 // loads; a single lane (CPU drivers) takes whole blocks and reads each scale once.
-fn lane_dot_blocks32(m: u32, n: u32, lane: u32) -> f32 {
+// SwiGLU's up row (n + N) is read in the same trips as the gate row n, sharing x's loads
+// (its loads in flight beside the gate's instead of after them). On the H100 this and
+// the norm's squares taken from the product's own x loads took SmolLM2's decoding step
+// from 1,174 to 1,076 us at position 100 (benchmarks/h100/kernel_ab.py).
+fn lane_dot_blocks32(m: u32, n: u32, lane: u32) -> vec3<f32> {
     let n_blocks = p.K / 32u;
     let bb = block_bytes();
     let words = select(4u, 8u, FORMAT == 8u);   // quant words per block
     let span = select(words, 1u, LANES >= 8u);
     let tasks_per_block = words / span;
     let row_base = n * p.row_bytes;
-    var acc = 0.0;
+    let up_base = (n + p.N) * p.row_bytes;
+    let both = EPILOGUE == 2u;
+    var acc = vec2<f32>(0.0);   // gate (or the only row), up
+    var sq = 0.0;
     for (var task = lane; task < n_blocks * tasks_per_block; task = task + LANES) {
         let blk = task / tasks_per_block;
         let w0 = (task % tasks_per_block) * span;
         let b = row_base + blk * bb;
-        let d = half_at(b);
+        let bu = up_base + blk * bb;
+        let dm = block_scales(b);
+        var dmu = vec2<f32>(0.0);
+        if (both) { dmu = block_scales(bu); }
         let k0 = blk * 32u;
-        if (FORMAT == 8u) {
-            var qx = 0.0;
-            for (var i = w0; i < w0 + span; i = i + 1u) {
-                qx = qx + dot(int8s(word_at(b + 2u + 4u * i)), x4(m, k0 + 4u * i));
-            }
-            acc = acc + d * qx;
-        } else {
-            // Q4_0: w = d * (q - 8), the offset taken before the sum (no cancellation);
-            // Q4_1: w = d * q + m, so the block adds d * sum(q x) + m * sum(x). Word i holds
-            // values 4i..4i+3 (low nibbles) and 16+4i..16+4i+3 (high nibbles).
-            let qs = select(b + 2u, b + 4u, FORMAT == 3u);
-            let offset = vec4<f32>(select(8.0, 0.0, FORMAT == 3u));
-            var qx = 0.0;
-            var xs = 0.0;
-            for (var i = w0; i < w0 + span; i = i + 1u) {
-                let word = word_at(qs + 4u * i);
-                let xa = x4(m, k0 + 4u * i);
-                let xb = x4(m, k0 + 16u + 4u * i);
-                qx = qx + dot(nibbles_lo(word) - offset, xa) + dot(nibbles_hi(word) - offset, xb);
-                xs = xs + dot(xa + xb, vec4<f32>(1.0));
-            }
-            acc = acc + d * qx;
-            if (FORMAT == 3u) { acc = acc + half_at(b + 2u) * xs; }
+        var qx = vec2<f32>(0.0);
+        var xs = 0.0;
+        for (var i = w0; i < w0 + span; i = i + 1u) {
+            let word = quant_word(b, i);
+            var word_up = 0u;
+            if (both) { word_up = quant_word(bu, i); }
+            let hi = select(16u, 0u, FORMAT == 8u) + 4u * i;
+            let ra = x4(m, k0 + 4u * i);
+            var rb = vec4<f32>(0.0);
+            if (FORMAT != 8u) { rb = x4(m, k0 + hi); }
+            sq = sq + dot(ra, ra) + dot(rb, rb);
+            let xa = ra * gain4(k0 + 4u * i);
+            let xb = rb * gain4(k0 + hi);
+            qx.x = qx.x + word_dot(word, xa, xb);
+            if (both) { qx.y = qx.y + word_dot(word_up, xa, xb); }
+            xs = xs + dot(xa + xb, vec4<f32>(1.0));
         }
+        acc = acc + vec2<f32>(dm.x, dmu.x) * qx;
+        if (FORMAT == 3u) { acc = acc + vec2<f32>(dm.y, dmu.y) * xs; }
     }
-    return acc;
+    return vec3<f32>(acc, sq);
 }
 
-// Dot product of x row m with weight row n, over this lane's share of the blocks.
-fn lane_dot(m: u32, n: u32, lane: u32) -> f32 {
+// Dot products of x row m with weight row n (and SwiGLU's up row n + N), over this lane's
+// share of the blocks, and the sum of squares of the x values it read.
+fn lane_dot(m: u32, n: u32, lane: u32) -> vec3<f32> {
     if (FORMAT == 2u || FORMAT == 3u || FORMAT == 8u) { return lane_dot_blocks32(m, n, lane); }
     let per_block = block_values();
     let n_blocks = p.K / per_block;
     let bb = block_bytes();
     let row_base = n * p.row_bytes;
-    var acc = 0.0;
+    let up_base = (n + p.N) * p.row_bytes;
+    var acc = vec2<f32>(0.0);
+    var sq = 0.0;
     for (var blk = lane; blk < n_blocks; blk = blk + LANES) {
         let b = row_base + blk * bb;
-        let d = scale_d(b);
-        let mm = scale_m(b);
+        let bu = up_base + blk * bb;
         let k0 = blk * per_block;
+        let d = vec2<f32>(scale_d(b), scale_d(bu));
+        let mm = vec2<f32>(scale_m(b), scale_m(bu));
         for (var j = 0u; j < per_block; j = j + 1u) {
-            acc = acc + dequant(b, j, d, mm) * x_at(m, k0 + j);
+            let v = x_at(m, k0 + j);
+            sq = sq + v * v;
+            let xg = v * gain_at(k0 + j);
+            acc.x = acc.x + dequant(b, j, d.x, mm.x) * xg;
+            if (EPILOGUE == 2u) { acc.y = acc.y + dequant(bu, j, d.y, mm.y) * xg; }
         }
     }
-    return acc;
+    return vec3<f32>(acc, sq);
 }
 
 // ATTENTION_PARTS: token m's attention output into `merged`. Each thread merges whole
@@ -300,40 +344,24 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l
         merge_attention(m, lid);
         workgroupBarrier();
     }
-    // NORM: every workgroup sums the squares of its x row itself (K values are cheap to
-    // read twice; a separate norm dispatch and its barrier are not), alongside the
-    // product rather than before it, so that the weights' loads need not wait for it and
-    // one reduction serves both.
-    var sq = 0.0;
-    if (NORM) {
-        for (var k = lid; k < p.K; k = k + WG) {
-            let v = x[m * p.K + k];
-            sq = sq + v * v;
-        }
-    }
-    var acc = 0.0;
-    var up = 0.0;
-    if (n < p.N) {
-        acc = lane_dot(m, n, lane);
-        if (EPILOGUE == 2u) { up = lane_dot(m, n + p.N, lane); }
-    }
-    partial[lid] = acc;
-    partial_up[lid] = up;
-    if (NORM) { squares[lid] = sq; }
-    // The squares are summed over the whole workgroup, the products over each column's
-    // LANES threads: the latter in the last log2(LANES) steps of the same tree.
-    for (var s = select(LANES, WG, NORM) / 2u; s > 0u; s = s / 2u) {
+    // NORM: each column's lanes sum the squares of the x values they multiply (together
+    // they touch the row once), so the norm's reduction is the product's own tree.
+    var acc = vec3<f32>(0.0);
+    if (n < p.N) { acc = lane_dot(m, n, lane); }
+    partial[lid] = acc.x;
+    partial_up[lid] = acc.y;
+    squares[lid] = acc.z;
+    for (var s = LANES / 2u; s > 0u; s = s / 2u) {
         workgroupBarrier();
-        if (NORM && lid < s) { squares[lid] = squares[lid] + squares[lid + s]; }
-        if (s < LANES && lane < s) {
+        if (lane < s) {
             partial[lid] = partial[lid] + partial[lid + s];
             if (EPILOGUE == 2u) { partial_up[lid] = partial_up[lid] + partial_up[lid + s]; }
+            if (NORM) { squares[lid] = squares[lid] + squares[lid + s]; }
         }
     }
-    if (NORM) { workgroupBarrier(); }
     if (lane == 0u && n < p.N) {
         var scale = 1.0;
-        if (NORM) { scale = inverseSqrt(squares[0] / f32(p.K) + p.eps); }
+        if (NORM) { scale = inverseSqrt(squares[lid] / f32(p.K) + p.eps); }
         let i = m * p.N + n;
         let v = partial[lid] * scale;
         switch EPILOGUE {

@@ -153,6 +153,13 @@ fn split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) li
     let k_off = p.hq * HEAD_DIM + kvh * HEAD_DIM;
     let v_off = (p.hq + p.hkv) * HEAD_DIM + kvh * HEAD_DIM;
 
+    // Append this token's key and value first: once per kv head, by the first query head
+    // of its group in the range holding the token's own position; its loads then overlap
+    // the query's. No workgroup of this pass reads cache rows >= pos0, so the writes
+    // race with nothing.
+    if (h % group == 0u && at < begin + p.range_len && at < p.n_ctx) {
+        append_key_value(lid, WG, i, at, kvh, k_off, v_off);
+    }
     stage_query(lid, WG, i, h, at);
     workgroupBarrier();
 
@@ -218,12 +225,6 @@ fn split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) li
     if (p.n_ranges > 1u && lid == 0u) {
         part[base + HEAD_DIM] = m_run;
         part[base + HEAD_DIM + 1u] = l;
-    }
-    // Append this token's key and value: once per kv head, by the first query head of
-    // its group in the range holding the token's own position. No workgroup of this pass
-    // reads cache rows >= pos0, so the writes race with nothing.
-    if (h % group == 0u && at < begin + p.range_len && at < p.n_ctx) {
-        append_key_value(lid, WG, i, at, kvh, k_off, v_off);
     }
 }
 
@@ -316,27 +317,28 @@ fn weighted_values(c: u32, g: u32, groups: u32, first: u32, n_keys: u32, pos0: u
               * vec4<f32>(v_cache[v8 + 4u * step], v_cache[v8 + 5u * step],
                           v_cache[v8 + 6u * step], v_cache[v8 + 7u * step]);
     }
-    for (; u + 7u * groups < cached; u = u + 8u * groups) {
-        let v0 = ((first + u) * p.hkv + kvh) * HEAD_DIM + c;
-        a = a + vec4<f32>(exps[u], exps[u + groups], exps[u + 2u * groups], exps[u + 3u * groups])
-              * vec4<f32>(v_cache[v0], v_cache[v0 + step], v_cache[v0 + 2u * step],
-                          v_cache[v0 + 3u * step]);
-        b = b + vec4<f32>(exps[u + 4u * groups], exps[u + 5u * groups], exps[u + 6u * groups],
-                          exps[u + 7u * groups])
-              * vec4<f32>(v_cache[v0 + 4u * step], v_cache[v0 + 5u * step],
-                          v_cache[v0 + 6u * step], v_cache[v0 + 7u * step]);
+    // The last cached keys (fewer than sixteen per group): trips of eight loads, clamped
+    // to the last cached row and weighted 0 beyond it, instead of a chain of single loads.
+    for (; u < cached; u = u + 8u * groups) {
+        let last = first + cached - 1u;
+        let e = select(vec4<f32>(0.0), vec4<f32>(exps[min(u, 255u)], exps[min(u + groups, 255u)],
+                   exps[min(u + 2u * groups, 255u)], exps[min(u + 3u * groups, 255u)]),
+                   vec4<u32>(u, u + groups, u + 2u * groups, u + 3u * groups) < vec4<u32>(cached));
+        let e2 = select(vec4<f32>(0.0), vec4<f32>(exps[min(u + 4u * groups, 255u)], exps[min(u + 5u * groups, 255u)],
+                    exps[min(u + 6u * groups, 255u)], exps[min(u + 7u * groups, 255u)]),
+                    vec4<u32>(u + 4u * groups, u + 5u * groups, u + 6u * groups, u + 7u * groups) < vec4<u32>(cached));
+        let r0 = (vec4<u32>(first + u) + vec4<u32>(0u, 1u, 2u, 3u) * groups);
+        let r4 = r0 + vec4<u32>(4u * groups);
+        let ra = (min(r0, vec4<u32>(last)) * p.hkv + kvh) * HEAD_DIM + c;
+        let rb = (min(r4, vec4<u32>(last)) * p.hkv + kvh) * HEAD_DIM + c;
+        a = a + e * vec4<f32>(v_cache[ra.x], v_cache[ra.y], v_cache[ra.z], v_cache[ra.w]);
+        b = b + e2 * vec4<f32>(v_cache[rb.x], v_cache[rb.y], v_cache[rb.z], v_cache[rb.w]);
     }
     let ab = a + b + a2 + b2;
     var sum = ab.x + ab.y + ab.z + ab.w;
-    for (; u < n_keys; u = u + groups) {
-        let key = first + u;
-        var val: f32;
-        if (key < pos0) {
-            val = v_cache[(key * p.hkv + kvh) * HEAD_DIM + c];
-        } else {
-            val = qkv[(key - pos0) * row_len() + v_off + c];
-        }
-        sum = sum + exps[u] * val;
+    // Keys from this pass's new tokens (at pos0 and later) come from qkv.
+    for (u = cached + (g + groups - cached % groups) % groups; u < n_keys; u = u + groups) {
+        sum = sum + exps[u] * qkv[(first + u - pos0) * row_len() + v_off + c];
     }
     return sum;
 }

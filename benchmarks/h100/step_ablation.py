@@ -1,16 +1,21 @@
 """Whole-step GPU time (timestamps around one pass) of the captured decode step, with
-kinds of dispatches left out: what each kind costs in place."""
+kinds of dispatches left out: what each kind costs in place.
+Usage: python step_ablation.py MODEL [POSITION]: without POSITION the step recorded for
+the whole context, timed at position 640; with it, the step decoding uses there."""
+import functools
 import sys
 
 from recorded_step import RecordedStep
 
-step = RecordedStep(sys.argv[1])
-time_items = step.time
+at = int(sys.argv[2]) if len(sys.argv) > 2 else None
+step = RecordedStep(sys.argv[1], for_position=at)
+time_items = functools.partial(step.time, pos=640 if at is None else at)
 items = step.items
 lab = lambda it: it[0].label
-print(f"all: {time_items(items):.1f} us ({len(items)})")
-for pos in (10, 640, 4000):
-    print(f"  all at pos {pos}: {time_items(items, pos):.1f} us")
+print(f"all: {time_items(items):.1f} us ({len(items)}) at position {at or 640}")
+if at is None:
+    for pos in (10, 640, 4000):
+        print(f"  all at pos {pos}: {step.time(items, pos):.1f} us")
 for name, keep in [("no combine", lambda it: "combine" not in lab(it)),
                    ("no split", lambda it: "split" not in lab(it)),
                    ("no attention", lambda it: "attention" not in lab(it)),

@@ -416,11 +416,11 @@ def test_greedy_step_takes_the_first_maximum_and_advances_the_position(shape, ti
     flat = logits.reshape(-1)
     flat[ties] = flat.max() + 0.5
     be = pxvm.backends.get_backend(backend)
-    state = be.from_numpy(np.array([-5, 41, 777], np.int32))
+    state = be.from_numpy(np.array([-5, 41], np.int32))
     pxvm.ops.greedy_step(logits, state)
     expected = int(np.argmax(logits))
     assert expected == (min(ties) if ties else expected)
-    assert state.numpy().tolist() == [expected, 42, 777]
+    assert state.numpy().tolist() == [expected, 42]
 
 
 @pytest.mark.parametrize("backend", ["cpu", "gpu"])
@@ -450,6 +450,27 @@ def test_greedy_steps_in_one_batch_advance_once_each(backend, rng, request):
         b.greedy_step(row, state)
     b.execute()
     assert state.numpy().tolist() == [int(np.argmax(rows[-1])), 10]
+
+
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
+def test_greedy_steps_write_each_token_into_the_history_slot_of_its_position(backend, rng,
+                                                                              request):
+    if backend == "gpu":
+        request.getfixturevalue("gpu_device")
+    be = pxvm.backends.get_backend(backend)
+    start, history = 5, 4
+    state = be.from_numpy(np.array([0, start] + [-1] * history, np.int32))
+    rows = rng.standard_normal((6, 4099)).astype(np.float32)
+    b = Batch(be)
+    for row in rows:
+        b.greedy_step(row, state)
+    b.execute()
+    tokens = [int(np.argmax(row)) for row in rows]
+    slots = [-1] * history
+    for i, token in enumerate(tokens):  # the token of step i goes to (start + i) % history
+        slots[(start + i) % history] = token
+    assert state.numpy().tolist() == [tokens[-1], start + len(rows)] + slots
+    assert sorted(slots) == sorted(tokens[-history:])
 
 
 @pytest.mark.parametrize("logits,state,message", [

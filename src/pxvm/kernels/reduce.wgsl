@@ -4,8 +4,10 @@
 // OP: 0 = sum, 1 = max, 2 = dot (a * b summed). Argmax keeps (value, index) pairs.
 
 override OP: u32 = 0u;
-// argmax_finish for greedy decoding: out_index is the state [token, position, ...];
-// write the argmax as the next token and advance the position by one.
+// argmax_finish for greedy decoding: out_index is the state [token, position, history..];
+// write the argmax as the next token, also into history[position % history length], and
+// advance the position by one (the history lets several steps in one submit be read
+// back with one copy after the last).
 override ADVANCE: bool = false;
 const WG: u32 = 256u;
 
@@ -13,6 +15,7 @@ struct Params {
     n: u32,        // elements (pass 1) or partials (pass 2)
     row_len: u32,  // argmax_rows: length of each row
     n_groups: u32, // pass 1: workgroups launched
+    history: u32,  // argmax_finish with ADVANCE: state slots after [token, position]
 }
 
 @group(0) @binding(0) var<storage, read> a: array<f32>;
@@ -158,7 +161,12 @@ fn argmax_finish(@builtin(local_invocation_id) lid3: vec3<u32>) {
     idxs[lid] = best_i;
     argmax_tree(lid);
     if (lid == 0u) {
-        out_index[0] = idxs[0];
-        if (ADVANCE) { out_index[1] = out_index[1] + 1; }
+        let token = idxs[0];
+        out_index[0] = token;
+        if (ADVANCE) {
+            let at = out_index[1];
+            if (p.history > 0u) { out_index[2u + u32(at) % p.history] = token; }
+            out_index[1] = at + 1;
+        }
     }
 }

@@ -70,10 +70,10 @@ def _reduce_gpu(op_code, x, y, ctx):
     groups = min(MAX_GROUPS, (n + WG - 1) // WG)
     partials = ctx.empty((groups,), np.float32, "reduction partials")
     dummy_i = ctx.empty((1,), np.int32, "unused")
-    ctx.dispatch(KERNEL, "partial", [x, y, partials, dummy_i], (n, 0, groups), (groups, 1, 1),
+    ctx.dispatch(KERNEL, "partial", [x, y, partials, dummy_i], (n, 0, groups, 0), (groups, 1, 1),
                  {"OP": op_code})
     out = ctx.empty((), np.float32)
-    ctx.dispatch(KERNEL, "finish", [partials, partials, out, dummy_i], (groups, 0, 1), (1, 1, 1),
+    ctx.dispatch(KERNEL, "finish", [partials, partials, out, dummy_i], (groups, 0, 1, 0), (1, 1, 1),
                  {"OP": 0 if op_code == 2 else op_code})
     return out
 
@@ -91,9 +91,15 @@ def dot_gpu(ctx, a, b):
 
 
 def greedy_step_ref(logits, state):
-    """Greedy decoding's step on a state [token, position, ...] (int32), in place:
-    token = argmax(logits) (flat, first maximum), position += 1. Returns state."""
-    state[0] = argmax_ref(logits)
+    """Greedy decoding's step on a state [token, position, history...] (int32), in place:
+    token = argmax(logits) (flat, first maximum), also written to
+    history[position % len(history)] when there is a history, then position += 1.
+    Returns state. The history keeps the tokens of several steps run back to back."""
+    token = argmax_ref(logits)
+    state[0] = token
+    history = len(state) - 2
+    if history > 0:
+        state[2 + int(state[1]) % history] = token
     state[1] += 1
     return state
 
@@ -115,10 +121,11 @@ def _flat_argmax(ctx, x, out, advance=False):
     chunks = (n + ARGMAX_CHUNK - 1) // ARGMAX_CHUNK
     values = ctx.empty((chunks,), np.float32, "chunk maxima")
     indices = ctx.empty((chunks,), np.int32, "chunk argmax")
-    ctx.dispatch(KERNEL, "argmax_rows", [x, x, values, indices], (n, ARGMAX_CHUNK, 0), chunks)
+    ctx.dispatch(KERNEL, "argmax_rows", [x, x, values, indices], (n, ARGMAX_CHUNK, 0, 0), chunks)
     unused = ctx.empty((1,), np.float32, "unused")
+    history = out.size - 2 if advance else 0
     ctx.dispatch(KERNEL, "argmax_finish", [values, indices, unused, out],
-                 (chunks, ARGMAX_CHUNK, 0), (1, 1, 1), {"ADVANCE": int(advance)})
+                 (chunks, ARGMAX_CHUNK, 0, history), (1, 1, 1), {"ADVANCE": int(advance)})
 
 
 def argmax_gpu(ctx, x, axis=None):
@@ -128,7 +135,7 @@ def argmax_gpu(ctx, x, axis=None):
         rows = n // row_len
         values = ctx.empty((rows,), np.float32, "row maxima")
         out = ctx.empty(x.shape[:-1], np.int32)
-        ctx.dispatch(KERNEL, "argmax_rows", [x, x, values, out], (n, row_len, 0), rows)
+        ctx.dispatch(KERNEL, "argmax_rows", [x, x, values, out], (n, row_len, 0, 0), rows)
         return out
     out = ctx.empty((), np.int32)
     _flat_argmax(ctx, x, out)

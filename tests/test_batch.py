@@ -126,6 +126,21 @@ def test_launch_with_runs_returns_each_runs_values_as_separate_launches_would(
 
 
 @pytest.mark.parametrize("backend", ["cpu", "gpu"])
+def test_launch_with_runs_not_each_run_returns_only_the_last_runs_values(backend, rng, request):
+    if backend == "gpu":
+        request.getfixturevalue("gpu_device")
+    values = _initial(rng)
+    expected = _expected_runs(values, 5)
+    graph, _ = _graph(backend, values)
+    first = graph.launch("state", "logits", runs=3, each_run=False)
+    second = graph.launch("state", runs=2, each_run=False)
+    got, rest = first.result(), second.result()
+    np.testing.assert_array_equal(got["state"], expected[2]["state"])
+    assert_close(got["logits"], expected[2]["logits"], NMSE_ELEMENTWISE)
+    np.testing.assert_array_equal(rest["state"], expected[4]["state"])
+
+
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
 def test_launch_with_runs_below_one_is_refused(backend, rng, request):
     if backend == "gpu":
         request.getfixturevalue("gpu_device")

@@ -164,27 +164,62 @@ class Graph:
         """Dispatches per launch (None on the numpy backend)."""
         return None if self._list is None else len(self._list)
 
-    def launch(self, *names: str, timestamps: bool = False, runs: int | None = None) -> "Launch":
+    def launch(self, *names: str, timestamps: bool = False, runs: int | None = None,
+               each_run: bool = True) -> "Launch":
         """Run once; the returned Launch reads the named outputs back. With `runs` = k,
         run k times in a row in one submit, and each output comes back with a leading
-        axis of k: its value after each run."""
+        axis of k: its value after each run; with each_run=False, its value after the
+        last run only (no copies between runs, which split the GPU's work)."""
+        return self.prepare(*names, timestamps=timestamps, runs=runs,
+                            each_run=each_run).submit()
+
+    def prepare(self, *names: str, timestamps: bool = False, runs: int | None = None,
+                each_run: bool = True) -> "PreparedLaunch":
+        """launch() in two halves: this encodes the command buffer (on the GPU; it may run
+        on another thread), the returned PreparedLaunch's submit() queues it. Submits
+        run in the order of their submit() calls."""
         if runs is not None and runs < 1:
             raise ValueError(f"runs must be >= 1, got {runs}")
+        stacked = runs is not None and each_run
         if self._list is None:
-            values = []
-            for _ in range(runs or 1):
-                b = Batch(self.backend)
-                outs = self._record(b)
-                b.execute()
-                values.append({n: outs[n].numpy() for n in names})
-            if runs is None:
-                return Launch(values[0], None)
-            return Launch({n: np.stack([v[n] for v in values]) for n in names}, None)
-        rec = self._list.submit([self.outputs[n].storage for n in names], timestamps, runs or 1)
-        return Launch({n: (self.outputs[n], st, runs) for n, st in zip(names, rec.staged)}, rec)
+            return PreparedLaunch(lambda: self._run_on_host(names, runs or 1, stacked))
+        rec = self._list.encode([self.outputs[n].storage for n in names], timestamps,
+                                runs or 1, each_run)
+        pending = {n: (self.outputs[n], st, runs if stacked else None)
+                   for n, st in zip(names, rec.staged)}
+
+        def submit():
+            rec.submit()
+            return Launch(pending, rec)
+        return PreparedLaunch(submit)
+
+    def _run_on_host(self, names, runs: int, stacked: bool) -> "Launch":
+        values = []
+        for _ in range(runs):
+            b = Batch(self.backend)
+            outs = self._record(b)
+            b.execute()
+            values.append({n: outs[n].numpy() for n in names})
+        if not stacked:
+            return Launch(values[-1], None)
+        return Launch({n: np.stack([v[n] for v in values]) for n in names}, None)
 
     def run(self, *names: str) -> dict[str, np.ndarray]:
         return self.launch(*names).result()
+
+
+class PreparedLaunch:
+    """A Graph launch encoded but not yet queued; `submit()` queues it (once)."""
+
+    def __init__(self, submit: Callable[[], "Launch"]):
+        self._submit = submit
+        self._launch: Launch | None = None
+
+    def submit(self) -> "Launch":
+        if self._launch is not None:
+            raise RuntimeError("this launch was already submitted")
+        self._launch = self._submit()
+        return self._launch
 
 
 class Launch:

@@ -583,23 +583,33 @@ class DispatchList:
         return len(self.items)
 
     def submit(self, stage: list[Allocation] = (), timestamps: bool = False,
-               runs: int = 1) -> "Recorder":
+               runs: int = 1, each_run: bool = True) -> "Recorder":
         """Encode and submit the dispatches, then copies of `stage` for reading back; the
         returned (submitted) Recorder has the Staged copies in `.staged`. With `runs` > 1
         the dispatches go `runs` times into the one command buffer, and each Staged holds
-        a copy of its allocation after every run: one submit and one readback for
-        several steps (each submit and map costs the host more than the GPU's step on
-        the H100's Vulkan driver)."""
+        a copy of its allocation after every run (after the last only, when not
+        `each_run`): one submit and one readback for several steps (each submit and map
+        costs the host more than the GPU's step on the H100's Vulkan driver). A copy
+        between runs splits the compute pass: on the H100 it cost decoding ~39 us a step."""
+        rec = self.encode(stage, timestamps, runs, each_run)
+        rec.submit()
+        return rec
+
+    def encode(self, stage: list[Allocation] = (), timestamps: bool = False,
+               runs: int = 1, each_run: bool = True) -> "Recorder":
+        """As submit, but only encoded (finished, not submitted): the returned Recorder's
+        submit() queues it. Safe on another thread than the submits."""
         if runs < 1:
             raise ValueError(f"runs must be >= 1, got {runs}")
         rec = self.device.recorder(timestamps=timestamps)
-        staged = [rec.staging(a, runs) for a in stage]
+        staged = [rec.staging(a, runs if each_run else 1) for a in stage]
         for run in range(runs):
             rec.replay(self.items, self.native)
-            for alloc, st in zip(stage, staged):
-                rec.copy_to_staging(alloc, st, run)
+            if each_run or run == runs - 1:
+                for alloc, st in zip(stage, staged):
+                    rec.copy_to_staging(alloc, st, run if each_run else 0)
         rec.staged = staged
-        rec.submit()
+        rec.finish()
         return rec
 
 
@@ -624,6 +634,9 @@ class Recorder:
         self._slot = UNIFORM_ARENA  # forces a new arena on first use
         self.dispatches = 0
         self.submitted = False
+        self._command_buffer = None  # set by finish(), sent by submit()
+        self._ts_staged: Staged | None = None
+        self._prof_staged: Staged | None = None
         self._query = None
         self._elapsed_ns: float | None = None
         if timestamps:
@@ -801,13 +814,17 @@ class Recorder:
                                            index * staged.stride, staged.stride)
         self._keep.append(alloc)
 
-    def submit(self) -> None:
+    def finish(self) -> None:
+        """End the command buffer without queueing anything (submit() does, and calls
+        this if needed): the encoding's host work, which may run on another thread than
+        the submit (decoding encodes its next steps while the main thread waits)."""
+        if self._command_buffer is not None:
+            return
         if self.submitted:
             raise RuntimeError("this Recorder was already submitted")
         self._check_encoding("a submit (use capture())")
         dev = self.device
         dev._check_alive()
-        ts_staged = None
         if self._query is not None:
             if self._pass is None:
                 self._open_pass()
@@ -821,33 +838,45 @@ class Recorder:
             usage = dev.wgpu.BufferUsage.QUERY_RESOLVE | dev.wgpu.BufferUsage.COPY_SRC
             resolve = Allocation(dev.pool.take(16, usage), 16, dev.pool)
             self.encoder.resolve_query_set(self._query, 0, 2, resolve.buffer, 0)
-            ts_staged = self.stage(resolve)
-        prof_staged = None
+            self._ts_staged = self.stage(resolve)
         if self._profile_labels:
             self._close_pass()
             n = 2 * len(self._profile_labels)
             usage = dev.wgpu.BufferUsage.QUERY_RESOLVE | dev.wgpu.BufferUsage.COPY_SRC
             resolve = Allocation(dev.pool.take(8 * n, usage), 8 * n, dev.pool)
             self.encoder.resolve_query_set(self._profile_query, 0, n, resolve.buffer, 0)
-            prof_staged = self.stage(resolve)
+            self._prof_staged = self.stage(resolve)
         self._close_pass()
         try:
+            self._command_buffer = self.encoder.finish()
+        except Exception as exc:
+            raise dev._wrap_gpu_error(exc, "submitting") from exc
+
+    def submit(self) -> None:
+        if self.submitted:
+            raise RuntimeError("this Recorder was already submitted")
+        self.finish()
+        dev = self.device
+        try:
+            # Parameter blocks are written here, not in finish(): queued writes land
+            # before the next submit, which must be this command buffer's.
             for i, (buf, data) in enumerate(self._arenas):
                 used = self._slot if i == len(self._arenas) - 1 else UNIFORM_ARENA
                 dev.queue.write_buffer(buf, 0, bytes(data[:used]))
-            submission = dev.submit(self.encoder.finish())
+            submission = dev.submit(self._command_buffer)
         except Exception as exc:
             raise dev._wrap_gpu_error(exc, "submitting") from exc
         self.submitted = True
+        self._command_buffer = None
         for staged in self._copies:
             staged.submission = submission
         self._arenas = []
         self._keep = []
-        if ts_staged is not None:
-            t = ts_staged.result(np.uint64)
+        if self._ts_staged is not None:
+            t = self._ts_staged.result(np.uint64)
             self._elapsed_ns = float(t[1] - t[0]) if t[1] >= t[0] else None
-        if prof_staged is not None:
-            t = prof_staged.result(np.uint64).astype(np.int64)
+        if self._prof_staged is not None:
+            t = self._prof_staged.result(np.uint64).astype(np.int64)
             spans = np.maximum(t[1::2] - t[0::2], 0) * 1e-9
             self.profile = list(zip(self._profile_labels, spans.tolist()))
 

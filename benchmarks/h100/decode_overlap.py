@@ -46,17 +46,21 @@ def forward_rate(native):
     return TOKENS / (time.perf_counter() - t0)
 
 
-def gpu_only(per_submit):
-    """(tokens/s with every submit encoded beforehand, host us per encoded step)."""
+def gpu_only(per_submit, copies=False):
+    """(tokens/s with every submit encoded beforehand, host us per encoded step); with
+    `copies`, each step's state is copied out as decode_greedy's readback does."""
     model.reset()
-    model.state.write([1, 0])
+    model.set_state(1, 0)
     buffers = []
     t0 = time.perf_counter()
     for chunk in range(TOKENS // per_submit):
         rec = dev.recorder()
+        staged = rec.staging(model.state.storage, per_submit) if copies else None
         for step in range(per_submit):
             lst = model._decode_step(per_submit * chunk + step)._list
             rec.replay(lst.items, lst.native)
+            if copies:
+                rec.copy_to_staging(model.state.storage, staged, step)
         rec._close_pass()
         buffers.append(rec.encoder.finish())
     host = (time.perf_counter() - t0) / TOKENS
@@ -73,7 +77,7 @@ gpu_only(4)
 forward_rate(True)
 rates = {name: [] for name in VARIANTS}
 forwards = {True: [], False: []}
-alone, host = {k: [] for k in ALONE}, []
+alone, host, alone_copies = {k: [] for k in ALONE}, [], []
 for _ in range(RUNS):
     for name, v in VARIANTS.items():
         rates[name].append(decode_rate(*v))
@@ -83,6 +87,7 @@ for _ in range(RUNS):
         r, h = gpu_only(k)
         alone[k].append(r)
         host.append(h)
+    alone_copies.append(gpu_only(4, copies=True)[0])
 for name, xs in rates.items():
     print(f"decode_greedy, {name}: {statistics.median(xs):.1f} tokens/s "
           f"(runs {', '.join(f'{x:.0f}' for x in xs)})")
@@ -92,5 +97,8 @@ for native, xs in forwards.items():
 for k, xs in alone.items():
     print(f"GPU alone (submits of {k} steps encoded first): {statistics.median(xs):.1f} "
           f"tokens/s (runs {', '.join(f'{x:.0f}' for x in xs)})")
+print(f"GPU alone, 4 steps per submit with each step's state copied out: "
+      f"{statistics.median(alone_copies):.1f} tokens/s "
+      f"(runs {', '.join(f'{x:.0f}' for x in alone_copies)})")
 print(f"host: encode + finish per step {statistics.median(host):.0f} us "
       f"(runs {', '.join(f'{x:.0f}' for x in host)})")

@@ -27,7 +27,7 @@ def phases(lst: DispatchList, n=40):
     """Host microseconds of each phase of one step, the GPU drained between steps."""
     out = {k: [] for k in ("encoder", "replay", "stage", "finish", "submit", "wait", "map")}
     for _ in range(n):
-        m.state.write([1, 0])
+        m.set_state(1, 0)
         t0 = time.perf_counter()
         rec = dev.recorder()
         t1 = time.perf_counter()
@@ -53,7 +53,7 @@ def phases(lst: DispatchList, n=40):
 def decode(lst: DispatchList, k: int, in_flight: int, read_every=True) -> float:
     """Tokens/s of TOKENS greedy tokens, k steps per submit, `in_flight` submits queued."""
     multi = DispatchList(dev, lst.items * k, [lst])
-    m.state.write([1, 0])
+    m.set_state(1, 0)
     pending: deque = deque()
     t0 = time.perf_counter()
     for i in range(TOKENS // k):
@@ -70,7 +70,7 @@ def gpu_us_per_token(lst: DispatchList, k: int, reps=9) -> float:
     multi = DispatchList(dev, lst.items * k, [lst])
     spans = []
     for _ in range(reps):
-        m.state.write([1, 0])
+        m.set_state(1, 0)
         rec = multi.submit([], timestamps=True)
         spans.append(rec.gpu_seconds * 1e6 / k)
     return round(statistics.median(spans[2:]), 1)

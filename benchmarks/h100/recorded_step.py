@@ -35,7 +35,10 @@ class RecordedStep:
         d = self.device.device
         spans = []
         for _ in range(reps):
-            self.model.state.write([1, pos])
+            if hasattr(self.model, "set_state"):
+                self.model.set_state(1, pos)
+            else:  # an older source tree (tree_ab.sh): state was [token, position]
+                self.model.state.write([1, pos])
             enc = d.create_command_encoder()
             cpass = enc.begin_compute_pass(timestamp_writes={
                 "query_set": self._query, "beginning_of_pass_write_index": 0,

@@ -189,8 +189,8 @@ def test_decode_greedy_matches_argmax_of_forward_token_by_token(backend, per_sub
     first = int(np.argmax(chained.forward(prompt)))
     launches = []
     graph = chained._decode_step(chained.position)
-    launch = graph.launch
-    monkeypatch.setattr(graph, "launch", lambda *a, **k: launches.append(k["runs"]) or launch(*a, **k))
+    prepare = graph.prepare
+    monkeypatch.setattr(graph, "prepare", lambda *a, **k: launches.append(k["runs"]) or prepare(*a, **k))
     got = list(chained.decode_greedy(first, 12))
     assert got == expected
     assert chained.position == stepwise.position == 5 + 12

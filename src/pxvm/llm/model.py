@@ -13,6 +13,7 @@ keys the span can see.
 from __future__ import annotations
 
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,6 +32,13 @@ from .gguf_model import Config, GGUFModelFile, Weight, default_model_path
 #: the first runs, 852-862. Stopping early wastes at most the steps in flight.
 STEPS_PER_SUBMIT = 2
 SUBMITS_IN_FLIGHT = 4
+#: The state tensor [token, position, history...] keeps each step's token in
+#: history[position % STATE_HISTORY] (greedy_step), so a submit's steps come back with one
+#: copy after the last: copies between steps split the GPU's pass (on the H100 they cost
+#: ~39 us a step, benchmarks/h100/decode_overlap.py). Bounds the steps per submit.
+STATE_HISTORY = 16
+#: Submits encoded ahead by decode_greedy's worker thread.
+ENCODED_AHEAD = 2
 
 #: The smallest recorded step's key bound; each next one is STEP_BOUND_GROWTH times larger,
 #: the last the whole context. The first span's attention is one key range per head
@@ -113,7 +121,7 @@ class Model:
         self.k_cache = [self.backend.from_numpy(zeros) for _ in range(cfg.n_layers)]
         self.v_cache = [self.backend.from_numpy(zeros) for _ in range(cfg.n_layers)]
         # [token, position] of the next decoding step, read by the recorded step.
-        self.state = self.backend.from_numpy(np.zeros(2, np.int32))
+        self.state = self.backend.from_numpy(np.zeros(2 + STATE_HISTORY, np.int32))
         self._steps: dict[int, Graph] = {}  # key bound -> the step recorded for it
         self.position = 0
 
@@ -167,7 +175,7 @@ class Model:
         ids = self._checked(token_ids)
         if ids.size > 1:
             return self._run(ids, last_only=True)[-1]
-        self.state.write([int(ids[0]), self.position])
+        self.set_state(int(ids[0]), self.position)
         logits = self._decode_step(self.position).run("logits")["logits"]
         self.position += 1
         return logits[-1]
@@ -188,24 +196,49 @@ class Model:
             raise ContextOverflowError(
                 f"{self.position + n} tokens do not fit in the context of "
                 f"{self.context_length}; lower --max-tokens")
-        self.state.write([int(token), self.position])
-        start, received, queued = self.position, 0, 0
-        pending: deque = deque()
+        self.set_state(int(token), self.position)
+        start, received = self.position, 0
+        plan = deque()  # (first position, steps) of each submit
+        at = start
+        while at < start + n:
+            # the runs of one submit share a recorded step, so they stop at its bound
+            runs = min(STEPS_PER_SUBMIT, STATE_HISTORY, start + n - at,
+                       step_bound(at, self.context_length) - at)
+            plan.append((at, runs))
+            at += runs
+        encoded: deque = deque()  # (first, runs, future of a PreparedLaunch)
+        pending: deque = deque()  # (first, runs, Launch)
+        # A worker thread encodes the next submits while this one waits for the GPU and
+        # hands out tokens: encoding a step costs the host about as much as the GPU's
+        # step itself (H100, BENCHMARKS.md), so one thread could not keep the GPU busy.
+        worker = ThreadPoolExecutor(1, thread_name_prefix="pxvm-encode")
         try:
-            while queued < n:
-                at = start + queued
-                # the runs of one submit share a recorded step, so they stop at its bound
-                runs = min(STEPS_PER_SUBMIT, n - queued,
-                           step_bound(at, self.context_length) - at)
-                pending.append(self._decode_step(at).launch("state", runs=runs))
-                queued += runs
-                while pending and (len(pending) > SUBMITS_IN_FLIGHT or queued == n):
-                    for next_token in pending.popleft().result()["state"][:, 0]:
+            while plan or encoded:
+                while plan and len(encoded) < ENCODED_AHEAD:
+                    first, runs = plan.popleft()
+                    graph = self._decode_step(first)  # recorded on this thread
+                    encoded.append((first, runs, worker.submit(
+                        graph.prepare, "state", runs=runs, each_run=False)))
+                first, runs, job = encoded.popleft()
+                pending.append((first, runs, job.result().submit()))
+                while pending and (len(pending) > SUBMITS_IN_FLIGHT or not encoded):
+                    first, runs, launch = pending.popleft()
+                    history = launch.result()["state"][2:]
+                    for p in range(first, first + runs):
                         received += 1
                         self.position = start + received
-                        yield int(next_token)
+                        yield int(history[p % STATE_HISTORY])
         finally:
+            for _, _, job in encoded:
+                job.cancel()
+            worker.shutdown(wait=True)
             self.position = start + received
+
+    def set_state(self, token: int, position: int) -> None:
+        """Point the recorded decoding step at `token` at `position`, history cleared."""
+        state = np.zeros(2 + STATE_HISTORY, np.int32)
+        state[:2] = token, position
+        self.state.write(state)
 
     def _checked(self, token_ids) -> np.ndarray:
         ids = np.asarray(list(token_ids), dtype=np.int64).reshape(-1)
@@ -248,8 +281,9 @@ class Model:
         return self._logits(b, x)
 
     def record_step(self, b: Batch, max_keys: int | None = None) -> dict:
-        """Queue one decoding step driven by `self.state` = [token, position]: the logits
-        of that token, then state becomes [argmax of the logits, position + 1]. Valid
+        """Queue one decoding step driven by `self.state` = [token, position, history..]:
+        the logits of that token, then state becomes [argmax of the logits, position + 1]
+        with the argmax in history[position % STATE_HISTORY] too. Valid
         for positions below `max_keys` (default: the whole context)."""
         x = self._embed(b, self.state.prefix(1))
         logits = self._logits(b, self._layers(b, x, self.state,
@@ -310,7 +344,7 @@ def profile_decode_step(model: Model, repeats: int = 20) -> dict:
     step = model._decode_step(start)
     encode, wait = [], []
     for i in range(repeats + 1):
-        model.state.write([1, start])
+        model.set_state(1, start)
         t0 = time.perf_counter()
         launch = step.launch("state")
         t1 = time.perf_counter()
@@ -319,10 +353,10 @@ def profile_decode_step(model: Model, repeats: int = 20) -> dict:
         if i:
             encode.append(t1 - t0)
             wait.append(t2 - t1)
-    model.state.write([1, start])
+    model.set_state(1, start)
     timed = step.launch("state", timestamps=True)
     timed.result()
-    model.state.write([1, start])
+    model.set_state(1, start)
     b = Batch(model.backend, profile=True)
     model.record_step(b, max_keys=step_bound(start, model.context_length))
     b.execute()

@@ -128,23 +128,22 @@ def _infer_swiglu(x, gain, w, qtype=3, k=0, eps=1e-6, lanes=None):
     return meta((m.shape[0], m.shape[1] // 2), np.float32)
 
 
-def _lanes(ctx, lanes, m, n, k):
+def _lanes(ctx, lanes, m, n):
     """Threads per output column: 1 on CPU drivers (lavapipe), where the reduction's
     barriers cost more than the parallelism gains (10x slower measured). On GPUs, for
     many rows (prefill) 8; for one row (decoding) a decoded token is a chain of small
-    dispatches, each as long as its longest thread: 64 for short rows, 32 for long ones,
-    16 for very many columns (an LM head fills the GPU with columns alone). Each was the
-    fastest of 16, 32, 64 and 128 for its product in SmolLM2's decoding step on the
-    H100 (BENCHMARKS.md)."""
+    dispatches, each as long as its longest thread: 64, or 16 for very many columns (an
+    LM head fills the GPU with columns alone). Each was the fastest of 8 to 128 for its
+    product in SmolLM2's decoding step on the H100 (benchmarks/h100/step_variants.py,
+    BENCHMARKS.md; the 1,536-long rows of the down projection moved from 32 to 64 once
+    the products loaded less per trip: -36 us a step)."""
     if lanes:
         return int(lanes)
     if ctx.is_software:
         return 1
     if m > 1:
         return 8
-    if n >= 16384:
-        return 16
-    return 64 if k <= 1024 else 32
+    return 16 if n >= 16384 else 64
 
 
 #: The longest attention output (heads x head size) that a product merges from attention's
@@ -160,7 +159,7 @@ def record_product(ctx, x, w, n, qtype, k, *, gain=None, residual=None, eps=0.0,
     per-range partial results, merged by the product (ATTENTION_PARTS)."""
     m = x.shape[0] if rows is None else rows
     out = ctx.empty((m, n), np.float32)
-    lanes = _lanes(ctx, lanes, m, n, k)
+    lanes = _lanes(ctx, lanes, m, n)
     rows_per_wg = 256 // lanes
     state, merge = (x, (0, 0, 0, 0)) if attention is None else (attention[0], attention[1:])
     ctx.dispatch("matmul_quant.wgsl", "matmul",

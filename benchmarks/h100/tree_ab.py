@@ -1,9 +1,10 @@
 """The decoding step's GPU time at several positions and greedy decoding's speed, for
 the pxvm source tree first on PYTHONPATH, with module constants changed per variant:
-`name:module.CONST=value,..` (modules of pxvm.ops.attention or pxvm.llm.model). Run by
-tree_ab.sh, which alternates two source trees (an older commit against the working
-tree) in separate processes; GPU times are timestamps around one pass of the recorded
-step, so they compare across processes. Variants and rounds alternate within one.
+`name:module.CONST=value,..` (modules pxvm.ops.attention, pxvm.ops.quantized or
+pxvm.llm.model). Run by tree_ab.sh, which alternates two source trees (an older commit
+against the working tree) in separate processes; GPU times are timestamps around one
+pass of the recorded step, so they compare across processes. Variants and rounds
+alternate within one.
 Usage: python tree_ab.py MODEL.gguf LABEL [VARIANT ..]"""
 import importlib
 import json
@@ -17,7 +18,8 @@ from pxvm.llm.generate import benchmark
 
 POSITIONS = [0, 64, 128, 200, 255, 300, 640, 2000, 4000]
 ROUNDS = 3
-MODULES = {"attention": "pxvm.ops.attention", "model": "pxvm.llm.model"}
+MODULES = {"attention": "pxvm.ops.attention", "model": "pxvm.llm.model",
+           "quantized": "pxvm.ops.quantized"}
 
 path, label, specs = sys.argv[1], sys.argv[2], sys.argv[3:] or ["base"]
 step = RecordedStep(path, for_position=0)

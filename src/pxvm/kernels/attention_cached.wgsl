@@ -286,6 +286,10 @@ fn combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) 
     }
 }
 
+fn exps4(u: vec4<u32>) -> vec4<f32> {
+    return vec4<f32>(exps[u.x], exps[u.y], exps[u.z], exps[u.w]);
+}
+
 // Sum of exps[u] * V row first + u, element c, over u = g, g + groups, .. < n_keys,
 // sixteen (then eight) loads in flight per trip while the rows are in the cache (below
 // pos0). Rows at pos0 and later come from qkv (new tokens of this pass).
@@ -320,19 +324,15 @@ fn weighted_values(c: u32, g: u32, groups: u32, first: u32, n_keys: u32, pos0: u
     // The last cached keys (fewer than sixteen per group): trips of eight loads, clamped
     // to the last cached row and weighted 0 beyond it, instead of a chain of single loads.
     for (; u < cached; u = u + 8u * groups) {
-        let last = first + cached - 1u;
-        let e = select(vec4<f32>(0.0), vec4<f32>(exps[min(u, 255u)], exps[min(u + groups, 255u)],
-                   exps[min(u + 2u * groups, 255u)], exps[min(u + 3u * groups, 255u)]),
-                   vec4<u32>(u, u + groups, u + 2u * groups, u + 3u * groups) < vec4<u32>(cached));
-        let e2 = select(vec4<f32>(0.0), vec4<f32>(exps[min(u + 4u * groups, 255u)], exps[min(u + 5u * groups, 255u)],
-                    exps[min(u + 6u * groups, 255u)], exps[min(u + 7u * groups, 255u)]),
-                    vec4<u32>(u + 4u * groups, u + 5u * groups, u + 6u * groups, u + 7u * groups) < vec4<u32>(cached));
-        let r0 = (vec4<u32>(first + u) + vec4<u32>(0u, 1u, 2u, 3u) * groups);
-        let r4 = r0 + vec4<u32>(4u * groups);
-        let ra = (min(r0, vec4<u32>(last)) * p.hkv + kvh) * HEAD_DIM + c;
-        let rb = (min(r4, vec4<u32>(last)) * p.hkv + kvh) * HEAD_DIM + c;
-        a = a + e * vec4<f32>(v_cache[ra.x], v_cache[ra.y], v_cache[ra.z], v_cache[ra.w]);
-        b = b + e2 * vec4<f32>(v_cache[rb.x], v_cache[rb.y], v_cache[rb.z], v_cache[rb.w]);
+        let u0 = vec4<u32>(u) + vec4<u32>(0u, 1u, 2u, 3u) * groups;  // keys u0, then u4
+        let u4 = u0 + vec4<u32>(4u * groups);
+        let e0 = select(vec4<f32>(0.0), exps4(min(u0, vec4<u32>(WG - 1u))), u0 < vec4<u32>(cached));
+        let e4 = select(vec4<f32>(0.0), exps4(min(u4, vec4<u32>(WG - 1u))), u4 < vec4<u32>(cached));
+        let last = vec4<u32>(cached - 1u);
+        let r0 = ((first + min(u0, last)) * p.hkv + kvh) * HEAD_DIM + c;
+        let r4 = ((first + min(u4, last)) * p.hkv + kvh) * HEAD_DIM + c;
+        a = a + e0 * vec4<f32>(v_cache[r0.x], v_cache[r0.y], v_cache[r0.z], v_cache[r0.w]);
+        b = b + e4 * vec4<f32>(v_cache[r4.x], v_cache[r4.y], v_cache[r4.z], v_cache[r4.w]);
     }
     let ab = a + b + a2 + b2;
     var sum = ab.x + ab.y + ab.z + ab.w;

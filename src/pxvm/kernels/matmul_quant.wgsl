@@ -12,7 +12,7 @@
 // rows then the up rows (2N rows) and y = silu(x Wg^T) * (x Wu^T).
 // ATTENTION_PARTS: x holds attention_cached.wgsl's per-range partial results (`part`:
 // per token, query head and key range, HEAD_DIM unnormalised sums, the max score, the
-// sum of exponentials) and `ids` its state [token, position]. Every workgroup merges
+// sum of exponentials) and `ids` its state [token, position, ..]. Every workgroup merges
 // its token's ranges into the attention output (K = heads * HEAD_DIM values, at most
 // MAX_MERGED) in workgroup memory, then multiplies that: the output projection takes
 // attention's merge pass and the wait for it.

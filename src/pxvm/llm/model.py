@@ -26,10 +26,11 @@ from .gguf_model import Config, GGUFModelFile, Weight, default_model_path
 #: Greedy decoding submits this many steps in one command buffer and reads their tokens
 #: back with one map, with SUBMITS_IN_FLIGHT submits queued before the host waits for
 #: the oldest, so that the GPU does not wait for the host's encoding. On the H100
-#: (benchmarks/h100/decode_overlap.py, SmolLM2's shapes, 128 tokens from an empty
-#: context): 2 steps x 4 in flight 819.6 tokens/s, 4 x 2 814.3, 4 x 3 813.4, 8 x 2 797.5,
-#: submits growing 1, 2, 4, 8 steps 799.9; the GPU alone, every submit encoded before
-#: the first runs, 852-862. Stopping early wastes at most the steps in flight.
+#: (benchmarks/h100/decode_overlap.py, SmolLM2, 128 tokens from an empty context, the
+#: encoding on a worker thread): 2 steps x 4 in flight 974.5 tokens/s, 4 x 2 996.0,
+#: 1 x 8 919.9; the GPU alone, every submit encoded before the first runs, 1,011-1,025.
+#: (4 x 2 and 2 x 4 measured the same in tree_ab.sh's benchmark.) Stopping early wastes
+#: at most the steps in flight.
 STEPS_PER_SUBMIT = 2
 SUBMITS_IN_FLIGHT = 4
 #: The state tensor [token, position, history...] keeps each step's token in
@@ -120,7 +121,8 @@ class Model:
         zeros = np.zeros(kv_shape, np.float32)
         self.k_cache = [self.backend.from_numpy(zeros) for _ in range(cfg.n_layers)]
         self.v_cache = [self.backend.from_numpy(zeros) for _ in range(cfg.n_layers)]
-        # [token, position] of the next decoding step, read by the recorded step.
+        # [token, position, history...] of the next decoding step, read by the
+        # recorded step (the history: its tokens, STATE_HISTORY)
         self.state = self.backend.from_numpy(np.zeros(2 + STATE_HISTORY, np.int32))
         self._steps: dict[int, Graph] = {}  # key bound -> the step recorded for it
         self.position = 0

@@ -9,6 +9,12 @@ override OP: u32 = 0u;
 // advance the position by one (the history lets several steps in one submit be read
 // back with one copy after the last).
 override ADVANCE: bool = false;
+// Sampling (argmax_rows, then argmax_finish with ADVANCE): `b` / `out` is the sampler
+// [temperature, seed, counter]. With temperature > 0 each logit becomes
+// logit / temperature + Gumbel noise drawn from hash(seed, counter, index), whose argmax is
+// a draw from softmax(logits / temperature) (the Gumbel-max trick); temperature 0 is
+// greedy. argmax_finish then advances the counter, so chained steps draw fresh noise.
+override SAMPLE: bool = false;
 const WG: u32 = 256u;
 
 struct Params {
@@ -113,6 +119,20 @@ fn argmax_tree(lid: u32) {
     workgroupBarrier();
 }
 
+// PCG's output hash of one u32 (a counter-based generator: no state to carry).
+fn pcg_hash(v: u32) -> u32 {
+    let state = v * 747796405u + 2891336453u;
+    let word = ((state >> ((state >> 28u) + 4u)) ^ state) * 277803737u;
+    return (word >> 22u) ^ word;
+}
+
+// Gumbel noise for element i: -log(-log(u)), u in (0, 1) from 24 bits of the hash.
+fn gumbel(seed: u32, counter: u32, i: u32) -> f32 {
+    let h = pcg_hash(i ^ pcg_hash(counter ^ pcg_hash(seed)));
+    let u = (f32(h >> 8u) + 0.5) * (1.0 / 16777216.0);
+    return -log(-log(u));
+}
+
 // One workgroup per row of length row_len (a flat argmax uses pass 1 over rows of the
 // grid-strided kind: rows = 1 chunk per workgroup, then `argmax_finish`).
 @compute @workgroup_size(WG)
@@ -125,8 +145,12 @@ fn argmax_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_
     let len = min(p.row_len, p.n - base);
     var best_v = 0.0;
     var best_i = -1;
+    let temperature = select(0.0, b[0], SAMPLE);
     for (var i = lid; i < len; i = i + WG) {
-        let v = a[base + i];
+        var v = a[base + i];
+        if (temperature > 0.0) {
+            v = v / temperature + gumbel(u32(b[1]), u32(b[2]), base + i);
+        }
         if (best_i < 0 || better(v, i32(i), best_v, best_i)) {
             best_v = v;
             best_i = i32(i);
@@ -168,5 +192,6 @@ fn argmax_finish(@builtin(local_invocation_id) lid3: vec3<u32>) {
             if (p.history > 0u) { out_index[2u + u32(at) % p.history] = token; }
             out_index[1] = at + 1;
         }
+        if (SAMPLE) { out[2] = out[2] + 1.0; }
     }
 }

@@ -1,5 +1,7 @@
 """Reductions (reduce.wgsl): sum, max and dot over all elements, argmax (flat or per
-row), and greedy decoding's step (argmax into a state tensor, advancing its position).
+row), and decoding's steps: greedy (argmax into a state tensor, advancing its position)
+and sampling (the argmax of logits / temperature plus Gumbel noise from a counter-based
+hash, so the draw is made on the device and is the same on every backend).
 Two passes for any length: bounded workgroups reduce grid-strided shares, then one
 workgroup reduces the partials; both passes are recorded in the same submit."""
 
@@ -104,6 +106,55 @@ def greedy_step_ref(logits, state):
     return state
 
 
+def _pcg_hash(v: np.ndarray) -> np.ndarray:
+    """PCG's output hash of uint32 values (reduce.wgsl's pcg_hash)."""
+    v = np.asarray(v, np.uint32)
+    with np.errstate(over="ignore"):  # uint32 arithmetic wraps, as in WGSL
+        state = v * np.uint32(747796405) + np.uint32(2891336453)
+        word = ((state >> ((state >> np.uint32(28)) + np.uint32(4))) ^ state) * np.uint32(277803737)
+    return (word >> np.uint32(22)) ^ word
+
+
+def gumbel_noise(seed: int, counter: int, n: int) -> np.ndarray:
+    """float32 Gumbel noise -log(-log(u)) for elements 0..n-1, u in (0, 1) from 24 bits of
+    hash(seed, counter, index): the noise the sampling step adds on every backend."""
+    inner = _pcg_hash(np.uint32(counter) ^ _pcg_hash(np.uint32(seed)))
+    h = _pcg_hash(np.arange(n, dtype=np.uint32) ^ inner)
+    u = ((h >> np.uint32(8)).astype(np.float32) + np.float32(0.5)) * np.float32(1.0 / 16777216.0)
+    return -np.log(-np.log(u))
+
+
+def sampled_logits(logits, temperature: float, seed: int, counter: int) -> np.ndarray:
+    """logits / temperature + Gumbel noise (flat, float32): their argmax is a draw from
+    softmax(logits / temperature). Temperature 0: the logits themselves (greedy)."""
+    z = np.asarray(logits, np.float32).reshape(-1)
+    if temperature <= 0:
+        return z
+    return z / np.float32(temperature) + gumbel_noise(seed, counter, z.size)
+
+
+def sample_step_ref(logits, state, sampler):
+    """Sampled decoding's step: as greedy_step on the argmax of
+    sampled_logits(logits, temperature, seed, counter) for the sampler [temperature,
+    seed, counter] (float32; seed and counter whole numbers below 2^24), whose counter
+    then advances by one. Returns state."""
+    temperature, seed, counter = (float(v) for v in np.asarray(sampler)[:3])
+    greedy_step_ref(sampled_logits(logits, temperature, int(seed), int(counter)), state)
+    sampler[2] += 1
+    return state
+
+
+def _infer_sample(logits, state, sampler):
+    require(np.dtype(sampler.dtype) == np.float32 and tuple(sampler.shape) == (3,),
+            "sample_step: the sampler must be a float32 tensor [temperature, seed, counter]")
+    return _infer_greedy(logits, state)
+
+
+def sample_step_gpu(ctx, logits, state, sampler):
+    _flat_argmax(ctx, logits, state, advance=True, sampler=sampler)
+    return state
+
+
 def _infer_greedy(logits, state):
     _nonempty(logits, "greedy_step")
     require(np.dtype(state.dtype) == np.int32 and len(state.shape) == 1 and state.shape[0] >= 2,
@@ -116,16 +167,20 @@ def greedy_step_gpu(ctx, logits, state):
     return state
 
 
-def _flat_argmax(ctx, x, out, advance=False):
+def _flat_argmax(ctx, x, out, advance=False, sampler=None):
     n = x.size
     chunks = (n + ARGMAX_CHUNK - 1) // ARGMAX_CHUNK
     values = ctx.empty((chunks,), np.float32, "chunk maxima")
     indices = ctx.empty((chunks,), np.int32, "chunk argmax")
-    ctx.dispatch(KERNEL, "argmax_rows", [x, x, values, indices], (n, ARGMAX_CHUNK, 0, 0), chunks)
-    unused = ctx.empty((1,), np.float32, "unused")
+    sample = {"SAMPLE": int(sampler is not None)}
+    ctx.dispatch(KERNEL, "argmax_rows", [x, x if sampler is None else sampler, values, indices],
+                 (n, ARGMAX_CHUNK, 0, 0), chunks, sample)
+    if sampler is None:
+        sampler = ctx.empty((1,), np.float32, "unused")
     history = out.size - 2 if advance else 0
-    ctx.dispatch(KERNEL, "argmax_finish", [values, indices, unused, out],
-                 (chunks, ARGMAX_CHUNK, 0, history), (1, 1, 1), {"ADVANCE": int(advance)})
+    ctx.dispatch(KERNEL, "argmax_finish", [values, indices, sampler, out],
+                 (chunks, ARGMAX_CHUNK, 0, history), (1, 1, 1),
+                 {"ADVANCE": int(advance), **sample})
 
 
 def argmax_gpu(ctx, x, axis=None):
@@ -148,3 +203,5 @@ dot = register("dot", 2, dot_ref, dot_gpu, _infer_dot)
 argmax = register("argmax", 1, argmax_ref, argmax_gpu, _infer_argmax)
 greedy_step = register("greedy_step", 2, greedy_step_ref, greedy_step_gpu, _infer_greedy,
                        input_dtypes=("f32", "i32"))
+sample_step = register("sample_step", 3, sample_step_ref, sample_step_gpu, _infer_sample,
+                       input_dtypes=("f32", "i32", "f32"))

@@ -297,6 +297,10 @@ CASES.update({
              threshold=NMSE_LONG) for tokens, n_ctx, pos in ((2, 11, 5), (1, 300, 290))],
     "greedy_step": [Case(lambda rng: [rng.standard_normal(333).astype(np.float32),
                                       np.array([7, 4], np.int32)], threshold=0.0)],
+    # two chunks of the first pass; history slot 4 % 2
+    "sample_step": [Case(lambda rng: [rng.standard_normal(4500).astype(np.float32),
+                                      np.array([7, 4, -1, -1], np.int32),
+                                      np.array([0.8, 1234, 9], np.float32)], threshold=0.0)],
 })
 
 #: Larger inputs for the in-browser benchmark: (op, make, params, flops, bytes moved).

@@ -2,8 +2,9 @@
 context, 128 tokens: decode_greedy's speed (readbacks through wgpu-native's own map
 calls or through wgpu-py's map_sync; steps per submit and submits in flight varied), the
 GPU's speed on its own (every submit encoded first, then submitted back to back, with
-4 to 32 steps each), the host's time to encode one step, and forward() one token at a
-time (sampling's path), with each way of mapping. Medians of 5 after a
+4 to 32 steps each), the host's time to encode one step, decoding at temperature 0.7
+(drawn on the device), and forward() one token at a time (the host sampler's path, for
+top-k, top-p or a repetition penalty), with each way of mapping. Medians of 5 after a
 warm-up, variants alternating (benchmarks/h100/README.md)."""
 import statistics
 import sys
@@ -34,6 +35,18 @@ def decode_rate(native, steps, in_flight):
     model_module.STEPS_PER_SUBMIT, model_module.SUBMITS_IN_FLIGHT = steps, in_flight
     r = benchmark(model, tokenizer, prompt_tokens=16, gen_tokens=TOKENS, repeats=1, warmup=0)
     return r["decode_tokens_per_s"]
+
+
+def sampled_rate():
+    """Tokens/s of decode at temperature 0.7 (each draw made on the device), from an
+    empty context, the default steps per submit."""
+    device_module._NATIVE_MAP = native_map
+    model_module.STEPS_PER_SUBMIT, model_module.SUBMITS_IN_FLIGHT = 2, 4
+    model.reset()
+    t0 = time.perf_counter()
+    for _ in model.decode(1, TOKENS, 0.7, 1):
+        pass
+    return TOKENS / (time.perf_counter() - t0)
 
 
 def forward_rate(native):
@@ -75,9 +88,10 @@ for v in VARIANTS.values():  # warm-up: pipelines, recorded steps
     decode_rate(*v)
 gpu_only(4)
 forward_rate(True)
+sampled_rate()
 rates = {name: [] for name in VARIANTS}
 forwards = {True: [], False: []}
-alone, host, alone_copies = {k: [] for k in ALONE}, [], []
+alone, host, alone_copies, sampled = {k: [] for k in ALONE}, [], [], []
 for _ in range(RUNS):
     for name, v in VARIANTS.items():
         rates[name].append(decode_rate(*v))
@@ -88,9 +102,12 @@ for _ in range(RUNS):
         alone[k].append(r)
         host.append(h)
     alone_copies.append(gpu_only(4, copies=True)[0])
+    sampled.append(sampled_rate())
 for name, xs in rates.items():
     print(f"decode_greedy, {name}: {statistics.median(xs):.1f} tokens/s "
           f"(runs {', '.join(f'{x:.0f}' for x in xs)})")
+print(f"decode at temperature 0.7, drawn on the device: {statistics.median(sampled):.1f} "
+      f"tokens/s (runs {', '.join(f'{x:.0f}' for x in sampled)})")
 for native, xs in forwards.items():
     print(f"forward() per token, {'native' if native else 'wgpu-py'} map: "
           f"{statistics.median(xs):.1f} tokens/s (runs {', '.join(f'{x:.0f}' for x in xs)})")

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from test_tokenizer import _smollm_tokenizer, smollm_metadata
 
-from pxvm.llm.generate import PromptTooLongError, benchmark, generate
+from pxvm.llm.generate import PromptTooLongError, benchmark, device_seed, generate
 from pxvm.llm.sampling import SamplingParams
+from pxvm.ops.reductions import sampled_logits
 
 
 class ScriptedModel:
@@ -29,11 +30,15 @@ class ScriptedModel:
         self.random_logits = random_logits
         self.calls: list[list[int]] = []
         self.log: list[tuple[int, int]] = []  # (position, tokens) of every call, kept by reset
+        self.returned: list[np.ndarray] = []  # the logits of every call since reset
+        self.positions: list[int] = []        # and the position they were computed at
         self.position = 0
 
     def reset(self):
         self.position = 0
         self.calls.clear()
+        self.returned.clear()
+        self.positions.clear()
 
     def forward(self, token_ids):
         ids = [int(t) for t in token_ids]
@@ -42,11 +47,14 @@ class ScriptedModel:
         self.log.append((self.position, len(ids)))
         self.position += len(ids)
         if self.random_logits:
-            return np.random.default_rng(self.position).normal(
+            logits = np.random.default_rng(self.position).normal(
                 0, 2, self.config.vocab_size).astype(np.float32)
-        logits = np.zeros(self.config.vocab_size, np.float32)
-        step = len(self.calls) - 1
-        logits[self.script[min(step, len(self.script) - 1)]] = 10.0
+        else:
+            logits = np.zeros(self.config.vocab_size, np.float32)
+            step = len(self.calls) - 1
+            logits[self.script[min(step, len(self.script) - 1)]] = 10.0
+        self.returned.append(logits)
+        self.positions.append(self.position - 1)
         return logits
 
 
@@ -150,6 +158,24 @@ def test_sampling_is_reproducible_for_a_seed(tok, meta):
 
     assert run(11) == run(11)
     assert run(11) != run(12)
+
+
+def test_temperature_sampling_draws_from_each_positions_logits_with_the_seed(tok, meta):
+    # Temperature alone: each token is the argmax of its logits / temperature plus the
+    # Gumbel noise of (seed, position) (the draw the GPU makes in place), checked here
+    # against the logits the scripted model returned.
+    def run(seed):
+        model = ScriptedModel(meta, random_logits=True)
+        params = SamplingParams(temperature=0.8, seed=seed)
+        result = generate(model, tok, "Once", max_tokens=12, sampling=params)
+        return model, result.token_ids
+
+    model, tokens = run(11)
+    assert tokens == run(11)[1] and tokens != run(12)[1]
+    seed = device_seed(11)
+    for position, logits, token in zip(model.positions, model.returned, tokens):
+        assert token == int(np.argmax(sampled_logits(logits, 0.8, seed, position)))
+    assert any(token != int(np.argmax(logits)) for logits, token in zip(model.returned, tokens))
 
 
 def test_timings_are_reported(tok, meta):

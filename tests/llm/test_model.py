@@ -11,6 +11,7 @@ from make_tiny_gguf import TinySpec, write_tiny_gguf
 import pxvm.llm.model as model_module
 from pxvm.llm import ContextOverflowError, load_model
 from pxvm.llm.model import step_bound
+from pxvm.ops.reductions import sampled_logits
 
 NMSE_MODEL = 1e-5
 
@@ -259,6 +260,32 @@ def test_greedy_decoding_across_step_bounds_matches_the_numpy_backend(prompt_len
     assert list(gpu.decode_greedy(first, 12)) == expected
     assert sorted(gpu._steps) == bounds
     assert [gpu._steps[b].dispatches for b in bounds] == [2 * 5 + 4] * 2
+
+
+def test_sampled_decoding_on_the_gpu_draws_what_the_numpy_backend_draws_token_by_token(
+        tmp_path, rng, gpu_device):
+    # A chained run at temperature 100 (the draws made on the device, the counter advanced
+    # there, across the 64-key bound) against the numpy model fed one token at a time,
+    # each drawn from its logits with the reference's noise for that position.
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path, TinySpec(context_length=300), rng)
+    prompt = rng.integers(0, 101, size=58).tolist()
+    temperature, seed = 100.0, 4321  # the tiny model's logits are peaked
+    cpu = load_model(str(path), backend="cpu", progress=False)
+    draw = lambda logits, position: int(np.argmax(  # noqa: E731
+        sampled_logits(logits, temperature, seed, position)))
+    token = first = draw(cpu.forward(prompt), len(prompt) - 1)
+    expected, argmaxes = [], []
+    for _ in range(12):
+        position = cpu.position
+        logits = cpu.forward([token])
+        token = draw(logits, position)
+        expected.append(token)
+        argmaxes.append(int(np.argmax(logits)))
+    assert expected != argmaxes  # the draws are not simply greedy
+    gpu = load_model(str(path), backend="gpu", progress=False)
+    gpu.forward(prompt)
+    assert list(gpu.decode(first, 12, temperature, seed)) == expected
 
 
 @pytest.mark.parametrize("context", [300, 20])

@@ -10,6 +10,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ..ops.reductions import sampled_logits
 from ..runtime.errors import PxvmError
 from .chat import chat_template_of, render_chat
 from .sampling import Sampler, SamplingParams
@@ -153,30 +154,44 @@ def generate(model, tokenizer: Tokenizer, prompt: str | None = None, max_tokens:
                             decode_steps=steps, prompt_ids=prompt_ids)
 
 
-def greedy_tokens(model, token: int, n: int):
-    """Feed `token`, then the argmax of each step's logits: the n tokens chosen. Models
-    that chain greedy steps themselves (`decode_greedy`) do so."""
-    if hasattr(model, "decode_greedy"):
-        yield from model.decode_greedy(token, n)
+def chained_tokens(model, token: int, n: int, temperature: float = 0.0, seed: int = 0):
+    """Feed `token`, then each token drawn from the last step's logits (the argmax at
+    temperature 0, else sample_step's draw: see pxvm.ops.reductions.sampled_logits): the
+    n tokens chosen. Models that chain their steps on the device (`decode`) do so."""
+    if hasattr(model, "decode"):
+        yield from model.decode(token, n, temperature, seed)
         return
     for _ in range(n):
-        token = int(np.argmax(model.forward([token])))
+        counter = model.position
+        token = int(np.argmax(sampled_logits(model.forward([token]), temperature, seed, counter)))
         yield token
+
+
+def device_seed(seed: int | None) -> int:
+    """The 24-bit seed of draws made on the device, from a user's seed (None: fresh)."""
+    return int(np.random.SeedSequence(seed).generate_state(1)[0]) % (1 << 24)
 
 
 def _tokens(model, sampler: Sampler, logits, prompt_ids: list[int], generated: list[int],
             max_tokens: int):
-    """The chosen tokens, one per decoding step: the first from the prompt's logits. Plain
-    greedy decoding lets the model chain its steps on the device (`decode_greedy`);
-    otherwise each step's logits come back for the sampler. `generated` is the caller's
-    list of accepted tokens (the repetition penalty looks at it)."""
+    """The chosen tokens, one per decoding step: the first from the prompt's logits.
+    Greedy decoding and plain temperature sampling let the model chain its steps on the
+    device, drawing each token where its logits are (`chained_tokens`); top-k, top-p and
+    the repetition penalty bring each step's logits back to the host's sampler.
+    `generated` is the caller's list of accepted tokens (the repetition penalty looks at
+    it)."""
+    p = sampler.params
+    if p.top_k == 0 and p.top_p >= 1.0 and p.repeat_penalty == 1.0:
+        seed = device_seed(p.seed)
+        # the draw from the logits at position q uses counter q, as the device's steps do
+        z = sampled_logits(logits, p.temperature, seed, len(prompt_ids) - 1)
+        token = int(np.argmax(z))
+        yield token
+        room = context_length(model) - len(prompt_ids)
+        yield from chained_tokens(model, token, min(max_tokens - 1, room), p.temperature, seed)
+        return
     token = sampler(logits, prompt_ids + generated)
     yield token
-    p = sampler.params
-    if p.temperature == 0.0 and p.repeat_penalty == 1.0:
-        room = context_length(model) - len(prompt_ids)
-        yield from greedy_tokens(model, token, min(max_tokens - 1, room))
-        return
     while True:
         logits = model.forward([token])
         token = sampler(logits, prompt_ids + generated)
@@ -217,7 +232,7 @@ def benchmark(model, tokenizer: Tokenizer, prompt_tokens: int = 512, gen_tokens:
         prefill_s = time.perf_counter() - t0
         fresh_context()
         t0 = time.perf_counter()
-        for _ in greedy_tokens(model, first, gen_tokens):
+        for _ in chained_tokens(model, first, gen_tokens):
             pass
         decode_s = time.perf_counter() - t0
         if run >= warmup:

@@ -124,6 +124,9 @@ class Model:
         # [token, position, history...] of the next decoding step, read by the
         # recorded step (the history: its tokens, STATE_HISTORY)
         self.state = self.backend.from_numpy(np.zeros(2 + STATE_HISTORY, np.int32))
+        # [temperature, seed, counter] of the recorded step's draw (sample_step): the
+        # counter is the position of the logits drawn from
+        self.sampler = self.backend.from_numpy(np.zeros(3, np.float32))
         self._steps: dict[int, Graph] = {}  # key bound -> the step recorded for it
         self.position = 0
 
@@ -188,9 +191,18 @@ class Model:
 
     def decode_greedy(self, token: int, n: int):
         """Feed `token`, then keep feeding the most likely next token: yields the n tokens
-        chosen. On the GPU the steps chain on the device and are submitted ahead of the
-        host reading them; stopping early (closing the generator) leaves the position
-        after the last token the caller received."""
+        chosen (decode with temperature 0)."""
+        return self.decode(token, n)
+
+    def decode(self, token: int, n: int, temperature: float = 0.0, seed: int = 0):
+        """Feed `token`, then keep feeding the token drawn from each step's logits: the
+        argmax (temperature 0) or a draw from softmax(logits / temperature) made where the
+        logits are (sample_step: Gumbel noise from hash(seed, position)); yields the n
+        tokens chosen. On the GPU the steps chain on the device and are submitted ahead
+        of the host reading them; stopping early (closing the generator) leaves the
+        position after the last token the caller received. seed: 0 .. 2^24 - 1."""
+        if not 0 <= seed < 1 << 24:
+            raise ValueError(f"seed must be in 0 .. 2^24 - 1, got {seed}")
         self._checked([token])
         if n <= 0:
             return
@@ -199,6 +211,7 @@ class Model:
                 f"{self.position + n} tokens do not fit in the context of "
                 f"{self.context_length}; lower --max-tokens")
         self.set_state(int(token), self.position)
+        self.sampler.write(np.array([temperature, seed, self.position], np.float32))
         start, received = self.position, 0
         plan = deque()  # (first position, steps) of each submit
         at = start
@@ -284,13 +297,14 @@ class Model:
 
     def record_step(self, b: Batch, max_keys: int | None = None) -> dict:
         """Queue one decoding step driven by `self.state` = [token, position, history..]:
-        the logits of that token, then state becomes [argmax of the logits, position + 1]
-        with the argmax in history[position % STATE_HISTORY] too. Valid
-        for positions below `max_keys` (default: the whole context)."""
+        the logits of that token, then state becomes [the token drawn, position + 1]
+        with the token in history[position % STATE_HISTORY] too (drawn by sample_step
+        with `self.sampler`: the argmax at temperature 0). Valid for positions below
+        `max_keys` (default: the whole context)."""
         x = self._embed(b, self.state.prefix(1))
         logits = self._logits(b, self._layers(b, x, self.state,
                                               max_keys=max_keys or self.context_length))
-        b.greedy_step(logits, self.state)
+        b.sample_step(logits, self.state, self.sampler)
         return {"logits": logits, "state": self.state}
 
     def _embed(self, b: Batch, ids):

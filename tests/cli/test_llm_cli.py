@@ -114,7 +114,7 @@ def test_prompt_longer_than_context_fails(scripted):
     assert isinstance(result.exception, PxvmError) and "context" in str(result.exception)
 
 
-@pytest.mark.parametrize("args", [["--temperature", "-1"], ["--top-p", "2"],
+@pytest.mark.parametrize("args", [["--temperature", "-1"], ["--top-p", "2"], ["--seed", "-3"],
                                   ["--backend", "tpu"]])
 def test_bad_options_are_usage_errors(scripted, args):
     scripted("x")

@@ -136,7 +136,7 @@ def test_top_p_distribution_renormalises(rng):
 
 
 @pytest.mark.parametrize("bad", [dict(temperature=-1), dict(top_k=-2), dict(top_p=0.0),
-                                 dict(top_p=1.5), dict(repeat_penalty=0.0)])
+                                 dict(top_p=1.5), dict(repeat_penalty=0.0), dict(seed=-1)])
 def test_invalid_parameters_are_rejected(bad):
     with pytest.raises(ValueError):
         SamplingParams(**bad)

@@ -30,6 +30,8 @@ class SamplingParams:
             raise ValueError("top_p must be in (0, 1] (1 = off)")
         if self.repeat_penalty <= 0:
             raise ValueError("repeat_penalty must be > 0 (1 = off)")
+        if self.seed is not None and self.seed < 0:
+            raise ValueError("seed must be >= 0")
 
 
 def apply_repetition_penalty(logits: np.ndarray, previous: Sequence[int],

@@ -15,6 +15,7 @@ from conftest import NMSE_ELEMENTWISE, assert_close
 
 import pxvm
 from pxvm.batch import Graph
+from pxvm.ops.elementwise import gelu_ref
 
 HQ, HKV, D, N_CTX, VOCAB = 2, 1, 8, 48, 64
 QKV = (HQ + 2 * HKV) * D
@@ -209,3 +210,37 @@ def test_launch_gpu_seconds(backend, rng, request):
         assert launch.gpu_seconds is None
     else:
         assert launch.gpu_seconds is not None and 0 <= launch.gpu_seconds < 10
+
+
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
+def test_flushed_batches_give_what_one_submit_gives(backend, rng, request):
+    # Layers of a chain submitted as they are queued (each reads the last one's output,
+    # buffers freed in between are reused) against the same chain in one submit.
+    if backend == "gpu":
+        request.getfixturevalue("gpu_device")
+    x0 = rng.standard_normal((37, 29)).astype(np.float32)
+    w = [rng.standard_normal((29, 29)).astype(np.float32) * 0.3 for _ in range(6)]
+
+    def run(flush: bool):
+        b = pxvm.Batch(backend)
+        x = b.upload(x0)
+        for wi in w:
+            x = b.gelu(b.add(b.matmul(x, wi), x))
+            if flush:
+                b.flush()
+        b.execute()
+        return b.read(x)
+
+    expected = x0
+    for wi in w:
+        expected = gelu_ref(expected @ wi + expected)
+    assert_close(run(True), expected, NMSE_ELEMENTWISE)
+    np.testing.assert_array_equal(run(True), run(False))
+
+
+def test_flush_in_a_capturing_batch_keeps_one_list(rng, gpu_device):
+    b = pxvm.Batch("gpu", capture=True)
+    y = b.relu(b.upload(rng.standard_normal(100).astype(np.float32)))
+    b.flush()
+    b.relu(y)
+    assert len(b.capture()) == 2

@@ -74,6 +74,16 @@ class Batch:
             raise AttributeError(name)
         return lambda *args, **kwargs: self.queue(name, *args, **kwargs)
 
+    def flush(self) -> "Batch":
+        """Submit what is queued so far and go on queueing into a new command buffer, so
+        that the GPU starts on it while the host records the rest (a long prompt's
+        layers). Results are read as before, after execute(). Nothing to do on the numpy
+        backend, and in timed, profiled or capturing batches (one command buffer each)."""
+        self._check_open()
+        if self._gpu:
+            self._ctx.flush()
+        return self
+
     # ---- running --------------------------------------------------------------
     def _stage_leaves(self):
         for ref in self._outputs:

@@ -27,10 +27,18 @@ def pack_params(*values) -> bytes:
 class GpuContext:
     """What an op's GPU implementation records into: a device and an open Recorder."""
 
-    def __init__(self, backend: "WebGPUBackend", recorder: Recorder):
+    def __init__(self, backend: "WebGPUBackend", recorder: Recorder, one_buffer: bool = False):
         self.backend = backend
         self.device: Device = backend.device
         self.recorder = recorder
+        # timed, profiled and captured work is one command buffer by nature: no flush
+        self.one_buffer = one_buffer
+
+    def flush(self) -> None:
+        """Submit what is recorded so far and go on in a new command buffer."""
+        if not self.one_buffer:
+            self.recorder.submit()
+            self.recorder = self.device.recorder()
 
     def empty(self, shape, dtype, what: str = "output") -> Tensor:
         dtype = np.dtype(dtype)
@@ -91,7 +99,8 @@ class WebGPUBackend:
 
     def context(self, timestamps: bool = False, profile: bool = False,
                 capture: bool = False) -> GpuContext:
-        return GpuContext(self, self.device.recorder(timestamps, profile, capture))
+        return GpuContext(self, self.device.recorder(timestamps, profile, capture),
+                          one_buffer=timestamps or profile or capture)
 
     def run(self, op, inputs, params) -> Tensor:
         op.infer(inputs, params)

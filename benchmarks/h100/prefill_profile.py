@@ -1,5 +1,6 @@
-"""Where a 512-token prefill's GPU time goes: the forward's wall time, then every
-dispatch of the same forward timed alone (one pass each), summed per kernel.
+"""Where a 512-token prefill's time goes: the forward's wall time, the host's recording
+against the GPU's time (timestamps around the batch), then every dispatch of the same
+forward timed alone (one pass each), summed per kernel.
 Usage: python prefill_profile.py MODEL.gguf (or through explore_decode.sh)."""
 import sys
 import time
@@ -16,6 +17,18 @@ for _ in range(2):  # the first compiles the pipelines
     t = time.perf_counter()
     model.forward(ids)
     print(f"prefill of 512 tokens: {time.perf_counter() - t:.4f} s")
+# the same forward split: the host recording its batch, then its GPU time (timestamps)
+for _ in range(3):
+    model.reset()
+    t = time.perf_counter()
+    batch = Batch(model.backend, timestamps=True)
+    logits = model.record(batch, ids, True)
+    recorded = time.perf_counter() - t
+    batch.execute()
+    batch.read(logits)
+    total = time.perf_counter() - t
+    print(f"host recording {recorded * 1e3:.1f} ms, GPU {batch.gpu_seconds * 1e3:.1f} ms, "
+          f"whole {total * 1e3:.1f} ms")
 model.reset()
 batch = Batch(model.backend, profile=True)
 model.record(batch, ids, True)

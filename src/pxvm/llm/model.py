@@ -41,6 +41,13 @@ STATE_HISTORY = 16
 #: Submits encoded ahead by decode_greedy's worker thread.
 ENCODED_AHEAD = 2
 
+#: Prompts of at least this many tokens are submitted layer by layer (Batch.flush), so
+#: the GPU runs each layer while the host records the next: recording a prompt's 183
+#: dispatches took the H100's host 40 ms, as long as their GPU time for 512 tokens
+#: (benchmarks/h100/prefill_profile.py); below it the GPU's share is small and each
+#: submit costs the host more than it overlaps.
+FLUSH_MIN_TOKENS = 64
+
 #: The smallest recorded step's key bound; each next one is STEP_BOUND_GROWTH times larger,
 #: the last the whole context. The first span's attention is one key range per head
 #: (pxvm.ops.attention.CACHED_ONE_RANGE_MAX_KEYS), the others' ranges are merged by the
@@ -319,6 +326,8 @@ class Model:
     def _layers(self, b: Batch, x, state, max_keys: int):
         cfg = self.config
         for i, layer in enumerate(self.layers):
+            if i and x.shape[0] >= FLUSH_MIN_TOKENS:
+                b.flush()  # the GPU runs the layers recorded so far while the host goes on
             qkv = self._normed_product(b, x, layer.attn_norm, layer.qkv)
             wo = layer.wo
             x = b.attention_cached_matmul_quant_add(

@@ -44,8 +44,9 @@ ENCODED_AHEAD = 2
 #: Prompts of at least this many tokens are submitted layer by layer (Batch.flush), so
 #: the GPU runs each layer while the host records the next: recording a prompt's 183
 #: dispatches took the H100's host 40 ms, as long as their GPU time for 512 tokens
-#: (benchmarks/h100/prefill_profile.py); below it the GPU's share is small and each
-#: submit costs the host more than it overlaps.
+#: (benchmarks/h100/prefill_profile.py). The bound is a judgement, not a measurement:
+#: a short prompt's GPU time is small, so there is little to overlap (flushing from 16
+#: tokens measured the same as from 64 at 512 tokens).
 FLUSH_MIN_TOKENS = 64
 
 #: The smallest recorded step's key bound; each next one is STEP_BOUND_GROWTH times larger,

@@ -1,56 +1,10 @@
-"""The WebGPU runtime: adapters, the device, buffers, pipelines and timing. No op logic.
+"""The lowest layer: devices, memory and programs, one subpackage per GPU API
+(`pxvm.runtime.webgpu`), and the errors every layer raises. It knows no ops."""
 
-`get_device()` returns the process-wide device (created on first use, honouring
-`PXVM_DEVICE`); `reset_device()` drops it so the next call picks again (also after a device loss,
-which otherwise makes every later call raise DeviceLostError).
-"""
+from .errors import (BindingTooLargeError, DeviceLostError, DeviceSelectionError,
+                     GpuUnavailableError, NoAdapterError, OutOfDeviceMemoryError, PxvmError,
+                     ShaderCompileError, ShapeError)
 
-from __future__ import annotations
-
-import threading
-
-from .adapters import AdapterDescription, choose_adapter, list_adapters
-from .device import Allocation, Device, DispatchList, Recorder, Staged, Timer, workgroup_grid
-from .errors import (
-    BindingTooLargeError,
-    DeviceLostError,
-    DeviceSelectionError,
-    GpuUnavailableError,
-    NoAdapterError,
-    OutOfDeviceMemoryError,
-    PxvmError,
-    ShaderCompileError,
-    ShapeError,
-)
-from .shaders import kernel_files, load_wgsl
-
-_lock = threading.Lock()
-_device: Device | None = None
-_device_request = None
-
-
-def get_device(request: str | int | None = None) -> Device:
-    """The shared device. A different `request` than the current one creates a new device."""
-    global _device, _device_request
-    with _lock:
-        if _device is not None and request is not None and request != _device_request:
-            _device = None
-        if _device is None:  # a lost device stays, so later calls raise DeviceLostError
-            _device = Device(request)
-            _device_request = request
-        return _device
-
-
-def reset_device() -> None:
-    global _device
-    with _lock:
-        _device = None
-
-
-__all__ = [
-    "AdapterDescription", "Allocation", "BindingTooLargeError", "Device", "DeviceLostError",
-    "DeviceSelectionError", "GpuUnavailableError", "NoAdapterError", "OutOfDeviceMemoryError",
-    "DispatchList", "PxvmError", "Recorder", "ShaderCompileError", "ShapeError", "Staged", "Timer",
-    "choose_adapter", "get_device", "kernel_files", "list_adapters", "load_wgsl",
-    "reset_device", "workgroup_grid",
-]
+__all__ = ["BindingTooLargeError", "DeviceLostError", "DeviceSelectionError",
+           "GpuUnavailableError", "NoAdapterError", "OutOfDeviceMemoryError", "PxvmError",
+           "ShaderCompileError", "ShapeError"]

@@ -2,8 +2,8 @@
 
 import pytest
 
-from pxvm.runtime.adapters import AdapterDescription, choose_adapter
 from pxvm.runtime.errors import DeviceSelectionError, NoAdapterError
+from pxvm.runtime.webgpu.adapters import AdapterDescription, choose_adapter
 
 
 def fake(index, name, kind, backend="Vulkan"):

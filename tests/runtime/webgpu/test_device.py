@@ -1,5 +1,5 @@
 """The runtime's promises: binding limits, pooled buffers, compile errors, device loss,
-one submit per batch, GPU timing and async readback."""
+one submit per batch, GPU timing, async readback and writes from the host."""
 
 import asyncio
 import os
@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 
 import pxvm
-from pxvm.runtime import Device, device as device_module
-from pxvm.runtime.errors import (BindingTooLargeError, DeviceLostError, ShaderCompileError)
+from pxvm.backends import WebGPUBackend, webgpu_backend
+from pxvm.runtime.errors import BindingTooLargeError, DeviceLostError, ShaderCompileError
+from pxvm.runtime.webgpu import Device, NativeCalls, PortableCalls
+from pxvm.runtime.webgpu import device as device_module
 
 
 def test_buffer_over_the_binding_limit_names_both_sizes(gpu_device):
@@ -52,8 +54,6 @@ def test_shader_compile_error_names_kernel_and_line(gpu_device, monkeypatch):
 
 def test_lost_device_raises_clear_error_on_every_later_call(gpu_device, rng):
     dev = Device(os.environ.get("PXVM_DEVICE"))
-    from pxvm.backends import WebGPUBackend
-
     backend = WebGPUBackend(dev)
     t = backend.from_numpy(rng.standard_normal(7).astype(np.float32))
     dev.destroy()
@@ -67,9 +67,9 @@ def test_batch_runs_a_chain_with_one_submit_and_records_nothing_before(gpu_devic
     submit = gpu_device.submit
     monkeypatch.setattr(gpu_device, "submit", lambda buffer: submits.append(buffer) or submit(buffer))
     x = rng.standard_normal(257).astype(np.float32)
-    batch = pxvm.Batch("gpu")
-    t = batch.upload(x)
-    y = batch.scale(batch.relu(batch.add(t, t)), 0.5)
+    with pxvm.Batch("gpu") as batch:
+        t = batch.upload(x)
+        y = pxvm.ops.scale(pxvm.ops.relu(pxvm.ops.add(t, t)), 0.5)
     assert not submits
     batch.execute()
     result = batch.read(y)
@@ -79,15 +79,15 @@ def test_batch_runs_a_chain_with_one_submit_and_records_nothing_before(gpu_devic
 
 def test_batch_gives_the_same_result_on_numpy(rng):
     x = rng.standard_normal(9).astype(np.float32)
-    batch = pxvm.Batch("cpu")
-    y = batch.sigmoid(batch.upload(x))
+    with pxvm.Batch("numpy") as batch:
+        y = pxvm.ops.sigmoid(batch.upload(x))
     batch.execute()
     np.testing.assert_allclose(batch.read(y), 1 / (1 + np.exp(-x)), rtol=1e-6)
 
 
 def test_reading_a_batch_before_execute_is_an_error():
-    batch = pxvm.Batch("cpu")
-    y = batch.relu(batch.upload([1.0, -1.0]))
+    with pxvm.Batch("numpy") as batch:
+        y = pxvm.ops.relu(batch.upload([1.0, -1.0]))
     with pytest.raises(pxvm.PxvmError, match="execute"):
         batch.read(y)
 
@@ -95,10 +95,10 @@ def test_reading_a_batch_before_execute_is_an_error():
 def test_gpu_timestamps_measure_a_batch(gpu_device, rng):
     if not gpu_device.has("timestamp-query"):
         pytest.skip("adapter has no timestamp-query")
-    batch = pxvm.Batch("gpu", timestamps=True)
-    t = batch.upload(rng.standard_normal(1 << 16).astype(np.float32))
-    for _ in range(4):
-        t = batch.gelu(t)
+    with pxvm.Batch("gpu", timestamps=True) as batch:
+        t = batch.upload(rng.standard_normal(1 << 16).astype(np.float32))
+        for _ in range(4):
+            t = pxvm.ops.gelu(t)
     batch.execute()
     assert batch.gpu_seconds is not None and batch.gpu_seconds > 0
 
@@ -109,8 +109,8 @@ def test_async_readback_and_batch_do_not_need_the_sync_api(gpu_device, rng):
     async def main():
         t = pxvm.ops.relu(x, backend="gpu")
         direct = await t.numpy_async()
-        batch = pxvm.Batch("gpu")
-        y = batch.scale(batch.upload(x), 2.0)
+        with pxvm.Batch("gpu") as batch:
+            y = pxvm.ops.scale(batch.upload(x), 2.0)
         await batch.execute_async()
         return direct, await batch.read_async(y)
 
@@ -122,18 +122,13 @@ def test_async_readback_and_batch_do_not_need_the_sync_api(gpu_device, rng):
 def test_profiled_recorder_times_every_dispatch_by_kernel(gpu_device, rng):
     if not gpu_device.has("timestamp-query"):
         pytest.skip("adapter has no timestamp-query")
-    from pxvm.backends import gpu_backend
-    from pxvm.backends.webgpu_backend import GpuContext
-
-    backend = gpu_backend()
-    ctx = GpuContext(backend, gpu_device.recorder(profile=True))
-    t = ctx.tensor(rng.standard_normal(4096).astype(np.float32))
-    out = pxvm.ops.REGISTRY["relu"].gpu(ctx, t)
-    out = pxvm.ops.REGISTRY["add"].gpu(ctx, out, t)
-    ctx.recorder.submit()
-    labels = [label for label, _ in ctx.recorder.profile]
+    with pxvm.Batch(webgpu_backend(), profile=True) as batch:
+        t = batch.upload(rng.standard_normal(4096).astype(np.float32))
+        out = pxvm.ops.add(pxvm.ops.relu(t), t)
+    batch.execute()
+    labels = [label for label, _ in batch.profile]
     assert labels == ["elementwise.wgsl:unary", "elementwise.wgsl:binary"]
-    assert all(seconds >= 0 for _, seconds in ctx.recorder.profile)
+    assert all(seconds >= 0 for _, seconds in batch.profile)
     expected = np.where(t.numpy() < 0, 0, t.numpy()) + t.numpy()
     np.testing.assert_allclose(out.numpy(), expected, rtol=1e-6)
 
@@ -141,10 +136,13 @@ def test_profiled_recorder_times_every_dispatch_by_kernel(gpu_device, rng):
 def test_a_readback_waits_for_its_own_submission_only(gpu_device, rng, monkeypatch):
     # Readbacks queued behind later submissions: each one waits for its own index (which
     # increase with every submit) and gets its own data.
+    if not isinstance(gpu_device.calls, NativeCalls):
+        pytest.skip("submission indices come with wgpu-native's calls only")
     arrays = [rng.standard_normal(1001).astype(np.float32) for _ in range(3)]
     waited = []
-    wait_for = gpu_device.wait_for
-    monkeypatch.setattr(gpu_device, "wait_for", lambda s: waited.append(s) or wait_for(s))
+    wait_for = gpu_device.calls.wait_for
+    monkeypatch.setattr(gpu_device.calls, "wait_for",
+                        lambda device, s: waited.append(s) or wait_for(device, s))
     staged = []
     for a in arrays:
         rec = gpu_device.recorder()
@@ -157,17 +155,42 @@ def test_a_readback_waits_for_its_own_submission_only(gpu_device, rng, monkeypat
     assert waited == indices
 
 
-def test_readbacks_match_through_wgpu_py_map_as_through_native_calls(gpu_device, rng,
-                                                                     monkeypatch):
-    # Staged.result maps through wgpu-native's own calls where it can (device._NATIVE_MAP)
-    # and through wgpu-py's map_sync otherwise: both must return the same bytes.
-    import pxvm.runtime.device as device_module
-
+def test_readbacks_match_through_wgpu_py_as_through_native_calls(gpu_device, rng, monkeypatch):
+    # Staged.result reads through the device's calls: wgpu-native's own where it can,
+    # wgpu-py's public map_sync otherwise; both must return the same bytes.
     arrays = [rng.standard_normal(n).astype(np.float32) for n in (1, 257, 4099)]
-    for native in (device_module._NATIVE_MAP, None):
-        monkeypatch.setattr(device_module, "_NATIVE_MAP", native)
+    for calls in (NativeCalls(), PortableCalls()):
+        monkeypatch.setattr(gpu_device, "calls", calls)
         for a in arrays:
             rec = gpu_device.recorder()
             staged = rec.stage(gpu_device.upload(a))
             rec.submit()
             np.testing.assert_array_equal(staged.result(np.float32), a)
+
+
+# ---- writes from the host ----------------------------------------------------------
+
+@pytest.mark.parametrize("nbytes,offset", [(8, 2), (6, 0), (16, 140), (160, 0), (7, 140)])
+def test_device_write_refuses_unaligned_or_overflowing_writes(nbytes, offset, gpu_device):
+    alloc = gpu_device.alloc(148)   # 37 floats
+    with pytest.raises(ValueError, match=f"cannot write {nbytes} bytes at offset {offset} "
+                                         "into an allocation of 148 bytes"):
+        gpu_device.write(alloc, np.zeros(nbytes, np.uint8), offset)
+
+
+def test_device_write_at_an_offset_changes_only_those_bytes(rng, gpu_device):
+    values = rng.standard_normal(37).astype(np.float32)
+    alloc = gpu_device.upload(values)
+    part = rng.standard_normal(3).astype(np.float32)
+    gpu_device.write(alloc, part, offset=4 * 34)   # the last three floats
+    values[34:] = part
+    np.testing.assert_array_equal(gpu_device.read(alloc, np.float32, 37), values)
+
+
+def test_device_write_of_odd_length_that_ends_the_allocation(rng, gpu_device):
+    values = rng.integers(0, 255, 37).astype(np.uint8)
+    alloc = gpu_device.upload(values)
+    tail = rng.integers(0, 255, 33).astype(np.uint8)
+    gpu_device.write(alloc, tail, offset=4)   # bytes 4..36, the last word padded
+    values[4:] = tail
+    np.testing.assert_array_equal(gpu_device.read(alloc, np.uint8, 37), values)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from .errors import DeviceSelectionError, GpuUnavailableError, NoAdapterError
+from ..errors import DeviceSelectionError, GpuUnavailableError, NoAdapterError
 
 SOFTWARE_NAMES = ("llvmpipe", "lavapipe", "swiftshader", "softpipe", "warp")
 TYPE_RANK = {"DiscreteGPU": 0, "IntegratedGPU": 1, "VirtualGPU": 2, "Unknown": 3, "CPU": 4}

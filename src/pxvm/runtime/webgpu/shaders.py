@@ -43,3 +43,34 @@ def declared_bindings(filename: str) -> tuple[tuple[int, str], ...]:
             raise ValueError(f"{filename}: binding {index} is declared with two kinds")
         found[index] = kind
     return tuple(sorted(found.items()))
+
+
+_STRUCT = re.compile(r"\bstruct\s+(\w+)\s*\{([^}]*)\}")
+
+
+def _fields(body: str) -> list[tuple[str, str]]:
+    """(name, type) of a struct body's members, comments and whitespace removed."""
+    body = re.sub(r"//[^\n]*", "", body)
+    members, depth, start = [], 0, 0
+    for i, ch in enumerate(body + ","):
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            member = body[start:i].strip()
+            start = i + 1
+            if member:
+                name, _, wgsl_type = member.partition(":")
+                members.append((name.strip(), re.sub(r"\s+", "", wgsl_type)))
+    return members
+
+
+@functools.lru_cache(maxsize=None)
+def struct_fields(filename: str, struct: str = "Params") -> tuple[tuple[str, str], ...]:
+    """(name, type) of every member of `struct` in a kernel file, in order, types without
+    whitespace (e.g. ("shape", "array<vec4<u32>,2>")). KeyError if there is none."""
+    for m in _STRUCT.finditer(load_wgsl(filename)):
+        if m.group(1) == struct:
+            return tuple(_fields(m.group(2)))
+    raise KeyError(f"{filename} declares no struct {struct}")

@@ -10,8 +10,10 @@ import zlib
 import numpy as np
 import pytest
 
-from pxvm.runtime import device as device_module
-from pxvm.runtime.adapters import list_adapters
+from pxvm import backends
+from pxvm.runtime import webgpu
+from pxvm.runtime.webgpu import device as device_module
+from pxvm.runtime.webgpu import get_device, list_adapters
 
 
 def _pick_test_adapter() -> str | None:
@@ -40,20 +42,27 @@ def pytest_report_header(config):
     seed = f"pxvm: random inputs from PXVM_TEST_SEED={BASE_SEED}"
     if TEST_ADAPTER is None:
         return [seed, "pxvm: NO WebGPU adapter: GPU tests will be skipped (and fail under CI)"]
-    from pxvm.runtime import get_device
-
     dev = get_device()
     return [seed, f"pxvm: GPU tests run on {dev.name} ({dev.description.backend}, "
-                  f"{dev.description.adapter_type})"]
+                  f"{dev.description.adapter_type}; wgpu calls: {dev.calls.name})"]
 
 
 @pytest.fixture(scope="session")
 def gpu_device():
     if TEST_ADAPTER is None:
         pytest.skip("no WebGPU adapter on this machine")
-    from pxvm.runtime import get_device
-
     return get_device()
+
+
+@pytest.fixture
+def fresh_backends(monkeypatch):
+    """Forget the shared device and backends for one test, and restore them afterwards:
+    the session's other tests keep using theirs (the `gpu_device` fixture's)."""
+    monkeypatch.setattr(webgpu, "_device", None)
+    monkeypatch.setattr(webgpu, "_device_request", None)
+    monkeypatch.setattr(backends, "_webgpu", None)
+    monkeypatch.setattr(backends, "_webgpu_failure", None)
+    monkeypatch.setattr(backends, "_warned_fallback", False)
 
 
 @pytest.fixture

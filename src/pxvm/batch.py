@@ -1,178 +1,206 @@
-"""`Batch` (alias `GpuCommandBatch`): record a chain of ops, run it with one submit.
+"""`Batch`: ops called inside `with batch:` are recorded into one submit; `Graph`: a
+chain of ops recorded once and launched again and again.
 
-    batch = Batch()                 # or Batch("cpu"); the same code runs on numpy
-    x = batch.upload(array)
-    y = batch.scale(batch.relu(x), 2.0)
-    batch.execute()                 # one submit; results nobody consumed are staged
-    result = batch.read(y)          # one readback
+    batch = Batch()                  # or Batch("numpy"); the same code runs there
+    with batch:
+        x = batch.upload(array)
+        y = pxvm.ops.scale(pxvm.ops.relu(x), 2.0)
+    batch.execute()                  # one submit; results nobody consumed are staged
+    result = batch.read(y)           # one readback
 
-Queuing an op only encodes it into the batch's command buffer: nothing runs on the
-GPU until `execute()`. On the numpy backend ops run as they are queued.
+Inside a batch an op only records its work; nothing runs on the GPU until `execute()`.
+On a backend without a recording context (numpy) ops run as they are called.
 
-`Graph` records a chain once and runs it again and again (a decoding step): on the GPU
-the dispatches are captured with their buffers and only re-encoded per run; state that
-changes between runs lives in tensors the chain reads and writes.
+`Graph(backend, record)` calls `record()` once inside a capturing batch and keeps what
+it recorded: every `launch()` submits the same work again (on numpy, `record()` simply
+runs again). State that changes between launches lives in tensors the work reads and
+writes (a decoding step's token and position).
 """
 
 from __future__ import annotations
 
+import threading
 import weakref
 from typing import Callable
 
 import numpy as np
 
-from .backends import get_backend
-from .ops.registry import REGISTRY
+from .backends import Backend, CapturedWork, Readback, RecordingContext, Tensor, get_backend
 from .runtime.errors import PxvmError
-from .tensor import Tensor
 
 
 class BatchStateError(PxvmError):
-    """A batch was used out of order (read before execute, queue after execute)."""
+    """A batch was used out of order (read before execute, recording after execute)."""
+
+
+class _Active(threading.local):
+    def __init__(self):
+        self.stack: list[Batch] = []  # batches entered with `with`, innermost last
+
+
+_active = _Active()
+
+
+def active_batch() -> "Batch | None":
+    """The innermost batch entered with `with` on this thread, if any."""
+    return _active.stack[-1] if _active.stack else None
 
 
 class Batch:
-    def __init__(self, backend="auto", timestamps: bool = False, profile: bool = False,
-                 capture: bool = False):
+    """Ops recorded for one submit. `timestamps` times it on the GPU, `profile` times
+    every dispatch, `capture` keeps the work for a Graph instead of running it."""
+
+    def __init__(self, backend: str | Backend = "auto", *, timestamps: bool = False,
+                 profile: bool = False, capture: bool = False):
         self.backend = get_backend(backend)
-        self._gpu = hasattr(self.backend, "context")
-        self._ctx = self.backend.context(timestamps, profile, capture) if self._gpu else None
+        #: None where the backend runs ops as they are called (numpy)
+        self.context: RecordingContext | None = self.backend.context(
+            timestamps=timestamps, profile=profile, capture=capture)
+        self.capturing = capture
         self._outputs: list[weakref.ref] = []
         self._consumed: set[int] = set()
         self._alive: list[Tensor] = []  # inputs kept until execute so their ids stay unique
-        self._staged: dict[int, object] = {}
+        self._staged: dict[int, tuple[weakref.ref, Readback]] = {}
         self.executed = False
 
-    # ---- queueing -------------------------------------------------------------
+    # ---- recording --------------------------------------------------------------------
+    def __enter__(self) -> "Batch":
+        self._check_open()
+        _active.stack.append(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _active.stack.remove(self)
+
     def upload(self, array) -> Tensor:
+        """Host data as a tensor on this batch's backend."""
         self._check_open()
         return self.backend.from_numpy(array)
 
-    def queue(self, name: str, *args, **kwargs) -> Tensor:
-        """Queue op `name` (any op of pxvm.ops) on this batch."""
+    def adopt(self, value) -> Tensor:
+        """`value` as a tensor of this batch's backend (copied there if it is not)."""
+        if isinstance(value, Tensor) and value.backend is self.backend:
+            return value
+        return self.backend.from_numpy(np.asarray(value))
+
+    def record(self, run: Callable[[RecordingContext | None], Tensor],
+               inputs: list[Tensor]) -> Tensor:
+        """Record one op: `run(context)` records its work and returns its result (the
+        ops' registry calls this; `inputs` must be tensors of this batch's backend)."""
         self._check_open()
-        op = REGISTRY.get(name)
-        if op is None:
-            raise AttributeError(f"no op named {name!r}; known ops: {', '.join(sorted(REGISTRY))}")
-        inputs, params = op.bind(args, kwargs)
-        tensors = [x if isinstance(x, Tensor) and x.backend is self.backend
-                   else self.backend.from_numpy(np.asarray(x)) for x in inputs]
-        op.infer(tensors, params)
-        for t in tensors:
+        for t in inputs:
             self._consumed.add(id(t))
-        self._alive.extend(tensors)
-        if self._gpu:
-            out = op.gpu(self._ctx, *tensors, **params)
-        else:
-            out = self.backend.run(op, tensors, params)
-        if not any(out is t for t in tensors):  # in-place ops (write_rows) are no results
+        self._alive.extend(inputs)
+        out = run(self.context)
+        if not any(out is t for t in inputs):  # in-place ops (write_rows) are no results
             self._outputs.append(weakref.ref(out))
         return out
 
-    def __getattr__(self, name: str):
-        if name.startswith("_") or name not in REGISTRY:
-            raise AttributeError(name)
-        return lambda *args, **kwargs: self.queue(name, *args, **kwargs)
-
     def flush(self) -> "Batch":
-        """Submit what is queued so far and go on queueing into a new command buffer, so
-        that the GPU starts on it while the host records the rest (a long prompt's
-        layers). Results are read as before, after execute(). Nothing to do on the numpy
-        backend, and in timed, profiled or capturing batches (one command buffer each)."""
+        """Submit what is recorded so far and go on recording into new work, so that the
+        GPU starts on it while the host records the rest (a long prompt's layers).
+        Results are read as before, after execute(). Nothing to do without a recording
+        context, and in timed, profiled or capturing batches (one submit each)."""
         self._check_open()
-        if self._gpu:
-            self._ctx.flush()
+        if self.context is not None:
+            self.context.flush()
         return self
 
-    # ---- running --------------------------------------------------------------
-    def _stage_leaves(self):
-        for ref in self._outputs:
-            t = ref()
-            if t is not None and id(t) not in self._consumed:
-                self._staged[id(t)] = (ref, self._ctx.recorder.stage(t.storage))
-
+    # ---- running ----------------------------------------------------------------------
     def execute(self) -> "Batch":
-        """Run everything queued with one submit."""
+        """Run everything recorded, with one submit."""
         self._check_open()
-        if self._gpu:
-            self._stage_leaves()
-            self._ctx.recorder.submit()
-        self.executed = True
-        self._alive = []
+        if self.capturing:
+            raise BatchStateError("a capturing batch records dispatches only; call "
+                                  "capture() (or use a Graph)")
+        if self.context is not None:
+            for ref in self._outputs:
+                t = ref()
+                if t is not None and id(t) not in self._consumed:
+                    self._staged[id(t)] = (ref, self.context.stage(t))
+            self.context.submit()
+        self._close()
         return self
 
-    def capture(self):
-        """End a batch created with capture=True without running it: its dispatches as a
-        runtime DispatchList (None on the numpy backend, where ops already ran)."""
+    def capture(self) -> CapturedWork | None:
+        """End a batch made with capture=True without running it: its work, to submit
+        again and again (None without a recording context, where ops already ran)."""
         self._check_open()
-        self.executed = True
-        self._alive = []
-        return self._ctx.recorder.capture() if self._gpu else None
+        if not self.capturing:
+            raise BatchStateError("capture() needs a batch made with capture=True")
+        self._close()
+        return None if self.context is None else self.context.capture()
 
     async def execute_async(self) -> "Batch":
         """As execute(), then await the GPU without blocking the event loop."""
         self.execute()
-        if self._gpu:
-            await self.backend.device.wait_async()
+        await self.backend.wait_async()
         return self
 
     def read(self, tensor: Tensor) -> np.ndarray:
-        if not self.executed:
-            raise BatchStateError("read() before execute(): call batch.execute() first")
-        staged = self._staged.pop(id(tensor), None)
-        if staged is not None and staged[0]() is tensor:
-            return staged[1].result(tensor.dtype, tensor.size).reshape(tensor.shape)
+        """A result's values (staged by execute(), or read back now)."""
+        staged = self._take_staged(tensor, "read()")
+        if staged is not None:
+            return staged.result(tensor.dtype, tensor.size).reshape(tensor.shape)
         return tensor.numpy()
 
     async def read_async(self, tensor: Tensor) -> np.ndarray:
-        if not self.executed:
-            raise BatchStateError("read_async() before execute(): call batch.execute() first")
-        staged = self._staged.pop(id(tensor), None)
-        if staged is not None and staged[0]() is tensor:
-            arr = await staged[1].result_async(tensor.dtype, tensor.size)
+        staged = self._take_staged(tensor, "read_async()")
+        if staged is not None:
+            arr = await staged.result_async(tensor.dtype, tensor.size)
             return arr.reshape(tensor.shape)
         return await tensor.numpy_async()
 
     @property
     def profile(self) -> list[tuple[str, float]] | None:
-        """(kernel:entry, GPU seconds) of every dispatch, when created with profile=True."""
-        return self._ctx.recorder.profile if self._gpu else None
+        """(kernel:entry, GPU seconds) of every dispatch, when made with profile=True."""
+        return None if self.context is None else self.context.profile
 
     @property
     def gpu_seconds(self) -> float | None:
-        """GPU time of the batch when created with timestamps=True and supported."""
-        return self._ctx.recorder.gpu_seconds if self._gpu else None
+        """GPU time of the batch when made with timestamps=True (and supported)."""
+        return None if self.context is None else self.context.gpu_seconds
 
-    def _check_open(self):
+    def _take_staged(self, tensor: Tensor, what: str) -> Readback | None:
+        if not self.executed:
+            raise BatchStateError(f"{what} before execute(): call batch.execute() first")
+        staged = self._staged.pop(id(tensor), None)
+        return staged[1] if staged is not None and staged[0]() is tensor else None
+
+    def _close(self) -> None:
+        self.executed = True
+        self._alive = []
+
+    def _check_open(self) -> None:
         if self.executed:
             raise BatchStateError("this batch was already executed; start a new Batch")
 
 
-GpuCommandBatch = Batch
-
-
 class Graph:
-    """`record(batch) -> {name: tensor}` captured once, run by `launch(*names)`.
+    """`record() -> {name: tensor}` recorded once, run by `launch(*names)`.
 
-    On the GPU every launch submits the captured dispatches again (same buffers, same
-    parameter blocks) and reads back the named tensors in the same submit; on the numpy
-    backend `record` simply runs again. Launches are queued in order, so a caller may
+    On a backend with a recording context every launch submits the captured work again
+    (same buffers, same parameters) and reads back the named tensors in the same submit;
+    on numpy `record()` simply runs again. Launches are queued in order, so a caller may
     submit several before reading the first (the GPU then never waits for the host).
     """
 
-    def __init__(self, backend, record: Callable[[Batch], dict]):
+    def __init__(self, backend: str | Backend, record: Callable[[], dict[str, Tensor]]):
         self.backend = get_backend(backend)
         self._record = record
-        self._list = None
-        if hasattr(self.backend, "context"):
-            b = Batch(self.backend, capture=True)
-            self.outputs = dict(record(b))
-            self._list = b.capture()
+        batch = Batch(self.backend, capture=True)
+        #: the captured work (None on a backend without a recording context)
+        self.captured: CapturedWork | None = None
+        self.outputs: dict[str, Tensor] = {}
+        if batch.context is not None:
+            with batch:
+                self.outputs = dict(record())
+            self.captured = batch.capture()
 
     @property
     def dispatches(self) -> int | None:
-        """Dispatches per launch (None on the numpy backend)."""
-        return None if self._list is None else len(self._list)
+        """Dispatches per launch (None without a recording context)."""
+        return None if self.captured is None else len(self.captured)
 
     def launch(self, *names: str, timestamps: bool = False, runs: int | None = None,
                each_run: bool = True) -> "Launch":
@@ -185,31 +213,31 @@ class Graph:
 
     def prepare(self, *names: str, timestamps: bool = False, runs: int | None = None,
                 each_run: bool = True) -> "PreparedLaunch":
-        """launch() in two halves: this encodes the command buffer (on the GPU; it may run
-        on another thread), the returned PreparedLaunch's submit() queues it. Submits
-        run in the order of their submit() calls."""
+        """launch() in two halves: this encodes the work (it may run on another thread),
+        the returned PreparedLaunch's submit() queues it. Submits run in the order of
+        their submit() calls."""
         if runs is not None and runs < 1:
             raise ValueError(f"runs must be >= 1, got {runs}")
         stacked = runs is not None and each_run
-        if self._list is None:
+        if self.captured is None:
             return PreparedLaunch(lambda: self._run_on_host(names, runs or 1, stacked))
-        rec = self._list.encode([self.outputs[n].storage for n in names], timestamps,
-                                runs or 1, each_run)
-        pending = {n: (self.outputs[n], st, runs if stacked else None)
-                   for n, st in zip(names, rec.staged)}
+        replay = self.captured.encode([self.outputs[n] for n in names], timestamps,
+                                      runs or 1, each_run)
+        pending = {n: (self.outputs[n], staged, runs if stacked else None)
+                   for n, staged in zip(names, replay.staged)}
 
         def submit():
-            rec.submit()
-            return Launch(pending, rec)
+            replay.submit()
+            return Launch(pending, replay)
         return PreparedLaunch(submit)
 
     def _run_on_host(self, names, runs: int, stacked: bool) -> "Launch":
         values = []
         for _ in range(runs):
-            b = Batch(self.backend)
-            outs = self._record(b)
-            b.execute()
-            values.append({n: outs[n].numpy() for n in names})
+            with Batch(self.backend) as batch:
+                outputs = self._record()
+            batch.execute()
+            values.append({n: outputs[n].numpy() for n in names})
         if not stacked:
             return Launch(values[-1], None)
         return Launch({n: np.stack([v[n] for v in values]) for n in names}, None)
@@ -235,9 +263,9 @@ class PreparedLaunch:
 class Launch:
     """One submitted run of a Graph; `result()` waits for it and returns its readbacks."""
 
-    def __init__(self, pending: dict, recorder):
+    def __init__(self, pending: dict, replay):
         self._pending = pending
-        self._recorder = recorder
+        self._replay = replay
 
     def result(self) -> dict[str, np.ndarray]:
         out = {}
@@ -252,5 +280,5 @@ class Launch:
 
     @property
     def gpu_seconds(self) -> float | None:
-        """GPU time of the run, when launched with timestamps=True and supported."""
-        return None if self._recorder is None else self._recorder.gpu_seconds
+        """GPU time of the run, when launched with timestamps=True (and supported)."""
+        return None if self._replay is None else self._replay.gpu_seconds

@@ -1,75 +1,94 @@
-"""Backends behind one small interface (`base.Backend`): numpy ("cpu") and WebGPU ("gpu").
+"""Backends behind one interface (`base.Backend`): "numpy" (the reference, on the CPU)
+and "webgpu" (any GPU through wgpu).
 
-`get_backend("auto")` gives the WebGPU backend on the best hardware adapter, or the
-numpy backend with a logged reason when no GPU is usable.
+`get_backend("auto")` gives WebGPU on the best hardware adapter, or numpy with a logged
+reason when no GPU is usable. "gpu" names the best GPU backend (WebGPU for now) and
+"cpu" the best CPU one (numpy for now).
 """
 
 from __future__ import annotations
 
 import logging
 
-from ..runtime import PxvmError, get_device
-from .base import Backend
+from ..runtime.errors import PxvmError
+from ..runtime.webgpu import get_device, reset_device
+from .base import Backend, CapturedWork, Readback, RecordingContext, Replay
 from .numpy_backend import NumpyBackend
-from .webgpu_backend import GpuContext, WebGPUBackend, pack_params
+from .tensor import DTYPES, Tensor, as_supported_array, dtype_name, values_for
+from .webgpu_backend import CapturedDispatches, WebGPUBackend, WebGPUContext
 
 log = logging.getLogger("pxvm.backends")
 
+
+class UnknownBackendError(PxvmError, ValueError):
+    """A backend was asked for by a name pxvm does not know."""
+
+
+#: Names a backend may be asked for by, and the backend each means.
+ALIASES = {"numpy": "numpy", "cpu": "numpy", "webgpu": "webgpu", "wgpu": "webgpu",
+           "gpu": "webgpu"}
+NAMES = ("auto", *ALIASES)
+
 _numpy = NumpyBackend()
-_gpu: WebGPUBackend | None = None
-_gpu_failure: str | None = None
+_webgpu: WebGPUBackend | None = None
+_webgpu_failure: str | None = None  # why no device could be made (until reset_backends)
+_warned_fallback = False
 
 
-def gpu_backend() -> WebGPUBackend:
+def webgpu_backend() -> WebGPUBackend:
     """The WebGPU backend on the shared device; raises a PxvmError saying why if none."""
-    global _gpu
-    dev = get_device()
-    if _gpu is None or _gpu.device is not dev:
-        _gpu = WebGPUBackend(dev)
-    return _gpu
+    global _webgpu
+    device = get_device()
+    if _webgpu is None or _webgpu.device is not device:
+        _webgpu = WebGPUBackend(device)
+    return _webgpu
 
 
-def gpu_unavailable_reason() -> str | None:
-    """None when the GPU backend works, else why not (computed once)."""
-    global _gpu_failure
-    if _gpu is not None:
+def unavailable_reason(name: str) -> str | None:
+    """None when backend `name` works here, else why not (asked of the GPU once)."""
+    global _webgpu_failure
+    if ALIASES.get(name.lower()) != "webgpu" or _webgpu is not None:
         return None
-    try:
-        gpu_backend()
-        return None
-    except PxvmError as exc:
-        _gpu_failure = str(exc)
-        return _gpu_failure
+    if _webgpu_failure is None:
+        try:
+            webgpu_backend()
+        except PxvmError as exc:
+            _webgpu_failure = str(exc)
+    return _webgpu_failure
 
 
-def get_backend(name="auto") -> Backend:
-    """"auto", "gpu", "cpu" (alias "numpy"), or a backend object."""
-    if not isinstance(name, str):
+def get_backend(name: str | Backend = "auto") -> Backend:
+    """A backend by name ("auto", or one of ALIASES), or `name` itself if a Backend."""
+    global _warned_fallback
+    if isinstance(name, Backend):
         return name
-    key = name.lower()
-    if key in ("cpu", "numpy"):
-        return _numpy
-    if key in ("gpu", "webgpu", "wgpu"):
-        return gpu_backend()
+    key = str(name).lower()
     if key == "auto":
-        reason = gpu_unavailable_reason()
+        reason = unavailable_reason("webgpu")
         if reason is None:
-            return gpu_backend()
-        if not getattr(get_backend, "_warned", False):
+            return webgpu_backend()
+        if not _warned_fallback:
             log.warning("pxvm: no usable GPU, running on numpy: %s", reason)
-            get_backend._warned = True
+            _warned_fallback = True
         return _numpy
-    raise ValueError(f"unknown backend {name!r}; use 'auto', 'gpu' or 'cpu'")
+    if key not in ALIASES:
+        raise UnknownBackendError(f"unknown backend {name!r}; use one of {', '.join(NAMES)}")
+    return _numpy if ALIASES[key] == "numpy" else webgpu_backend()
 
 
 def reset_backends() -> None:
-    global _gpu, _gpu_failure
-    _gpu = None
-    _gpu_failure = None
-    get_backend._warned = False
+    """Drop the shared device: the next GPU use picks an adapter again (after a device
+    loss, or to honour a new PXVM_DEVICE)."""
+    global _webgpu, _webgpu_failure, _warned_fallback
+    reset_device()
+    _webgpu = _webgpu_failure = None
+    _warned_fallback = False
 
 
 __all__ = [
-    "Backend", "GpuContext", "NumpyBackend", "WebGPUBackend", "get_backend", "gpu_backend",
-    "gpu_unavailable_reason", "pack_params", "reset_backends",
+    "ALIASES", "DTYPES", "NAMES", "Backend", "CapturedDispatches", "CapturedWork",
+    "NumpyBackend", "Readback", "RecordingContext", "Replay", "Tensor", "UnknownBackendError",
+    "WebGPUBackend",
+    "WebGPUContext", "as_supported_array", "dtype_name", "get_backend", "reset_backends",
+    "unavailable_reason", "values_for", "webgpu_backend",
 ]

@@ -1,33 +1,118 @@
-"""The backend interface: the few things every backend (numpy, WebGPU, later CUDA) does."""
+"""The backend interface: everything the ops, `Batch`, `Graph` and the models use of a
+backend. A new backend (CUDA, a fast CPU one) implements `Backend`, and a
+`RecordingContext` if it records work to submit rather than running each op at once;
+its op kernels then register under its `name` (pxvm.ops.registry).
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from abc import ABC, abstractmethod
+from typing import ClassVar, Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from ..ops.registry import Op
-    from ..tensor import Tensor
+from .tensor import Tensor
 
 
-class Backend(Protocol):
-    name: str
+class Readback(Protocol):
+    """A copy of a tensor recorded for reading back, readable once its work is done."""
 
-    def from_numpy(self, array: np.ndarray) -> "Tensor":
-        """Put host data on this backend."""
+    def result(self, dtype, count: int | None = None) -> np.ndarray: ...
 
-    def to_numpy(self, tensor: "Tensor") -> np.ndarray:
-        """Read a tensor of this backend back to the host."""
+    async def result_async(self, dtype, count: int | None = None) -> np.ndarray: ...
 
-    def write(self, tensor: "Tensor", array: np.ndarray) -> None:
-        """Overwrite a tensor's values in place from the host."""
 
-    async def to_numpy_async(self, tensor: "Tensor") -> np.ndarray:
-        """As to_numpy, awaiting the device without blocking the event loop."""
+class Replay(Protocol):
+    """Captured work encoded for one submit (of one or several runs)."""
 
-    def run(self, op: "Op", inputs: list["Tensor"], params: dict) -> "Tensor":
-        """Run one op now (the GPU submits it; no readback)."""
+    staged: list[Readback]        # the outputs' readbacks, in the order asked for
 
+    def submit(self) -> None: ...
+
+    @property
+    def gpu_seconds(self) -> float | None: ...
+
+
+class CapturedWork(Protocol):
+    """Work recorded once and submitted again and again (`RecordingContext.capture`)."""
+
+    def __len__(self) -> int: ...   # dispatches per run
+
+    def encode(self, outputs: list[Tensor], timestamps: bool = False, runs: int = 1,
+               each_run: bool = True) -> Replay:
+        """Encode `runs` runs and readbacks of `outputs` (after every run, or after the
+        last only when not `each_run`); may run on another thread than the submit."""
+        ...
+
+
+class RecordingContext(ABC):
+    """Work recorded for one submit: what op kernels record into (each backend adds the
+    methods its kernels use: memory, dispatches) and what a Batch drives."""
+
+    backend: "Backend"
+
+    @abstractmethod
+    def stage(self, tensor: Tensor) -> Readback:
+        """Record a readback of `tensor` (as it is at this point of the work)."""
+
+    @abstractmethod
+    def submit(self) -> None:
+        """Queue everything recorded (once)."""
+
+    @abstractmethod
+    def flush(self) -> None:
+        """Queue what is recorded so far and go on recording into new work (nothing to
+        do when timed, profiled or capturing: those are one submit by nature)."""
+
+    @abstractmethod
+    def capture(self) -> CapturedWork:
+        """End a capturing context: its work, to submit again and again."""
+
+    @property
+    def profile(self) -> list[tuple[str, float]] | None:
+        """(kernel, GPU seconds) of every dispatch of a profiled submit."""
+        return None
+
+    @property
+    def gpu_seconds(self) -> float | None:
+        """GPU time of a timed submit."""
+        return None
+
+
+class Backend(ABC):
+    """Where tensors live and ops run."""
+
+    #: "numpy", "webgpu", ...; op kernels register under it
+    name: ClassVar[str]
+    #: whether an op's first use compiles something (a warm-up then pays off)
+    compiles_on_first_use: ClassVar[bool] = False
+
+    @abstractmethod
     def describe(self) -> str:
         """A one-line description: the backend and the device it runs on."""
+
+    @abstractmethod
+    def from_numpy(self, array) -> Tensor:
+        """Put host data on this backend (a copy)."""
+
+    @abstractmethod
+    def to_numpy(self, tensor: Tensor) -> np.ndarray:
+        """Read a tensor of this backend back to the host (a copy)."""
+
+    async def to_numpy_async(self, tensor: Tensor) -> np.ndarray:
+        """As to_numpy, awaiting the device without blocking the event loop."""
+        return self.to_numpy(tensor)
+
+    @abstractmethod
+    def write(self, tensor: Tensor, array) -> None:
+        """Overwrite a tensor's values in place from the host (same element count),
+        ordered before work submitted later."""
+
+    def context(self, *, timestamps: bool = False, profile: bool = False,
+                capture: bool = False) -> RecordingContext | None:
+        """A new recording context, or None on a backend that runs every op as it is
+        called, on the host arrays (the numpy reference backend)."""
+        return None
+
+    async def wait_async(self) -> None:
+        """Await all work submitted so far without blocking the event loop."""

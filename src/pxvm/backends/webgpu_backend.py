@@ -1,46 +1,75 @@
-"""The WebGPU backend: runs each op's WGSL kernels through the runtime's device."""
+"""The WebGPU backend: tensors in device buffers, ops recorded as WGSL dispatches into a
+`WebGPUContext` and submitted by the runtime (pxvm.runtime.webgpu)."""
 
 from __future__ import annotations
 
-import struct
+from typing import Protocol
 
 import numpy as np
 
-from ..runtime import Device, Recorder, ShapeError, get_device, workgroup_grid
-from ..tensor import Tensor, as_supported_array, values_for
+from ..runtime.errors import ShapeError
+from ..runtime.webgpu import Device, DispatchList, get_device, workgroup_grid
+from ..runtime.webgpu.params import KernelParams
+from .base import Backend, RecordingContext
+from .tensor import Tensor, as_supported_array, values_for
 
 
-def pack_params(*values) -> bytes:
-    """Pack a kernel's uniform parameter block: Python ints become u32 (i32 if negative),
-    floats become f32, in order, as a WGSL struct of 4-byte scalars lays them out."""
-    out = bytearray()
-    for v in values:
-        if isinstance(v, (bool, np.bool_)):
-            out += struct.pack("<I", int(v))
-        elif isinstance(v, (int, np.integer)):
-            out += struct.pack("<i" if v < 0 else "<I", int(v))
-        else:
-            out += struct.pack("<f", float(v))
-    return bytes(out)
+class WgslDevice(Protocol):
+    """What a WebGPUContext needs of its device: the runtime's Device, or the browser
+    plans' stand-in that records instead of running (pxvm.web.plans)."""
+
+    max_groups: int
+
+    @property
+    def is_software(self) -> bool: ...
+
+    def has(self, feature: str) -> bool: ...
+
+    def alloc(self, nbytes: int, what: str = "tensor"): ...
+
+    def upload(self, array: np.ndarray, what: str = "tensor"): ...
+
+    def pipeline(self, kernel: str, entry: str = "main", constants: dict | None = None): ...
+
+    def recorder(self) -> "WgslRecorder": ...
 
 
-class GpuContext:
-    """What an op's GPU implementation records into: a device and an open Recorder."""
+class WgslRecorder(Protocol):
+    """What a WebGPUContext records dispatches into (a runtime recorder, or a plan's)."""
 
-    def __init__(self, backend: "WebGPUBackend", recorder: Recorder, one_buffer: bool = False):
+    def dispatch(self, pipeline, buffers: list, params: bytes | None, groups) -> None: ...
+
+
+class CapturedDispatches:
+    """A captured WebGPU context's work: the runtime's DispatchList, encoded again for
+    every run."""
+
+    def __init__(self, dispatches: DispatchList):
+        self.dispatches = dispatches
+
+    def __len__(self) -> int:
+        return len(self.dispatches)
+
+    def encode(self, outputs: list[Tensor], timestamps: bool = False, runs: int = 1,
+               each_run: bool = True):
+        return self.dispatches.encode([t.storage for t in outputs], timestamps, runs, each_run)
+
+
+class WebGPUContext(RecordingContext):
+    """What WGSL kernels record into: memory on the device, its features, and dispatches
+    of a kernel file's entry point with typed parameters."""
+
+    def __init__(self, backend, device: WgslDevice, recorder: WgslRecorder,
+                 one_buffer: bool = False):
         self.backend = backend
-        self.device: Device = backend.device
+        self.device = device
         self.recorder = recorder
         # timed, profiled and captured work is one command buffer by nature: no flush
         self.one_buffer = one_buffer
 
-    def flush(self) -> None:
-        """Submit what is recorded so far and go on in a new command buffer."""
-        if not self.one_buffer:
-            self.recorder.submit()
-            self.recorder = self.device.recorder()
-
+    # ---- for kernels ------------------------------------------------------------------
     def empty(self, shape, dtype, what: str = "output") -> Tensor:
+        """A new tensor on the device, its values unset."""
         dtype = np.dtype(dtype)
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         alloc = self.device.alloc(max(nbytes, 4), what)
@@ -49,7 +78,8 @@ class GpuContext:
 
     def tensor(self, array) -> Tensor:
         """Upload host data as an input of the work being recorded."""
-        return self.backend.from_numpy(array)
+        arr = as_supported_array(array)
+        return Tensor(arr.shape, arr.dtype, self.backend, self.device.upload(arr))
 
     def has(self, feature: str) -> bool:
         return self.device.has(feature)
@@ -58,57 +88,87 @@ class GpuContext:
     def is_software(self) -> bool:
         """True on CPU rasterisers (lavapipe, SwiftShader), where kernels may pick a
         variant with fewer barriers."""
-        return self.device.description.is_software
+        return self.device.is_software
 
-    def dispatch(self, kernel: str, entry: str, tensors, params: tuple | bytes | None,
-                 groups, constants: dict | None = None) -> None:
-        """Record `entry` of `kernel` over `groups` workgroups (an int is spread over x/y).
-        Bindings: the tensors in order, then the parameter block if any."""
-        pipe = self.device.pipeline(kernel, entry, constants)
-        if isinstance(params, tuple):
-            params = pack_params(*params)
+    def dispatch(self, kernel: str, entry: str, tensors: list[Tensor],
+                 params: KernelParams | None, groups, constants: dict | None = None) -> None:
+        """Record `entry` of kernel file `kernel` over `groups` workgroups (an int is
+        spread over x and y). Bindings: the tensors in order, then the parameter block."""
+        pipeline = self.device.pipeline(kernel, entry, constants)
+        if params is not None:
+            if (type(params), kernel) not in _checked:
+                params.check(kernel)
+                _checked.add((type(params), kernel))
+            params = params.pack()
         if isinstance(groups, int):
             groups = workgroup_grid(groups, self.device.max_groups)
-        self.recorder.dispatch(pipe, [t.storage for t in tensors], params, groups)
+        self.recorder.dispatch(pipeline, [t.storage for t in tensors], params, groups)
+
+    # ---- for a Batch ------------------------------------------------------------------
+    def stage(self, tensor: Tensor):
+        return self.recorder.stage(tensor.storage)
+
+    def submit(self) -> None:
+        self.recorder.submit()
+
+    def flush(self) -> None:
+        if not self.one_buffer:
+            self.recorder.submit()
+            self.recorder = self.device.recorder()
+
+    def capture(self) -> CapturedDispatches:
+        return CapturedDispatches(self.recorder.capture())
+
+    @property
+    def profile(self) -> list[tuple[str, float]] | None:
+        return self.recorder.profile
+
+    @property
+    def gpu_seconds(self) -> float | None:
+        return self.recorder.gpu_seconds
+
+    @property
+    def dispatches(self) -> int:
+        """Dispatches recorded since the last flush."""
+        return self.recorder.dispatches
 
 
-class WebGPUBackend:
-    name = "gpu"
+#: (params class, kernel file) pairs already checked against the file's struct
+_checked: set[tuple[type, str]] = set()
+
+
+class WebGPUBackend(Backend):
+    name = "webgpu"
+    compiles_on_first_use = True
 
     def __init__(self, device: Device | None = None):
         self.device = device if device is not None else get_device()
+
+    def describe(self) -> str:
+        d = self.device.description
+        return f"WebGPU on {d.name} ({d.adapter_type}, {d.backend})"
 
     def from_numpy(self, array) -> Tensor:
         arr = as_supported_array(array)
         if arr.dtype == np.float16 and not self.device.has("shader-f16"):
             raise ShapeError(f"{self.device.name} does not offer shader-f16; use f32 tensors")
-        alloc = self.device.upload(arr)
-        return Tensor(arr.shape, arr.dtype, self, alloc)
+        return Tensor(arr.shape, arr.dtype, self, self.device.upload(arr))
 
     def to_numpy(self, tensor: Tensor) -> np.ndarray:
-        flat = self.device.read(tensor.storage, tensor.dtype, tensor.size)
-        return flat.reshape(tensor.shape)
+        return self.device.read(tensor.storage, tensor.dtype, tensor.size).reshape(tensor.shape)
 
     async def to_numpy_async(self, tensor: Tensor) -> np.ndarray:
         flat = await self.device.read_async(tensor.storage, tensor.dtype, tensor.size)
         return flat.reshape(tensor.shape)
 
     def write(self, tensor: Tensor, array) -> None:
-        """Overwrite a tensor's values in place from the host."""
         self.device.write(tensor.storage, values_for(tensor, array))
 
-    def context(self, timestamps: bool = False, profile: bool = False,
-                capture: bool = False) -> GpuContext:
-        return GpuContext(self, self.device.recorder(timestamps, profile, capture),
-                          one_buffer=timestamps or profile or capture)
+    def context(self, *, timestamps: bool = False, profile: bool = False,
+                capture: bool = False) -> WebGPUContext:
+        recorder = self.device.recorder(timestamps=timestamps, profile=profile, capture=capture)
+        return WebGPUContext(self, self.device, recorder,
+                             one_buffer=timestamps or profile or capture)
 
-    def run(self, op, inputs, params) -> Tensor:
-        op.infer(inputs, params)
-        ctx = self.context()
-        out = op.gpu(ctx, *inputs, **params)
-        ctx.recorder.submit()
-        return out
-
-    def describe(self) -> str:
-        d = self.device.description
-        return f"WebGPU on {d.name} ({d.adapter_type}, {d.backend})"
+    async def wait_async(self) -> None:
+        await self.device.wait_async()

@@ -1,14 +1,15 @@
-"""`Tensor`: an n-dimensional array that lives on one backend (a GPU buffer or numpy).
+"""`Tensor`: an n-dimensional array that lives on one backend.
 
-Ops take and return tensors without a host round trip; `.numpy()` reads back.
-numpy arrays are accepted wherever a tensor is.
+Ops take and return tensors without a host round trip; `.numpy()` reads back; numpy
+arrays are accepted wherever a tensor is. `pxvm.tensor(t, backend=...)` copies a tensor
+to another backend.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .runtime.errors import ShapeError
+from ..runtime.errors import ShapeError
 
 #: dtypes a tensor may have; f16 on the GPU only where the device grants shader-f16.
 DTYPES = {
@@ -63,7 +64,7 @@ class Tensor:
         self.shape = tuple(int(s) for s in shape)
         self.dtype = np.dtype(dtype)
         self.backend = backend
-        self.storage = storage  # np.ndarray (numpy backend) or runtime Allocation (GPU)
+        self.storage = storage  # the backend's own: an np.ndarray on numpy, an Allocation on WebGPU
 
     @property
     def ndim(self) -> int:
@@ -92,14 +93,6 @@ class Tensor:
     def __array__(self, dtype=None, copy=None):
         arr = self.numpy()
         return arr if dtype is None else arr.astype(dtype)
-
-    def to(self, backend) -> "Tensor":
-        from .backends import get_backend
-
-        target = get_backend(backend)
-        if target is self.backend:
-            return self
-        return target.from_numpy(self.numpy())
 
     def reshape(self, *shape) -> "Tensor":
         """Same storage, new shape (no copy)."""

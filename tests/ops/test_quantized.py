@@ -1,15 +1,24 @@
-"""GGUF block formats: our numpy quantize/dequantize against the gguf package's own code,
-and the quantized ops (matmul_quant, embedding_quant) on both backends."""
+"""GGUF block formats: the type table (pxvm.ops.quant_types) and the test suite's numpy
+quantize/dequantize (tests/llm/gguf_blocks.py) against the gguf package's own code, and
+the quantized ops (matmul_quant, embedding_quant) on both backends."""
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 import gguf
 import numpy as np
 import pytest
 from conftest import NMSE_LONG, nmse
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 import pxvm
-from gguf_blocks import FORMATS, dequantize, quantize, random_blocks, row_bytes
+from pxvm.ops import quant_types
+from pxvm.runtime.errors import ShapeError
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "llm"))
+from gguf_blocks import FORMATS, dequantize, quantize, random_blocks, row_bytes  # noqa: E402
 
 TYPES = sorted(FORMATS)
 IDS = [FORMATS[t][0] for t in TYPES]
@@ -22,6 +31,34 @@ def _weight(qtype, n, k, rng):
     if qtype in K_TYPES:
         return random_blocks(n, k, qtype, rng)
     return quantize(rng.standard_normal((n, k)).astype(np.float32), qtype)
+
+
+def test_quant_types_take_their_block_sizes_from_gguf():
+    # The kernels get a type's block sizes from QUANT_TYPES; gguf_blocks.FORMATS, written
+    # out by hand, is what the tests build weights with: all three must agree.
+    assert sorted(quant_types.QUANT_TYPES) == TYPES
+    for code, t in quant_types.QUANT_TYPES.items():
+        assert t.code == code and t.ggml == GGMLQuantizationType(code)
+        assert (t.block_values, t.block_bytes) == GGML_QUANT_SIZES[t.ggml], t.name
+        assert (t.name, t.block_values, t.block_bytes) == FORMATS[code]
+        assert quant_types.row_bytes(code, 512) == row_bytes(code, 512)
+
+
+@pytest.mark.parametrize("code", [6, 10, 99], ids=["Q5_0", "Q2_K", "unknown"])
+def test_quant_type_of_an_unsupported_type_names_the_supported_ones(code):
+    with pytest.raises(ShapeError, match=f"unsupported weight type {code}; supported: ") as info:
+        quant_types.quant_type(code)
+    for t in quant_types.QUANT_TYPES.values():
+        assert f"{t.code} ({t.name})" in str(info.value)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=IDS)
+def test_quant_types_dequantize_matches_the_plain_layouts(qtype, rng):
+    # The numpy backend's dequantization (gguf's code) against the layouts written out in
+    # gguf_blocks, which the kernels read.
+    k = 512
+    w = _weight(qtype, 6, k, rng)
+    np.testing.assert_array_equal(quant_types.dequantize(w, qtype, k), dequantize(w, qtype, k))
 
 
 @pytest.mark.parametrize("qtype", K_TYPES, ids=["Q4_K", "Q6_K"])
@@ -74,8 +111,10 @@ def test_matmul_quant_backends(qtype, m, rng, gpu_device):
     w = _weight(qtype, n, k, rng)
     x = rng.standard_normal((m, k)).astype(np.float32)
     expected = x.astype(np.float64) @ dequantize(w, qtype, k).astype(np.float64).T
-    # lanes: threads per output column (1 on CPU drivers, 32 on GPUs; both checked here)
-    for backend, lanes in (("cpu", None), ("gpu", None), ("gpu", 1), ("gpu", 4), ("gpu", 32), ("gpu", 64)):
+    # lanes: threads per output column (None: chosen by shape and device, 1 on CPU
+    # drivers; the others forced, so every width runs whatever the driver)
+    for backend, lanes in (("cpu", None), ("gpu", None), ("gpu", 1), ("gpu", 4), ("gpu", 32),
+                           ("gpu", 64)):
         got = pxvm.ops.matmul_quant(x, w, qtype=qtype, k=k, lanes=lanes, backend=backend).numpy()
         assert got.shape == (m, n)
         assert nmse(got, expected) <= NMSE_LONG / 50, (backend, lanes)
@@ -94,6 +133,6 @@ def test_embedding_quant_backends(qtype, rng, gpu_device):
 
 def test_matmul_quant_rejects_wrong_row_bytes(rng):
     w = quantize(rng.standard_normal((4, 64)).astype(np.float32), 3)
-    with pytest.raises(pxvm.runtime.errors.ShapeError, match="needs"):
+    with pytest.raises(ShapeError, match="needs"):
         pxvm.ops.matmul_quant(np.zeros((1, 64), np.float32), w[:, :-1], qtype=3, k=64,
                               backend="cpu")

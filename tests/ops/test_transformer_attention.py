@@ -1,11 +1,12 @@
-"""attention_cached (RoPE, KV append and causal attention over a cache in one step, the
-position read from a state tensor on the device), attention_cached_matmul_quant_add (the
-same with the output projection and residual), greedy_step and concat_columns: the GPU
-and the numpy backend against an independent float64 computation written here."""
+"""The attention half of pxvm.ops.transformer: attention_cached (RoPE, KV append and
+causal attention over a cache in one step, the position read from a state tensor on the
+device) and attention_cached_matmul_quant_add (the same with the output projection and
+residual), the GPU and the numpy backend against an independent float64 computation
+written here. The fused products are in test_transformer_products.py."""
 
 from __future__ import annotations
 
-import importlib
+import re
 import sys
 from pathlib import Path
 
@@ -14,13 +15,14 @@ import pytest
 from conftest import NMSE_ELEMENTWISE, assert_close
 
 import pxvm
-from pxvm.batch import Batch
+from pxvm.batch import Graph
+from pxvm.ops import quantized, transformer
+from pxvm.ops.transformer import attention_cached, attention_cached_matmul_quant_add
 from pxvm.runtime import ShapeError
+from pxvm.runtime.webgpu import load_wgsl
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "llm"))
 from gguf_blocks import dequantize, quantize  # noqa: E402
-
-attention_module = importlib.import_module("pxvm.ops.attention")  # pxvm.ops.attention is the op
 
 # attention_cached in f32 against float64: measured NMSE ~1e-13, so the tightest
 # threshold; a key seen or missed at one of 300 positions costs far more.
@@ -85,7 +87,7 @@ def _run(backend, qkv, kc, vc, state, **params):
     """Run the op on `backend` with caches resident there; (out, k cache, v cache, state)."""
     be = pxvm.backends.get_backend(backend)
     k_t, v_t, st = be.from_numpy(kc), be.from_numpy(vc), be.from_numpy(state)
-    out = pxvm.ops.attention_cached(qkv, k_t, v_t, st, backend=backend, **params).numpy()
+    out = attention_cached(qkv, k_t, v_t, st, backend=backend, **params).numpy()
     return out, k_t.numpy(), v_t.numpy(), st.numpy()
 
 
@@ -128,11 +130,19 @@ CASES = [  # (hq, hkv, d, n_ctx, pos, s, max_keys)
 
 
 def _take(kernels, monkeypatch):
-    """Make attention_cached take `kernels`: "one range" (`split` alone, its default for
-    bounds of at most CACHED_ONE_RANGE_MAX_KEYS keys) or "ranges" + `combine` (forced
-    for every bound)."""
-    if kernels == "ranges":
-        monkeypatch.setattr(attention_module, "CACHED_ONE_RANGE_MAX_KEYS", 0)
+    """Make attention_cached take `kernels`: "one range" (`split` alone, forced for every
+    bound) or "ranges" (its default: `split` over chunk-aligned ranges, then `combine`,
+    for bounds of more than CACHED_ONE_RANGE_MAX_KEYS keys; ranges are whole chunks, so
+    a bound of one chunk is one range on either path)."""
+    if kernels == "one range":
+        monkeypatch.setattr(transformer, "CACHED_ONE_RANGE_MAX_KEYS", 10**9)
+
+
+def _ranges_taken(kernels, bound):
+    """Check that `kernels` really takes its path for `bound` keys."""
+    n_ranges = transformer.cached_key_ranges(bound)[0]
+    one_chunk = bound <= transformer.CACHED_CHUNK
+    assert (n_ranges == 1) == (kernels == "one range" or one_chunk), (kernels, bound, n_ranges)
 
 
 @pytest.fixture(params=["one range", "ranges"])
@@ -141,10 +151,9 @@ def path(request, monkeypatch):
     return request.param
 
 
-# Every case through ranges + combine, and through one range where its bound allows.
+# Every case through one range and through ranges + combine.
 PATH_CASES = [pytest.param(path, *case, id=f"{path}-{'-'.join(map(str, case))}")
-              for case in CASES for path in ("one range", "ranges")
-              if path == "ranges" or (case[6] or case[3]) <= attention_module.CACHED_ONE_RANGE_MAX_KEYS]
+              for case in CASES for path in ("one range", "ranges")]
 
 
 @pytest.mark.parametrize("style", ["interleaved", "neox"])
@@ -152,6 +161,7 @@ PATH_CASES = [pytest.param(path, *case, id=f"{path}-{'-'.join(map(str, case))}")
 def test_attention_cached_gpu_matches_float64_and_appends_only_its_rows(
         kernels, hq, hkv, d, n_ctx, pos, s, max_keys, style, rng, gpu_device, monkeypatch):
     _take(kernels, monkeypatch)
+    _ranges_taken(kernels, max_keys or n_ctx)
     qkv, kc, vc = _case(rng, hq, hkv, d, n_ctx, s)
     state = _state(rng, pos, extra=(12345,))
     got = _run("gpu", qkv, kc, vc, state, n_heads=hq, style=style, max_keys=max_keys)
@@ -186,8 +196,8 @@ def test_attention_cached_equals_rope_write_rows_and_attention(hq, hkv, pos, s, 
     qkv, kc, vc = _case(rng, hq, hkv, d, n_ctx, s)
     ops, gpu = pxvm.ops, pxvm.backends.get_backend("gpu")
     k_fused, v_fused = gpu.from_numpy(kc), gpu.from_numpy(vc)
-    fused = ops.attention_cached(qkv, k_fused, v_fused, _state(rng, pos), n_heads=hq,
-                                 style=style, backend="gpu").numpy()
+    fused = attention_cached(qkv, k_fused, v_fused, _state(rng, pos), n_heads=hq, style=style,
+                             backend="gpu").numpy()
     q = ops.rope(qkv[:, : hq * d].reshape(s, hq, d), pos_offset=pos, style=style, backend="gpu")
     k = ops.rope(qkv[:, hq * d: (hq + hkv) * d].reshape(s, hkv, d), pos_offset=pos,
                  style=style, backend="gpu")
@@ -205,19 +215,19 @@ def test_one_recorded_attention_step_serves_every_position(path, rng, gpu_device
     # submitted again (with host writes of the new token's qkv and of the state in
     # between) must attend at the position of each submit and append there.
     hq, hkv, d, n_ctx = 4, 2, 16, 140
+    _ranges_taken(path, n_ctx)
     qkv, kc, vc = _case(rng, hq, hkv, d, n_ctx, 1)
     gpu = pxvm.backends.get_backend("gpu")
     qkv_t, k_t, v_t = gpu.from_numpy(qkv), gpu.from_numpy(kc), gpu.from_numpy(vc)
     state_t = gpu.from_numpy(_state(rng, 0))
-    b = Batch(gpu, capture=True)
-    out = b.attention_cached(qkv_t, k_t, v_t, state_t, n_heads=hq, style="neox")
-    step = b.capture()
+    step = Graph(gpu, lambda: {"out": attention_cached(qkv_t, k_t, v_t, state_t, n_heads=hq,
+                                                        style="neox")})
     k_ref, v_ref = kc.astype(np.float64), vc.astype(np.float64)
     for pos in (0, 1, 2, 31, 32, 33, 100, 139):
         row = rng.standard_normal(qkv.shape).astype(np.float32)
         qkv_t.write(row)
         state_t.write(np.array([7, pos], np.int32))
-        got = step.submit([out.storage]).staged[0].result(np.float32).reshape(1, hq * d)
+        got = step.run("out")["out"]
         expected, k_ref, v_ref = expected_step(row, k_ref, v_ref, pos, hq, style="neox")
         assert_close(got, expected, TOL)
     assert_close(k_t.numpy(), k_ref, TOL)
@@ -239,15 +249,15 @@ def _bad_operands():
          "head dimension must be even and at most 256, got 15"),
         ((qkv, kc, vc[:19], st), {}, r"caches must both be \(n_ctx, Hkv, D\), got \(20, 2, 16\) "
                                      r"and \(19, 2, 16\)"),
-        ((qkv, kc, vc, st.astype(np.float32)), {}, r"input 3 \(state\) has dtype float32, "
-                                                   "expected int32"),
+        ((qkv, kc, vc, st.astype(np.float32)), {}, "attention_cached: input state has dtype "
+                                                   "float32, expected int32"),
         ((qkv, kc, vc, st[:1]), {}, "state must be an int32 tensor"),
         ((qkv, kc, vc, st), {"style": "gptj"}, "unknown rope style 'gptj'"),
         ((qkv, kc, vc, st), {"max_keys": 21}, "max_keys must be in 2..20, got 21"),
         ((qkv, kc, vc, st), {"max_keys": 1}, "max_keys must be in 2..20, got 1"),
-        ((qkv.astype(np.int32), kc, vc, st), {}, r"input 0 \(qkv\) has dtype int32, "
-                                                 "expected float32"),
-        ((qkv, kc.astype(np.int32), vc, st), {}, r"input 1 \(k_cache\) has dtype int32"),
+        ((qkv.astype(np.int32), kc, vc, st), {}, "attention_cached: input qkv has dtype "
+                                                 "int32, expected float32"),
+        ((qkv, kc.astype(np.int32), vc, st), {}, "input k_cache has dtype int32"),
     ]
 
 
@@ -259,7 +269,7 @@ def test_attention_cached_refuses_bad_operands_clearly(args, params, message, ba
         request.getfixturevalue("gpu_device")
     params = {"n_heads": 4, **params}
     with pytest.raises(ShapeError, match=message):
-        pxvm.ops.attention_cached(*args, backend=backend, **params)
+        attention_cached(*args, backend=backend, **params)
 
 
 @pytest.mark.parametrize("pos,s", [(19, 2), (20, 1), (-1, 1)])
@@ -268,45 +278,46 @@ def test_attention_cached_reference_refuses_positions_outside_the_cache(pos, s, 
     last = pos + s - 1
     with pytest.raises(ShapeError, match=f"positions {pos}..{last} are outside the cache "
                                          "of 20 rows"):
-        pxvm.ops.attention_cached(qkv, kc, vc, np.array([0, pos], np.int32), n_heads=4,
-                                  backend="cpu")
+        attention_cached(qkv, kc, vc, np.array([0, pos], np.int32), n_heads=4, backend="cpu")
 
 
-
-def test_positions_beyond_max_keys_are_refused_on_cpu_and_nan_on_gpu(path, rng, gpu_device):
-    # max_keys=32 records a grid for 32 keys; a token at position 40 has keys beyond it. The reference knows the position and refuses; the GPU reads it on the device
-    # and answers NaN instead of attention over part of the keys.
-    qkv, kc, vc = _case(rng, 4, 2, 16, 100, 1)
-    state = np.array([0, 40], np.int32)
-    with pytest.raises(ShapeError, match=r"positions 40..40 reach beyond max_keys=32"):
-        pxvm.ops.attention_cached(qkv, kc.copy(), vc.copy(), state, n_heads=4, max_keys=32,
-                                  backend="cpu")
-    out = pxvm.ops.attention_cached(qkv, kc, vc, state, n_heads=4, max_keys=32,
-                                    backend="gpu").numpy()
+@pytest.mark.parametrize("max_keys", [32, 96])
+def test_positions_beyond_max_keys_are_refused_on_cpu_and_nan_on_gpu(max_keys, path, rng,
+                                                                     gpu_device):
+    # max_keys records a grid for that many keys (96: two ranges on the "ranges" path); a
+    # token 8 positions further has keys beyond it. The reference knows the position and
+    # refuses; the GPU reads it on the device and answers NaN instead of attention over
+    # part of the keys.
+    _ranges_taken(path, max_keys)
+    qkv, kc, vc = _case(rng, 4, 2, 16, 120, 1)
+    pos = max_keys + 8
+    state = np.array([0, pos], np.int32)
+    with pytest.raises(ShapeError, match=f"positions {pos}..{pos} reach beyond "
+                                         f"max_keys={max_keys}"):
+        attention_cached(qkv, kc.copy(), vc.copy(), state, n_heads=4, max_keys=max_keys,
+                         backend="cpu")
+    out = attention_cached(qkv, kc, vc, state, n_heads=4, max_keys=max_keys,
+                           backend="gpu").numpy()
     assert np.isnan(out).all()
-    inside = pxvm.ops.attention_cached(qkv, kc, vc, np.array([0, 31], np.int32), n_heads=4,
-                                       max_keys=32, backend="gpu").numpy()
+    inside = attention_cached(qkv, kc, vc, np.array([0, max_keys - 1], np.int32), n_heads=4,
+                              max_keys=max_keys, backend="gpu").numpy()
     assert np.isfinite(inside).all()
+
 
 def test_python_constants_match_the_kernels():
     # The host sizes grids and buffers by these; the kernels loop by their own copies.
-    import re
-
-    from pxvm.ops import quantized
-    from pxvm.runtime import load_wgsl
-
     def const(kernel, name):
         return int(re.search(rf"const {name}: u32 = (\d+)u;", load_wgsl(kernel)).group(1))
 
     assert const("attention_cached.wgsl", "WG") // const("attention_cached.wgsl", "KEY_LANES") \
-        * 2 == attention_module.CACHED_CHUNK  # CHUNK = 2 * SLOTS
+        * 2 == transformer.CACHED_CHUNK  # CHUNK = 2 * SLOTS
     assert const("matmul_quant.wgsl", "MAX_MERGED") == quantized.MAX_MERGED
 
 
 # ---- attention_cached_matmul_quant_add ------------------------------------------------
 
 PROJECTED_CASES = [  # (hq, hkv, d, n_ctx, pos, s, max_keys, qtype)
-    (6, 2, 16, 320, 0, 1, 256, 3),    # one range: split, then a plain product
+    (6, 2, 16, 320, 0, 1, 64, 3),     # one range: split, then a plain product
     (6, 2, 16, 320, 200, 1, 256, 8),
     (6, 2, 64, 320, 300, 1, None, 3),   # five ranges merged by the product
     (4, 2, 48, 320, 299, 1, None, 2),   # 48 does not divide the workgroup
@@ -331,7 +342,7 @@ def _run_projected(backend, inputs, **params):
     qkv, kc, vc, state, w, residual = inputs
     be = pxvm.backends.get_backend(backend)
     k_t, v_t = be.from_numpy(kc), be.from_numpy(vc)
-    out = pxvm.ops.attention_cached_matmul_quant_add(
+    out = attention_cached_matmul_quant_add(
         qkv, k_t, v_t, state, w, residual, backend=backend, **params).numpy()
     return out, k_t.numpy(), v_t.numpy()
 
@@ -341,9 +352,9 @@ def _run_projected(backend, inputs, **params):
 def test_attention_cached_matmul_quant_add_gpu_matches_float64(
         hq, hkv, d, n_ctx, pos, s, max_keys, qtype, merge, rng, gpu_device, monkeypatch):
     if merge == "by combine":  # as for attention outputs too long to merge in the product
-        monkeypatch.setattr(attention_module, "MAX_MERGED", 0)
+        monkeypatch.setattr(transformer, "MAX_MERGED", 0)
     else:  # a prompt's tokens too (by default only a decoding step's one token)
-        monkeypatch.setattr(attention_module, "PRODUCT_MERGES_MAX_TOKENS", 1000)
+        monkeypatch.setattr(transformer, "PRODUCT_MERGES_MAX_TOKENS", 1000)
     inputs, (expected, k_new, v_new) = _projected(rng, hq, hkv, d, n_ctx, pos, s, qtype)
     out, k_got, v_got = _run_projected("gpu", inputs, n_heads=hq, max_keys=max_keys,
                                        qtype=qtype, k=hq * d)
@@ -391,128 +402,4 @@ def test_attention_cached_matmul_quant_add_refuses_bad_operands_clearly(change, 
     for key, value in change.items():
         (args if key in args else params)[key] = value
     with pytest.raises(ShapeError, match=message):
-        pxvm.ops.attention_cached_matmul_quant_add(*args.values(), backend=backend, **params)
-
-
-# ---- greedy_step -------------------------------------------------------------------
-
-GREEDY_CASES = [  # (logits shape, indices set to the shared maximum)
-    ((37,), [5, 20]),
-    ((4097,), [4095, 4096]),        # a tie across the 4096-element chunks of the GPU pass
-    ((9001,), [4242, 8000, 17]),    # the first maximum is not the first one listed
-    ((9001,), [8191, 9000]),        # ties only in later chunks
-    ((3, 50), [77, 149]),           # 2-D logits: the flat index
-    ((1, 4096), []),                # exactly one chunk, no tie
-]
-
-
-@pytest.mark.parametrize("backend", ["cpu", "gpu"])
-@pytest.mark.parametrize("shape,ties", GREEDY_CASES)
-def test_greedy_step_takes_the_first_maximum_and_advances_the_position(shape, ties, backend,
-                                                                       rng, request):
-    if backend == "gpu":
-        request.getfixturevalue("gpu_device")
-    logits = rng.standard_normal(shape).astype(np.float32)
-    flat = logits.reshape(-1)
-    flat[ties] = flat.max() + 0.5
-    be = pxvm.backends.get_backend(backend)
-    state = be.from_numpy(np.array([-5, 41], np.int32))
-    pxvm.ops.greedy_step(logits, state)
-    expected = int(np.argmax(logits))
-    assert expected == (min(ties) if ties else expected)
-    assert state.numpy().tolist() == [expected, 42]
-
-
-@pytest.mark.parametrize("backend", ["cpu", "gpu"])
-def test_greedy_step_agrees_with_numpy_on_special_values(backend, rng, request):
-    if backend == "gpu":
-        request.getfixturevalue("gpu_device")
-    be = pxvm.backends.get_backend(backend)
-    cases = [np.full(300, 2.5, np.float32),                        # all equal: index 0
-             np.full(5000, -np.inf, np.float32),                   # all -inf: index 0
-             np.where(np.arange(5000) == 4321, np.inf, -1.0).astype(np.float32),
-             np.where(np.arange(5000) % 1000 == 999, np.nan, 1.0).astype(np.float32)]
-    state = be.from_numpy(np.array([0, 0], np.int32))
-    for i, logits in enumerate(cases):
-        pxvm.ops.greedy_step(logits, state)
-        assert state.numpy().tolist() == [int(np.argmax(logits)), i + 1], i
-
-
-@pytest.mark.parametrize("backend", ["cpu", "gpu"])
-def test_greedy_steps_in_one_batch_advance_once_each(backend, rng, request):
-    if backend == "gpu":
-        request.getfixturevalue("gpu_device")
-    be = pxvm.backends.get_backend(backend)
-    state = be.from_numpy(np.array([0, 7], np.int32))
-    rows = rng.standard_normal((3, 257)).astype(np.float32)
-    b = Batch(be)
-    for row in rows:
-        b.greedy_step(row, state)
-    b.execute()
-    assert state.numpy().tolist() == [int(np.argmax(rows[-1])), 10]
-
-
-@pytest.mark.parametrize("backend", ["cpu", "gpu"])
-def test_greedy_steps_write_each_token_into_the_history_slot_of_its_position(backend, rng,
-                                                                              request):
-    if backend == "gpu":
-        request.getfixturevalue("gpu_device")
-    be = pxvm.backends.get_backend(backend)
-    start, history = 5, 4
-    state = be.from_numpy(np.array([0, start] + [-1] * history, np.int32))
-    rows = rng.standard_normal((6, 4099)).astype(np.float32)
-    b = Batch(be)
-    for row in rows:
-        b.greedy_step(row, state)
-    b.execute()
-    tokens = [int(np.argmax(row)) for row in rows]
-    slots = [-1] * history
-    for i, token in enumerate(tokens):  # the token of step i goes to (start + i) % history
-        slots[(start + i) % history] = token
-    assert state.numpy().tolist() == [tokens[-1], start + len(rows)] + slots
-    assert sorted(slots) == sorted(tokens[-history:])
-
-
-@pytest.mark.parametrize("logits,state,message", [
-    (np.ones(5, np.float32), np.array([0.0, 1.0], np.float32),
-     r"input 1 \(state\) has dtype float32, expected int32"),
-    (np.ones(5, np.float32), np.array([0], np.int32), "state must be a 1-D int32"),
-    (np.ones(5, np.float32), np.zeros((1, 2), np.int32), "state must be a 1-D int32"),
-    (np.ones(0, np.float32), np.zeros(2, np.int32), "greedy_step"),
-    (np.ones(5, np.int32), np.zeros(2, np.int32), r"input 0 \(logits\) has dtype int32"),
-])
-@pytest.mark.parametrize("backend", ["cpu", "gpu"])
-def test_greedy_step_refuses_bad_operands_clearly(logits, state, message, backend, request):
-    if backend == "gpu":
-        request.getfixturevalue("gpu_device")
-    with pytest.raises(ShapeError, match=message):
-        pxvm.ops.greedy_step(logits, state, backend=backend)
-
-
-# ---- concat_columns ----------------------------------------------------------------
-
-@pytest.mark.parametrize("backend", ["cpu", "gpu"])
-@pytest.mark.parametrize("rows,na,nb", [(5, 7, 3), (37, 1, 64), (1, 300, 2), (300, 33, 257)])
-def test_concat_columns_joins_side_by_side_exactly(rows, na, nb, backend, rng, request):
-    if backend == "gpu":
-        request.getfixturevalue("gpu_device")
-    be = pxvm.backends.get_backend(backend)
-    a = rng.standard_normal((rows, na)).astype(np.float32)
-    c = rng.standard_normal((rows, nb)).astype(np.float32)
-    got = pxvm.ops.concat_columns(be.from_numpy(a), be.from_numpy(c)).numpy()
-    np.testing.assert_array_equal(got, np.concatenate([a, c], axis=1))
-
-
-@pytest.mark.parametrize("backend", ["cpu", "gpu"])
-@pytest.mark.parametrize("a_shape,b_shape,message", [
-    ((5, 7), (4, 3), r"same rows, got \(5, 7\) and \(4, 3\)"),
-    ((5,), (5, 3), r"two matrices with the same rows, got \(5,\) and \(5, 3\)"),
-    ((5, 7), (5, 3, 1), r"got \(5, 7\) and \(5, 3, 1\)"),
-])
-def test_concat_columns_refuses_non_matching_matrices(a_shape, b_shape, message, backend,
-                                                      request):
-    if backend == "gpu":
-        request.getfixturevalue("gpu_device")
-    with pytest.raises(ShapeError, match=message):
-        pxvm.ops.concat_columns(np.ones(a_shape, np.float32), np.ones(b_shape, np.float32),
-                                backend=backend)
+        attention_cached_matmul_quant_add(*args.values(), backend=backend, **params)

@@ -1,7 +1,8 @@
-"""The fused quantized products of a transformer layer (rmsnorm_matmul_quant,
-matmul_quant_add, rmsnorm_swiglu_quant): the GPU against an independent float64 numpy
-computation for every weight format and both lane counts, equality with the unfused ops
-they replace, and clear errors for bad operands."""
+"""The fused products of pxvm.ops.transformer (rmsnorm_matmul_quant, matmul_quant_add,
+rmsnorm_swiglu_quant): the GPU against an independent float64 numpy computation for
+every weight format and both lane counts, equality with the unfused ops they replace,
+and clear errors for bad operands. The attention ops are in
+test_transformer_attention.py."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 from conftest import NMSE_ELEMENTWISE, assert_close
 
 import pxvm
+from pxvm.ops import transformer
 from pxvm.runtime import ShapeError
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "llm"))
@@ -96,7 +98,7 @@ FUSED = ("rmsnorm_matmul_quant", "matmul_quant_add", "rmsnorm_swiglu_quant")
 @pytest.mark.parametrize("name", FUSED)
 def test_fused_product_on_gpu_matches_float64(name, qtype, lanes, rng, gpu_device):
     args, params, expected = _case(name, rng, qtype, m=3, n=37)
-    got = getattr(pxvm.ops, name)(*args, lanes=lanes, backend="gpu", **params).numpy()
+    got = pxvm.ops.REGISTRY[name](*args, lanes=lanes, backend="gpu", **params).numpy()
     assert got.shape == (3, 37) and got.dtype == np.float32
     assert_close(got, expected, TOLERANCE)
 
@@ -105,7 +107,7 @@ def test_fused_product_on_gpu_matches_float64(name, qtype, lanes, rng, gpu_devic
 @pytest.mark.parametrize("name", FUSED)
 def test_fused_product_reference_matches_float64(name, qtype, rng):
     args, params, expected = _case(name, rng, qtype, m=3, n=37)
-    got = getattr(pxvm.ops, name)(*args, backend="cpu", **params).numpy()
+    got = pxvm.ops.REGISTRY[name](*args, backend="cpu", **params).numpy()
     assert got.shape == (3, 37)
     assert_close(got, expected, TOLERANCE)
 
@@ -116,7 +118,7 @@ def test_fused_product_one_row_over_several_workgroups(name, lanes, rng, gpu_dev
     # Decoding's shape: M = 1, and N = 300 columns span two workgroups even at one lane
     # (256 columns each), the second only partly used.
     args, params, expected = _case(name, rng, 2, m=1, n=300)
-    got = getattr(pxvm.ops, name)(*args, lanes=lanes, backend="gpu", **params).numpy()
+    got = pxvm.ops.REGISTRY[name](*args, lanes=lanes, backend="gpu", **params).numpy()
     assert_close(got, expected, TOLERANCE)
 
 
@@ -130,7 +132,7 @@ LONG_K = {0: 3073, 3: 3104, 8: 3104, 14: 3328}
 @pytest.mark.parametrize("name", FUSED)
 def test_fused_product_with_long_rows(name, qtype, lanes, rng, gpu_device):
     args, params, expected = _case(name, rng, qtype, m=2, n=19, k=LONG_K[qtype])
-    got = getattr(pxvm.ops, name)(*args, lanes=lanes, backend="gpu", **params).numpy()
+    got = pxvm.ops.REGISTRY[name](*args, lanes=lanes, backend="gpu", **params).numpy()
     assert_close(got, expected, TOLERANCE)
 
 
@@ -141,7 +143,8 @@ def test_rmsnorm_matmul_quant_equals_rmsnorm_then_matmul_quant(qtype, lanes, rng
     ops = pxvm.ops
     h = ops.rmsnorm(x, gain, eps=EPS, backend="gpu")
     unfused = ops.matmul_quant(h, w, lanes=lanes, qtype=qtype, k=params["k"]).numpy()
-    fused = ops.rmsnorm_matmul_quant(x, gain, w, lanes=lanes, backend="gpu", **params).numpy()
+    fused = transformer.rmsnorm_matmul_quant(x, gain, w, lanes=lanes, backend="gpu",
+                                             **params).numpy()
     assert_close(fused, unfused, REORDERED)
 
 
@@ -152,7 +155,7 @@ def test_matmul_quant_add_equals_matmul_quant_then_add(qtype, lanes, rng, gpu_de
     ops = pxvm.ops
     product = ops.matmul_quant(x, w, lanes=lanes, backend="gpu", **params)
     unfused = ops.add(product, res).numpy()
-    fused = ops.matmul_quant_add(x, w, res, lanes=lanes, backend="gpu", **params).numpy()
+    fused = transformer.matmul_quant_add(x, w, res, lanes=lanes, backend="gpu", **params).numpy()
     assert_close(fused, unfused, 1e-12)
 
 
@@ -166,7 +169,8 @@ def test_rmsnorm_swiglu_quant_equals_norm_two_products_silu_and_mul(qtype, lanes
     gate = ops.matmul_quant(h, np.ascontiguousarray(w[:37]), lanes=lanes, qtype=qtype, k=k)
     up = ops.matmul_quant(h, np.ascontiguousarray(w[37:]), lanes=lanes, qtype=qtype, k=k)
     unfused = ops.mul(ops.silu(gate), up).numpy()
-    fused = ops.rmsnorm_swiglu_quant(x, gain, w, lanes=lanes, backend="gpu", **params).numpy()
+    fused = transformer.rmsnorm_swiglu_quant(x, gain, w, lanes=lanes, backend="gpu",
+                                             **params).numpy()
     assert_close(fused, unfused, REORDERED)
 
 
@@ -174,7 +178,7 @@ def test_rmsnorm_swiglu_quant_takes_gate_rows_first(rng, gpu_device):
     # Swapping the gate and up halves of W must change the result (silu is not symmetric).
     (x, gain, w), params, expected = _case("rmsnorm_swiglu_quant", rng, 8, m=2, n=5)
     swapped = np.concatenate([w[5:], w[:5]])
-    got = pxvm.ops.rmsnorm_swiglu_quant(x, gain, swapped, backend="gpu", **params).numpy()
+    got = transformer.rmsnorm_swiglu_quant(x, gain, swapped, backend="gpu", **params).numpy()
     assert np.abs(got - expected).max() > 1e-3
 
 
@@ -182,7 +186,7 @@ def test_rmsnorm_matmul_quant_uses_its_eps(rng, gpu_device):
     # Row 0 of x has a mean square ~1e-6: eps = 1e-5 against 1e-9 changes it a lot.
     (x, gain, w), params, expected = _case("rmsnorm_matmul_quant", rng, 3, m=2, n=37)
     params["eps"] = 1e-9
-    got = pxvm.ops.rmsnorm_matmul_quant(x, gain, w, backend="gpu", **params).numpy()
+    got = transformer.rmsnorm_matmul_quant(x, gain, w, backend="gpu", **params).numpy()
     assert np.abs(got[0] - expected[0]).max() > 1e-2 * np.abs(got[0]).max()
     assert_close(got[1], expected[1], TOLERANCE)
 
@@ -209,15 +213,15 @@ def _bad_cases():
         ("rmsnorm_swiglu_quant", (x, gain, w), p, "even row count.*got 37 rows"),
         ("rmsnorm_swiglu_quant", (x, gain[:50], w_even), p, r"gain must have shape \(96,\)"),
         ("rmsnorm_swiglu_quant", (x.astype(np.int32), gain, w_even), p,
-         r"input 0 \(x\) has dtype int32"),
+         "rmsnorm_swiglu_quant: input x has dtype int32"),
         # Each input is checked against its own role, not against every allowed dtype.
         ("rmsnorm_matmul_quant", (x, gain, w.astype(np.float32)), p,
-         r"input 2 \(w\) has dtype float32, expected uint8"),
+         "rmsnorm_matmul_quant: input w has dtype float32, expected uint8"),
         ("matmul_quant_add", (x, w, np.ones((3, 37), np.uint8)), p,
-         r"input 2 \(residual\) has dtype uint8, expected float32"),
+         "matmul_quant_add: input residual has dtype uint8, expected float32"),
         ("rmsnorm_swiglu_quant", (x, gain.astype(np.uint8), w_even), p,
-         r"input 1 \(gain\) has dtype uint8"),
-        ("matmul_quant", (x, w.astype(np.float32)), p, r"input 1 \(w\) has dtype float32"),
+         "rmsnorm_swiglu_quant: input gain has dtype uint8"),
+        ("matmul_quant", (x, w.astype(np.float32)), p, "matmul_quant: input w has dtype float32"),
     ]
 
 
@@ -228,4 +232,4 @@ def test_fused_product_refuses_bad_operands_clearly(name, args, params, message,
     if backend == "gpu":
         request.getfixturevalue("gpu_device")
     with pytest.raises(ShapeError, match=message):
-        getattr(pxvm.ops, name)(*args, backend=backend, **params)
+        pxvm.ops.REGISTRY[name](*args, backend=backend, **params)

@@ -9,9 +9,8 @@
 // time with an online softmax (the chunk's max joins the range's and earlier sums are
 // rescaled). KEY_LANES threads share each key's dot product, each loading 8 elements of
 // two keys at once, and groups of threads share the weighted sum of values, sixteen rows
-// per trip: loads in flight, not long chains, set the speed of these small passes (on
-// the H100 two keys and sixteen value rows per trip took the SmolLM2-shaped step from
-// 1,254 to 1,205 us at position 128; 4 or 16 lanes per key were slower). It stores the
+// per trip: loads in flight, not long chains, set the speed of these small passes
+// (BENCHMARKS.md: these and 4 or 16 lanes per key measured on the H100). It stores the
 // range's unnormalised output, max and sum of exponentials in `part`; with one range
 // (n_ranges = 1) it writes the normalised output instead, and no `combine` is needed.
 // Keys below pos are read from the cache; newer ones from qkv, because they are being
@@ -20,12 +19,15 @@
 // `combine`: workgroup (h, i) merges the ranges by rescaling them to a common max.
 // (matmul_quant.wgsl can merge the ranges instead, as the input of the output projection.)
 // The head size D is the pipeline constant HEAD_DIM, so that loops over a head's
-// elements have trip counts the driver knows (the H100's decode step: -14 us at
-// position 64, -13 us at 640, -34 us at 4,000, against D read from the params).
+// elements have trip counts the driver knows (faster than D read from the params on the
+// H100: BENCHMARKS.md).
 // NEOX = false rotates pairs (2c, 2c+1) (GGUF llama), true rotates (c, c + D/2).
 
 override NEOX: bool = false;
 override HEAD_DIM: u32 = 64u;  // even, at most MAX_D
+override PART_STRIDE: u32;     // the partial results' layout (see `part` below)
+override PART_MAX: u32;
+override PART_SUM: u32;
 const WG: u32 = 256u;          // `split`'s threads; at least MAX_D
 const KEY_LANES: u32 = 8u;     // threads per key's dot product
 const SLOTS: u32 = WG / KEY_LANES;
@@ -51,8 +53,10 @@ struct Params {
 @group(0) @binding(2) var<storage, read_write> v_cache: array<f32>;
 @group(0) @binding(3) var<storage, read> state: array<i32>;
 @group(0) @binding(4) var<storage, read> cos_sin: array<vec2<f32>>;
-// part[((i * hq + h) * n_ranges + r) * (HEAD_DIM + 2) + ...]: HEAD_DIM output sums, max,
-// sum of exps.
+// The ranges' partial results, records of PART_STRIDE floats at
+// part[((i * hq + h) * n_ranges + r) * PART_STRIDE]: HEAD_DIM output sums, the max score at
+// PART_MAX, the sum of exps at PART_SUM (pxvm/ops/layouts.py's AttentionPartials, which
+// matmul_quant.wgsl reads too).
 @group(0) @binding(5) var<storage, read_write> part: array<f32>;
 @group(0) @binding(6) var<storage, read_write> out: array<f32>;
 @group(0) @binding(7) var<uniform> p: Params;
@@ -210,7 +214,7 @@ fn split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) li
     let l = reduce(lid, l_run, false, CHUNK);
     scratch[lid] = acc;
     workgroupBarrier();
-    let base = ((i * p.hq + h) * p.n_ranges + r) * (HEAD_DIM + 2u);
+    let base = ((i * p.hq + h) * p.n_ranges + r) * PART_STRIDE;
     if (lid < HEAD_DIM) {
         let sum = group_sum(lid, groups);
         if (p.n_ranges == 1u) {
@@ -223,8 +227,8 @@ fn split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) li
         }
     }
     if (p.n_ranges > 1u && lid == 0u) {
-        part[base + HEAD_DIM] = m_run;
-        part[base + HEAD_DIM + 1u] = l;
+        part[base + PART_MAX] = m_run;
+        part[base + PART_SUM] = l;
     }
 }
 
@@ -241,18 +245,18 @@ fn combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) 
     let nan = bitcast<f32>(0x7fc00000u | (p.hq & 0u));
     let n_used = min(at / p.range_len + 1u, p.n_ranges);
     let first = (i * p.hq + h) * p.n_ranges;
-    let stride = HEAD_DIM + 2u;
+    let stride = PART_STRIDE;
     var mx = EMPTY;
-    for (var r = lid; r < n_used; r = r + COMBINE_WG) { mx = max(mx, part[(first + r) * stride + HEAD_DIM]); }
+    for (var r = lid; r < n_used; r = r + COMBINE_WG) { mx = max(mx, part[(first + r) * stride + PART_MAX]); }
     mx = reduce(lid, mx, true, COMBINE_WG);
     // Ranges' weights relative to the common max, computed once: weights[r] for r < COMBINE_WG.
     for (var r = lid; r < min(n_used, COMBINE_WG); r = r + COMBINE_WG) {
-        weights[r] = exp(part[(first + r) * stride + HEAD_DIM] - mx);
+        weights[r] = exp(part[(first + r) * stride + PART_MAX] - mx);
     }
     var total = 0.0;
     for (var r = lid; r < n_used; r = r + COMBINE_WG) {
         let b = (first + r) * stride;
-        total = total + exp(part[b + HEAD_DIM] - mx) * part[b + HEAD_DIM + 1u];
+        total = total + exp(part[b + PART_MAX] - mx) * part[b + PART_SUM];
     }
     total = reduce(lid, total, false, COMBINE_WG);
     workgroupBarrier();
@@ -272,7 +276,7 @@ fn combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) 
             var acc = a4.x + a4.y + a4.z + a4.w;
             for (; r < n_used; r = r + groups) {
                 let b = (first + r) * stride;
-                acc = acc + exp(part[b + HEAD_DIM] - mx) * part[b + c];
+                acc = acc + exp(part[b + PART_MAX] - mx) * part[b + c];
             }
             scratch[lid] = acc;
             if (groups == 1u) { out[(i * p.hq + h) * HEAD_DIM + c] = select(acc / total, nan, unseen); }

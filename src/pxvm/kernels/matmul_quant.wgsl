@@ -2,7 +2,9 @@
 // The weight W (N rows of K values, the GGUF layout: each row is K/32 blocks) stays in its
 // raw block bytes, read through an array<u32>; blocks are 18, 20 or 34 bytes, so bytes
 // are addressed individually. FORMAT: 0 = F32, 1 = F16, 2 = Q4_0, 3 = Q4_1, 8 = Q8_0,
-// 12 = Q4_K, 14 = Q6_K (GGML's type numbers; the K formats are 256-value super-blocks).
+// 12 = Q4_K, 14 = Q6_K (GGML's type numbers; the K formats are 256-value super-blocks);
+// BLOCK_VALUES and BLOCK_BYTES are its block's size (pxvm/ops/quant_types.py, from the
+// gguf package); only the layout inside a block is written here.
 // `matmul`: y (M, N) = x (M, K) @ W^T. A workgroup owns ROWS_PER_WG output columns n of
 // one row m; the LANES threads of each column split its blocks and reduce.
 // `embed`: y (S, K) = rows ids[s] of W, dequantized (the embedding lookup).
@@ -10,14 +12,17 @@
 // several small ones: NORM RMS-normalises each x row and scales it by `gain` before the
 // product; EPILOGUE 1 adds `res` (a residual), EPILOGUE 2 is SwiGLU: W holds the gate
 // rows then the up rows (2N rows) and y = silu(x Wg^T) * (x Wu^T).
-// ATTENTION_PARTS: x holds attention_cached.wgsl's per-range partial results (`part`:
-// per token, query head and key range, HEAD_DIM unnormalised sums, the max score, the
-// sum of exponentials) and `ids` its state [token, position, ..]. Every workgroup merges
+// ATTENTION_PARTS: x holds attention_cached.wgsl's per-range partial results, records of
+// PART_STRIDE floats laid out as pxvm/ops/layouts.py's AttentionPartials says (head_dim
+// unnormalised sums, the max score at PART_MAX, the sum of exponentials at PART_SUM),
+// and `ids` its state [token, position, ..]. Every workgroup merges
 // its token's ranges into the attention output (K = heads * HEAD_DIM values, at most
 // MAX_MERGED) in workgroup memory, then multiplies that: the output projection takes
 // attention's merge pass and the wait for it.
 
 override FORMAT: u32 = 3u;
+override BLOCK_VALUES: u32;
+override BLOCK_BYTES: u32;
 const WG: u32 = 256u;
 // Threads per output column, a power of two <= WG: many spread a row's blocks for GPUs;
 // 1 (no reduction, no barriers) suits CPU drivers such as lavapipe, where each barrier
@@ -27,7 +32,10 @@ override ROWS_PER_WG: u32 = WG / LANES;   // output columns per workgroup
 override NORM: bool = false;
 override EPILOGUE: u32 = 0u;
 override ATTENTION_PARTS: bool = false;
-const MAX_MERGED: u32 = 2048u;
+override PART_STRIDE: u32 = 0u;   // set with ATTENTION_PARTS
+override PART_MAX: u32 = 0u;
+override PART_SUM: u32 = 0u;
+const MAX_MERGED: u32 = 2048u;    // pxvm/ops/quantized.py's MAX_MERGED
 
 struct Params {
     M: u32,
@@ -60,24 +68,6 @@ fn byte_at(i: u32) -> u32 {
 
 fn half_at(i: u32) -> f32 {
     return unpack2x16float(byte_at(i) | (byte_at(i + 1u) << 8u)).x;
-}
-
-fn block_values() -> u32 {
-    if (FORMAT == 0u || FORMAT == 1u) { return 1u; }
-    if (FORMAT == 12u || FORMAT == 14u) { return 256u; }
-    return 32u;
-}
-
-fn block_bytes() -> u32 {
-    switch FORMAT {
-        case 0u: { return 4u; }
-        case 1u: { return 2u; }
-        case 2u: { return 18u; }
-        case 3u: { return 20u; }
-        case 12u: { return 144u; }
-        case 14u: { return 210u; }
-        default: { return 34u; }  // Q8_0
-    }
 }
 
 // Value j (0..31) of the block starting at byte `b`, given the block's scale terms.
@@ -222,12 +212,12 @@ fn word_dot(word: u32, xa: vec4<f32>, xb: vec4<f32>) -> f32 {
 // lanes of a short row (K = 576 is 18 blocks) all work and each walks a short chain of
 // loads; a single lane (CPU drivers) takes whole blocks and reads each scale once.
 // SwiGLU's up row (n + N) is read in the same trips as the gate row n, sharing x's loads
-// (its loads in flight beside the gate's instead of after them). On the H100 this and
-// the norm's squares taken from the product's own x loads took SmolLM2's decoding step
-// from 1,174 to 1,076 us at position 100 (benchmarks/h100/kernel_ab.py).
+// (its loads in flight beside the gate's instead of after them); the norm's squares come
+// from the product's own x loads (both measured with benchmarks/h100/kernel_ab.py:
+// BENCHMARKS.md).
 fn lane_dot_blocks32(m: u32, n: u32, lane: u32) -> vec3<f32> {
     let n_blocks = p.K / 32u;
-    let bb = block_bytes();
+    let bb = BLOCK_BYTES;
     let words = select(4u, 8u, FORMAT == 8u);   // quant words per block
     let span = select(words, 1u, LANES >= 8u);
     let tasks_per_block = words / span;
@@ -272,9 +262,9 @@ fn lane_dot_blocks32(m: u32, n: u32, lane: u32) -> vec3<f32> {
 // share of the blocks, and the sum of squares of the x values it read.
 fn lane_dot(m: u32, n: u32, lane: u32) -> vec3<f32> {
     if (FORMAT == 2u || FORMAT == 3u || FORMAT == 8u) { return lane_dot_blocks32(m, n, lane); }
-    let per_block = block_values();
+    let per_block = BLOCK_VALUES;
     let n_blocks = p.K / per_block;
-    let bb = block_bytes();
+    let bb = BLOCK_BYTES;
     let row_base = n * p.row_bytes;
     let up_base = (n + p.N) * p.row_bytes;
     var acc = vec2<f32>(0.0);
@@ -305,7 +295,6 @@ fn merge_attention(m: u32, lid: u32) {
     let used = min(at / p.range_len + 1u, p.n_ranges);
     let unseen = at >= p.max_keys;
     let nan = bitcast<f32>(0x7fc00000u | (p.M & 0u));
-    let stride = p.head_dim + 2u;
     let heads = p.K / p.head_dim;
     for (var o = lid; o < p.K; o = o + WG) {
         let first = (m * heads + o / p.head_dim) * p.n_ranges;
@@ -316,11 +305,11 @@ fn merge_attention(m: u32, lid: u32) {
         for (var r = 0u; r < used; r = r + 4u) {
             let live = vec4<bool>(true, r + 1u < used, r + 2u < used, r + 3u < used);
             let b = (first + vec4<u32>(r, min(r + 1u, used - 1u), min(r + 2u, used - 1u),
-                                       min(r + 3u, used - 1u))) * stride;
-            let ms = select(vec4<f32>(-3.0e38), vec4<f32>(x[b.x + p.head_dim], x[b.y + p.head_dim],
-                                                           x[b.z + p.head_dim], x[b.w + p.head_dim]), live);
-            let ls = vec4<f32>(x[b.x + p.head_dim + 1u], x[b.y + p.head_dim + 1u],
-                               x[b.z + p.head_dim + 1u], x[b.w + p.head_dim + 1u]);
+                                       min(r + 3u, used - 1u))) * PART_STRIDE;
+            let ms = select(vec4<f32>(-3.0e38), vec4<f32>(x[b.x + PART_MAX], x[b.y + PART_MAX],
+                                                           x[b.z + PART_MAX], x[b.w + PART_MAX]), live);
+            let ls = vec4<f32>(x[b.x + PART_SUM], x[b.y + PART_SUM], x[b.z + PART_SUM],
+                               x[b.w + PART_SUM]);
             let os = vec4<f32>(x[b.x + c], x[b.y + c], x[b.z + c], x[b.w + c]);
             let new_mx = max(mx, max(max(ms.x, ms.y), max(ms.z, ms.w)));
             let rescale = exp(mx - new_mx);
@@ -378,7 +367,7 @@ fn embed(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) li
     let k = wid.x * WG + lid3.x;
     if (k >= p.K) { return; }
     let n = u32(ids[s]);
-    let per_block = block_values();
-    let b = n * p.row_bytes + (k / per_block) * block_bytes();
+    let per_block = BLOCK_VALUES;
+    let b = n * p.row_bytes + (k / per_block) * BLOCK_BYTES;
     y[s * p.K + k] = dequant(b, k % per_block, scale_d(b), scale_m(b));
 }

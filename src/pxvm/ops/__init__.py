@@ -1,16 +1,30 @@
-"""The op library. Every op has one numpy reference and one WGSL implementation with the
-same signature on both backends: `op(*inputs, **params, backend="auto"|"gpu"|"cpu")`.
+"""The op library. Every op has one numpy reference (`op.reference`) and a kernel per
+backend with the same signature everywhere: `op(*inputs, **params, backend="auto")`,
+returning a Tensor (registry.py says how an op is declared and run).
 
-Each family module registers its ops in `REGISTRY`; they are exported here by name.
+The general ops are here by name; the fused ops of a transformer layer are in
+`pxvm.ops.transformer`, decoding's steps in `pxvm.ops.decoding`.
 """
 
 from __future__ import annotations
 
-from . import (attention, convolution, elementwise, indexing, matmul, normalization, quantized,
-               reductions)
-from .registry import REGISTRY, Op
+from . import decoding, transformer
+from .attention import attention
+from .convolution import conv2d, convolve2d
+from .elementwise import (add, clip, div, elu, gelu, gelu_tanh, leaky_relu, maximum, minimum,
+                          mul, relu, scale, sigmoid, silu, sub, swish, tanh)
+from .indexing import concat_columns, slice_rows, write_rows
+from .matmul import matmul
+from .normalization import layer_norm, log_softmax, rmsnorm, rope, softmax
+from .quantized import embedding_quant, matmul_quant
+from .reductions import argmax, dot, max, sum  # noqa: A004 - numpy's names
+from .registry import REGISTRY, MissingKernelError, Op
 
-globals().update(REGISTRY)
-swish = REGISTRY["silu"]
-
-__all__ = ["REGISTRY", "Op", "swish", *sorted(REGISTRY)]
+__all__ = [
+    "REGISTRY", "MissingKernelError", "Op", "add", "argmax", "attention", "clip",
+    "concat_columns", "conv2d", "convolve2d", "decoding", "div", "dot", "elu",
+    "embedding_quant", "gelu", "gelu_tanh", "layer_norm", "leaky_relu", "log_softmax",
+    "matmul", "matmul_quant", "max", "maximum", "minimum", "mul", "relu", "rmsnorm", "rope",
+    "scale", "sigmoid", "silu", "slice_rows", "softmax", "sub", "sum", "swish", "tanh",
+    "transformer", "write_rows",
+]

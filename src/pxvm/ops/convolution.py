@@ -6,33 +6,24 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..tensor import Tensor
-from .registry import meta, register, require
+from ..backends import Tensor
+from ..runtime.webgpu.params import KernelParams, kernel_params, u32
+from .registry import meta, op, require
 
 
-def conv2d_ref(x, w, bias=None, stride=1, padding=0):
-    """Cross-correlation of x (C_in, H, W) with w (C_out, C_in, kh, kw), plus bias."""
-    x = np.asarray(x, np.float64)
-    w = np.asarray(w, np.float64)
-    c_in, h, wd = x.shape
-    c_out, _, kh, kw = w.shape
-    xp = np.pad(x, ((0, 0), (padding, padding), (padding, padding)))
-    h_out = (h + 2 * padding - kh) // stride + 1
-    w_out = (wd + 2 * padding - kw) // stride + 1
-    out = np.zeros((c_out, h_out, w_out))
-    for ky in range(kh):
-        for kx in range(kw):
-            patch = xp[:, ky: ky + stride * h_out: stride, kx: kx + stride * w_out: stride]
-            out += np.einsum("oc,chw->ohw", w[:, :, ky, kx], patch)
-    if bias is not None:
-        out += np.asarray(bias, np.float64)[:, None, None]
-    return out.astype(np.float32)
-
-
-def convolve2d_ref(image, kernel):
-    """True 2-D convolution, 'valid' mode: the kernel is flipped (scipy semantics)."""
-    k = np.asarray(kernel, np.float32)[::-1, ::-1]
-    return conv2d_ref(np.asarray(image)[None], k[None, None])[0]
+@kernel_params("conv2d.wgsl")
+class Conv2dParams(KernelParams):
+    c_in: u32
+    h: u32
+    w: u32
+    c_out: u32
+    kh: u32
+    kw: u32
+    h_out: u32
+    w_out: u32
+    stride: u32
+    padding: u32
+    has_bias: u32
 
 
 def _infer_conv2d(x, w, bias=None, stride=1, padding=0):
@@ -71,23 +62,48 @@ def _record_conv(ctx, x, w, bias, stride, padding, flip):
         on_device = isinstance(bias, Tensor) and bias.backend is ctx.backend
         bias_t = bias if on_device else ctx.tensor(np.asarray(bias, np.float32).reshape(-1))
     c_out, h_out, w_out = m.shape
-    params = (x.shape[0], x.shape[1], x.shape[2], c_out, w.shape[2], w.shape[3], h_out, w_out,
-              int(stride), int(padding), int(bias is not None))
+    params = Conv2dParams(x.shape[0], x.shape[1], x.shape[2], c_out, w.shape[2], w.shape[3],
+                          h_out, w_out, int(stride), int(padding), int(bias is not None))
     n = c_out * h_out * w_out
     ctx.dispatch("conv2d.wgsl", "main", [x, w, bias_t, out], params, (n + 255) // 256,
                  {"FLIP": int(flip)})
     return out
 
 
-def conv2d_gpu(ctx, x, w, bias=None, stride=1, padding=0):
+def _conv2d_webgpu(ctx, x, w, bias=None, stride=1, padding=0):
     return _record_conv(ctx, x, w, bias, stride, padding, flip=False)
 
 
-def convolve2d_gpu(ctx, image, kernel):
+def _convolve2d_webgpu(ctx, image, kernel):
     out = _record_conv(ctx, image.reshape(1, *image.shape), kernel.reshape(1, 1, *kernel.shape),
                        None, 1, 0, flip=True)
     return out.reshape(out.shape[1:])
 
 
-conv2d = register("conv2d", 2, conv2d_ref, conv2d_gpu, _infer_conv2d)
-convolve2d = register("convolve2d", 2, convolve2d_ref, convolve2d_gpu, _infer_convolve2d)
+@op(infer=_infer_conv2d, webgpu=_conv2d_webgpu)
+def conv2d(x, w, bias=None, stride=1, padding=0, *, backend="auto"):
+    """Cross-correlation of x (C_in, H, W) with w (C_out, C_in, kh, kw), plus bias
+    (PyTorch's conv2d on one image)."""
+    x = np.asarray(x, np.float64)
+    w = np.asarray(w, np.float64)
+    c_in, h, wd = x.shape
+    c_out, _, kh, kw = w.shape
+    xp = np.pad(x, ((0, 0), (padding, padding), (padding, padding)))
+    h_out = (h + 2 * padding - kh) // stride + 1
+    w_out = (wd + 2 * padding - kw) // stride + 1
+    out = np.zeros((c_out, h_out, w_out))
+    for ky in range(kh):
+        for kx in range(kw):
+            patch = xp[:, ky: ky + stride * h_out: stride, kx: kx + stride * w_out: stride]
+            out += np.einsum("oc,chw->ohw", w[:, :, ky, kx], patch)
+    if bias is not None:
+        out += np.asarray(bias, np.float64)[:, None, None]
+    return out.astype(np.float32)
+
+
+@op(infer=_infer_convolve2d, webgpu=_convolve2d_webgpu)
+def convolve2d(image, kernel, *, backend="auto"):
+    """True 2-D convolution, 'valid' mode: the kernel is flipped
+    (scipy.signal.convolve2d(image, kernel, mode="valid"))."""
+    k = np.asarray(kernel, np.float32)[::-1, ::-1]
+    return conv2d.reference(np.asarray(image)[None], k[None, None])[0]

@@ -6,22 +6,32 @@ from __future__ import annotations
 
 import numpy as np
 
-from .registry import meta, register, require
+from ..runtime.webgpu.params import KernelParams, kernel_params, u32
+from .registry import meta, op, require
+
+KERNEL = "copy.wgsl"
 
 
-def _row_len(shape):
+@kernel_params(KERNEL)
+class CopyParams(KernelParams):
+    """Copy `rows` rows of `row_len` values from row src_row0 on into a destination of
+    rows of `dst_row_len` values, from row dst_row0 and column dst_col0 on."""
+    rows: u32
+    row_len: u32
+    src_row0: u32
+    dst_row0: u32
+    dst_row_len: u32
+    dst_col0: u32
+
+
+def _row_len(shape) -> int:
     return int(np.prod(shape[1:], dtype=np.int64))
 
 
-def write_rows_ref(dst, src, start=0):
-    """dst[start:start + len(src)] = src, in place; returns dst."""
-    dst[start: start + src.shape[0]] = src
-    return dst
-
-
-def slice_rows_ref(x, start=0, stop=None):
-    """x[start:stop] as a new array."""
-    return np.array(x[start:stop], dtype=np.float32)
+def _copy_rows(ctx, src, dst, params: CopyParams) -> None:
+    n = params.rows * params.row_len
+    if n:
+        ctx.dispatch(KERNEL, "copy_rows", [src, dst], params, (n + 255) // 256)
 
 
 def _infer_write(dst, src, start=0):
@@ -33,6 +43,19 @@ def _infer_write(dst, src, start=0):
     return meta(dst.shape, np.float32)
 
 
+def _write_rows_webgpu(ctx, dst, src, start=0):
+    row = _row_len(src.shape)
+    _copy_rows(ctx, src, dst, CopyParams(src.shape[0], row, 0, int(start), row, 0))
+    return dst
+
+
+@op(infer=_infer_write, webgpu=_write_rows_webgpu)
+def write_rows(dst, src, start=0, *, backend="auto"):
+    """dst[start:start + len(src)] = src, in place; returns dst."""
+    dst[start: start + src.shape[0]] = src
+    return dst
+
+
 def _infer_slice(x, start=0, stop=None):
     stop = x.shape[0] if stop is None else stop
     require(0 <= start < stop <= x.shape[0],
@@ -40,28 +63,18 @@ def _infer_slice(x, start=0, stop=None):
     return meta((stop - start, *x.shape[1:]), np.float32)
 
 
-def write_rows_gpu(ctx, dst, src, start=0):
-    n = src.shape[0] * _row_len(src.shape)
-    if n:
-        ctx.dispatch("copy.wgsl", "copy_rows", [src, dst],
-                     (src.shape[0], _row_len(src.shape), 0, int(start), _row_len(src.shape), 0),
-                     (n + 255) // 256)
-    return dst
-
-
-def slice_rows_gpu(ctx, x, start=0, stop=None):
+def _slice_rows_webgpu(ctx, x, start=0, stop=None):
     m = _infer_slice(x, start, stop)
     out = ctx.empty(m.shape, np.float32)
-    n = m.shape[0] * _row_len(x.shape)
     row = _row_len(x.shape)
-    ctx.dispatch("copy.wgsl", "copy_rows", [x, out], (m.shape[0], row, int(start), 0, row, 0),
-                 (n + 255) // 256)
+    _copy_rows(ctx, x, out, CopyParams(m.shape[0], row, int(start), 0, row, 0))
     return out
 
 
-def concat_columns_ref(a, b):
-    """[a b]: (M, Na) and (M, Nb) side by side as (M, Na + Nb)."""
-    return np.concatenate([np.asarray(a, np.float32), np.asarray(b, np.float32)], axis=1)
+@op(infer=_infer_slice, webgpu=_slice_rows_webgpu)
+def slice_rows(x, start=0, stop=None, *, backend="auto"):
+    """x[start:stop] as a new array."""
+    return np.array(x[start:stop], dtype=np.float32)
 
 
 def _infer_concat(a, b):
@@ -71,18 +84,15 @@ def _infer_concat(a, b):
     return meta((a.shape[0], a.shape[1] + b.shape[1]), np.float32)
 
 
-def concat_columns_gpu(ctx, a, b):
+def _concat_columns_webgpu(ctx, a, b):
     rows, na, nb = a.shape[0], a.shape[1], b.shape[1]
     out = ctx.empty((rows, na + nb), np.float32)
     for src, col0 in ((a, 0), (b, na)):
-        n = rows * src.shape[1]
-        if n:
-            ctx.dispatch("copy.wgsl", "copy_rows", [src, out],
-                         (rows, src.shape[1], 0, 0, na + nb, col0), (n + 255) // 256)
+        _copy_rows(ctx, src, out, CopyParams(rows, src.shape[1], 0, 0, na + nb, col0))
     return out
 
 
-write_rows = register("write_rows", 2, write_rows_ref, write_rows_gpu, _infer_write)
-slice_rows = register("slice_rows", 1, slice_rows_ref, slice_rows_gpu, _infer_slice)
-concat_columns = register("concat_columns", 2, concat_columns_ref, concat_columns_gpu,
-                          _infer_concat)
+@op(infer=_infer_concat, webgpu=_concat_columns_webgpu)
+def concat_columns(a, b, *, backend="auto"):
+    """[a b]: (M, Na) and (M, Nb) side by side as (M, Na + Nb)."""
+    return np.concatenate([np.asarray(a, np.float32), np.asarray(b, np.float32)], axis=1)

@@ -8,22 +8,23 @@ from __future__ import annotations
 
 import numpy as np
 
-from .registry import meta, register, require
+from ..runtime.webgpu.params import KernelParams, kernel_params, u32
+from .registry import meta, op, require
 
 KERNELS = ("auto", "naive", "tiled", "tiled_wide", "gemv")
 GEMV_MAX_ROWS = 4
 GEMV_ROWS_PER_WG = 8  # outputs per gemv workgroup: ROWS_PER_WG in matmul_naive.wgsl
-# Above this many outputs the 64x64 tiles fell from 18.5 TFLOP/s (2048) to 8.4 (4096) on
-# the H100; 64x128 tiles move a quarter less data from memory per flop. The threshold
-# is a first guess, to be set from `bench_ops.py --kernel tiled|tiled_wide`.
+# Above this many outputs the 64x64 tiles lost speed on the H100 (BENCHMARKS.md); 64x128
+# tiles move a quarter less data from memory per flop. The threshold is a first guess,
+# to be set from `bench_ops.py --kernel tiled|tiled_wide`.
 WIDE_MIN_OUTPUTS = 2048 * 2048
 
 
-def matmul_ref(a, b, transpose_b=False, kernel="auto"):
-    """A (M, K) @ B (K, N), or @ B.T for B of shape (N, K) when transpose_b."""
-    a = np.asarray(a, np.float64)
-    b = np.asarray(b, np.float64)
-    return (a @ (b.T if transpose_b else b)).astype(np.float32)
+@kernel_params("matmul_naive.wgsl", "matmul_tiled.wgsl")
+class MatmulParams(KernelParams):
+    M: u32
+    N: u32
+    K: u32
 
 
 def _infer(a, b, transpose_b=False, kernel="auto"):
@@ -49,13 +50,13 @@ def choose_kernel(M: int, N: int, K: int) -> str:
     return "tiled"
 
 
-def matmul_gpu(ctx, a, b, transpose_b=False, kernel="auto"):
+def _matmul_webgpu(ctx, a, b, transpose_b=False, kernel="auto"):
     M, K = a.shape
     N = b.shape[0] if transpose_b else b.shape[1]
     out = ctx.empty((M, N), np.float32)
     kernel = choose_kernel(M, N, K) if kernel == "auto" else kernel
     consts = {"TRANSPOSE_B": int(bool(transpose_b))}
-    params = (M, N, K)
+    params = MatmulParams(M, N, K)
     if kernel == "tiled_wide":
         ctx.dispatch("matmul_tiled.wgsl", "main_wide", [a, b, out], params,
                      ((N + 127) // 128, (M + 63) // 64, 1), consts)
@@ -71,4 +72,10 @@ def matmul_gpu(ctx, a, b, transpose_b=False, kernel="auto"):
     return out
 
 
-matmul = register("matmul", 2, matmul_ref, matmul_gpu, _infer)
+@op(infer=_infer, webgpu=_matmul_webgpu)
+def matmul(a, b, transpose_b=False, kernel="auto", *, backend="auto"):
+    """A (M, K) @ B (K, N), or @ B.T for B of shape (N, K) when transpose_b. `kernel`
+    picks the WebGPU kernel (the module's docstring); "auto" chooses by shape."""
+    a = np.asarray(a, np.float64)
+    b = np.asarray(b, np.float64)
+    return (a @ (b.T if transpose_b else b)).astype(np.float32)

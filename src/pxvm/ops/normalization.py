@@ -7,72 +7,41 @@ import weakref
 
 import numpy as np
 
-from .registry import meta, register, require
+from ..runtime.webgpu.params import KernelParams, f32, kernel_params, u32
+from .registry import meta, op, require
 
 ROPE_STYLES = ("interleaved", "neox")
 
 
-# ---- references -----------------------------------------------------------------------
-def softmax_ref(x):
-    """exp(x - max) / sum(exp(x - max)) over the last axis."""
-    x = np.asarray(x, np.float64)
-    e = np.exp(x - np.max(x, axis=-1, keepdims=True))
-    return (e / np.sum(e, axis=-1, keepdims=True)).astype(np.float32)
+@kernel_params("softmax.wgsl")
+class SoftmaxParams(KernelParams):
+    rows: u32
+    row_len: u32
 
 
-def log_softmax_ref(x):
-    """x - max - log(sum(exp(x - max))) over the last axis."""
-    x = np.asarray(x, np.float64)
-    d = x - np.max(x, axis=-1, keepdims=True)
-    return (d - np.log(np.sum(np.exp(d), axis=-1, keepdims=True))).astype(np.float32)
+@kernel_params("norm.wgsl")
+class NormParams(KernelParams):
+    rows: u32
+    row_len: u32
+    eps: f32
 
 
-def rmsnorm_ref(x, weight, eps=1e-6):
-    """x / sqrt(mean(x^2) + eps) * weight over the last axis."""
-    x = np.asarray(x, np.float64)
-    scale = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
-    return (x * scale * np.asarray(weight, np.float64)).astype(np.float32)
-
-
-def layer_norm_ref(x, weight, bias, eps=1e-5):
-    """(x - mean) / sqrt(var + eps) * weight + bias over the last axis."""
-    x = np.asarray(x, np.float64)
-    mean = np.mean(x, axis=-1, keepdims=True)
-    var = np.mean((x - mean) ** 2, axis=-1, keepdims=True)
-    out = (x - mean) / np.sqrt(var + eps) * np.asarray(weight, np.float64) + np.asarray(bias, np.float64)
-    return out.astype(np.float32)
-
-
-def rope_angles(n_positions: int, head_dim: int, theta: float, start: int = 0) -> np.ndarray:
-    """Angles (positions, head_dim/2) in float64: pos * theta^(-2i/head_dim)."""
-    inv_freq = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
-    return np.arange(start, start + n_positions, dtype=np.float64)[:, None] * inv_freq[None, :]
-
-
-def rope_ref(x, pos_offset=0, theta=10000.0, style="interleaved"):
-    """Rotary embedding of x (seq, heads, head_dim) at positions pos_offset + row;
-    style "interleaved" rotates (x[2i], x[2i+1]), "neox" rotates (x[i], x[i + d/2])."""
-    x = np.asarray(x, np.float64)
-    seq, _, d = x.shape
-    ang = rope_angles(seq, d, theta, pos_offset)[:, None, :]
-    c, s = np.cos(ang), np.sin(ang)
-    if style == "neox":
-        x0, x1 = x[..., : d // 2], x[..., d // 2:]
-    else:
-        x0, x1 = x[..., 0::2], x[..., 1::2]
-    y0, y1 = x0 * c - x1 * s, x0 * s + x1 * c
-    out = np.empty_like(x)
-    if style == "neox":
-        out[..., : d // 2], out[..., d // 2:] = y0, y1
-    else:
-        out[..., 0::2], out[..., 1::2] = y0, y1
-    return out.astype(np.float32)
+@kernel_params("rope.wgsl")
+class RopeParams(KernelParams):
+    seq: u32
+    heads: u32
+    head_dim: u32
+    pos_offset: u32
 
 
 # ---- shapes ---------------------------------------------------------------------------
 def _rows(x, name):
     require(len(x.shape) >= 1 and x.shape[-1] > 0,
             f"{name} needs at least one element in the last axis, got shape {tuple(x.shape)}")
+
+
+def _row_count(x) -> int:
+    return int(np.prod(x.shape[:-1], dtype=np.int64)) if len(x.shape) > 1 else 1
 
 
 def _infer_softmax(x):
@@ -107,31 +76,30 @@ def _infer_rope(x, pos_offset=0, theta=10000.0, style="interleaved"):
     return meta(x.shape, np.float32)
 
 
-# ---- GPU ------------------------------------------------------------------------------
-def _row_count(x):
-    return int(np.prod(x.shape[:-1], dtype=np.int64)) if len(x.shape) > 1 else 1
-
-
-def _softmax_gpu(log):
-    def gpu(ctx, x):
+# ---- WebGPU kernels -------------------------------------------------------------------
+def _softmax_webgpu(log: bool):
+    def record(ctx, x):
         out = ctx.empty(x.shape, np.float32)
-        rows, row_len = _row_count(x), x.shape[-1]
-        ctx.dispatch("softmax.wgsl", "main", [x, out], (rows, row_len), rows, {"LOG": int(log)})
+        rows = _row_count(x)
+        ctx.dispatch("softmax.wgsl", "main", [x, out], SoftmaxParams(rows, x.shape[-1]), rows,
+                     {"LOG": int(log)})
         return out
-    return gpu
+    return record
 
 
-def rmsnorm_gpu(ctx, x, weight, eps=1e-6):
+def _rmsnorm_webgpu(ctx, x, weight, eps=1e-6):
     out = ctx.empty(x.shape, np.float32)
-    rows, row_len = _row_count(x), x.shape[-1]
-    ctx.dispatch("norm.wgsl", "rmsnorm", [x, weight, weight, out], (rows, row_len, float(eps)), rows)
+    rows = _row_count(x)
+    ctx.dispatch("norm.wgsl", "rmsnorm", [x, weight, weight, out],
+                 NormParams(rows, x.shape[-1], float(eps)), rows)
     return out
 
 
-def layer_norm_gpu(ctx, x, weight, bias, eps=1e-5):
+def _layer_norm_webgpu(ctx, x, weight, bias, eps=1e-5):
     out = ctx.empty(x.shape, np.float32)
-    rows, row_len = _row_count(x), x.shape[-1]
-    ctx.dispatch("norm.wgsl", "layer_norm", [x, weight, bias, out], (rows, row_len, float(eps)), rows)
+    rows = _row_count(x)
+    ctx.dispatch("norm.wgsl", "layer_norm", [x, weight, bias, out],
+                 NormParams(rows, x.shape[-1], float(eps)), rows)
     return out
 
 
@@ -154,19 +122,75 @@ def rope_table(ctx, theta, head_dim, needed):
     return found[0]
 
 
-def rope_gpu(ctx, x, pos_offset=0, theta=10000.0, style="interleaved"):
+def _rope_webgpu(ctx, x, pos_offset=0, theta=10000.0, style="interleaved"):
     seq, heads, d = x.shape
     out = ctx.empty(x.shape, np.float32)
     table = rope_table(ctx, theta, d, int(pos_offset) + seq)
     pairs = seq * heads * (d // 2)
     if pairs:
-        ctx.dispatch("rope.wgsl", "main", [x, table, out], (seq, heads, d, int(pos_offset)),
-                     (pairs + 255) // 256, {"NEOX": int(style == "neox")})
+        ctx.dispatch("rope.wgsl", "main", [x, table, out],
+                     RopeParams(seq, heads, d, int(pos_offset)), (pairs + 255) // 256,
+                     {"NEOX": int(style == "neox")})
     return out
 
 
-softmax = register("softmax", 1, softmax_ref, _softmax_gpu(False), _infer_softmax)
-log_softmax = register("log_softmax", 1, log_softmax_ref, _softmax_gpu(True), _infer_softmax)
-rmsnorm = register("rmsnorm", 2, rmsnorm_ref, rmsnorm_gpu, _infer_rmsnorm)
-layer_norm = register("layer_norm", 3, layer_norm_ref, layer_norm_gpu, _infer_layer_norm)
-rope = register("rope", 1, rope_ref, rope_gpu, _infer_rope)
+# ---- the ops --------------------------------------------------------------------------
+@op(infer=_infer_softmax, webgpu=_softmax_webgpu(log=False))
+def softmax(x, *, backend="auto"):
+    """exp(x - max) / sum(exp(x - max)) over the last axis."""
+    x = np.asarray(x, np.float64)
+    e = np.exp(x - np.max(x, axis=-1, keepdims=True))
+    return (e / np.sum(e, axis=-1, keepdims=True)).astype(np.float32)
+
+
+@op(infer=_infer_softmax, webgpu=_softmax_webgpu(log=True))
+def log_softmax(x, *, backend="auto"):
+    """x - max - log(sum(exp(x - max))) over the last axis."""
+    x = np.asarray(x, np.float64)
+    d = x - np.max(x, axis=-1, keepdims=True)
+    return (d - np.log(np.sum(np.exp(d), axis=-1, keepdims=True))).astype(np.float32)
+
+
+@op(infer=_infer_rmsnorm, webgpu=_rmsnorm_webgpu)
+def rmsnorm(x, weight, eps=1e-6, *, backend="auto"):
+    """x / sqrt(mean(x^2) + eps) * weight over the last axis."""
+    x = np.asarray(x, np.float64)
+    scale = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+    return (x * scale * np.asarray(weight, np.float64)).astype(np.float32)
+
+
+@op(infer=_infer_layer_norm, webgpu=_layer_norm_webgpu)
+def layer_norm(x, weight, bias, eps=1e-5, *, backend="auto"):
+    """(x - mean) / sqrt(var + eps) * weight + bias over the last axis."""
+    x = np.asarray(x, np.float64)
+    mean = np.mean(x, axis=-1, keepdims=True)
+    var = np.mean((x - mean) ** 2, axis=-1, keepdims=True)
+    out = (x - mean) / np.sqrt(var + eps) * np.asarray(weight, np.float64) + np.asarray(bias, np.float64)
+    return out.astype(np.float32)
+
+
+def rope_angles(n_positions: int, head_dim: int, theta: float, start: int = 0) -> np.ndarray:
+    """Angles (positions, head_dim/2) in float64: pos * theta^(-2i/head_dim)."""
+    inv_freq = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    return np.arange(start, start + n_positions, dtype=np.float64)[:, None] * inv_freq[None, :]
+
+
+@op(infer=_infer_rope, webgpu=_rope_webgpu)
+def rope(x, pos_offset=0, theta=10000.0, style="interleaved", *, backend="auto"):
+    """Rotary embedding of x (seq, heads, head_dim) at positions pos_offset + row;
+    style "interleaved" rotates (x[2i], x[2i+1]), "neox" rotates (x[i], x[i + d/2])."""
+    x = np.asarray(x, np.float64)
+    seq, _, d = x.shape
+    ang = rope_angles(seq, d, theta, pos_offset)[:, None, :]
+    c, s = np.cos(ang), np.sin(ang)
+    if style == "neox":
+        x0, x1 = x[..., : d // 2], x[..., d // 2:]
+    else:
+        x0, x1 = x[..., 0::2], x[..., 1::2]
+    y0, y1 = x0 * c - x1 * s, x0 * s + x1 * c
+    out = np.empty_like(x)
+    if style == "neox":
+        out[..., : d // 2], out[..., d // 2:] = y0, y1
+    else:
+        out[..., 0::2], out[..., 1::2] = y0, y1
+    return out.astype(np.float32)

@@ -1,19 +1,36 @@
-"""The op registry: an `Op` pairs one numpy reference with one GPU implementation.
+"""The op registry. An op is declared by its numpy reference, decorated with how its
+result's shape is inferred and its kernels, one per backend:
 
-Calling an op (`pxvm.ops.relu(x, backend="auto")`) resolves the backend, moves numpy
-inputs onto it, checks shapes once for both backends (`infer`) and runs it.
+    @op(infer=same_shape, webgpu=record_relu)
+    def relu(x, *, backend="auto"):
+        \"\"\"max(x, 0); NaN stays NaN.\"\"\"
+        x = np.asarray(x, np.float32)
+        return np.where(x < 0, np.float32(0), x)
+
+The function's body is the reference; its signature is the op's. Calling the op,
+`pxvm.ops.relu(x, backend=...)`, chooses the backend (inside `with batch:` the batch's,
+else the inputs' own or the best available), moves numpy inputs there, checks the
+operands once for every backend (`infer`, which raises ShapeError) and runs the op:
+the reference on the host arrays where the backend has no recording context (numpy),
+else the backend's kernel, which records into the context (`webgpu=` above;
+`relu.kernel("cuda")` adds one). The reference never sees `backend`.
+Inputs are the leading parameters without defaults; the others are parameters.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable, Generic, ParamSpec
 
 import numpy as np
 
-from ..runtime.errors import ShapeError
-from ..tensor import DTYPES, Tensor, as_supported_array
+from ..backends import DTYPES, Backend, RecordingContext, Tensor, as_supported_array, get_backend
+from ..batch import active_batch
+from ..runtime.errors import PxvmError, ShapeError
+
+P = ParamSpec("P")
 
 REGISTRY: dict[str, "Op"] = {}
 
@@ -30,93 +47,144 @@ def meta(shape, dtype) -> Meta:
     return Meta(tuple(int(s) for s in shape), np.dtype(dtype))
 
 
-class Op:
-    """One op: `reference(*arrays, **params)` in numpy, `gpu(ctx, *tensors, **params)` in
-    WGSL, and `infer(inputs, params) -> Meta`, which raises ShapeError on bad operands.
-
-    `dtypes` are the dtypes every input may have; `input_dtypes`, when given, says it
-    per input instead (a name, or a tuple of names, for each), for ops whose inputs have
-    different roles (a float activation and a raw uint8 weight)."""
-
-    def __init__(self, name: str, n_inputs: int, reference: Callable, gpu: Callable,
-                 infer: Callable, dtypes: tuple = ("f32",), input_dtypes: tuple | None = None):
-        self.name = name
-        self.n_inputs = n_inputs
-        self.reference = reference
-        self.gpu = gpu
-        self._infer = infer
-        if input_dtypes is None:
-            input_dtypes = (dtypes,) * n_inputs
-        if len(input_dtypes) != n_inputs:
-            raise ValueError(f"op {name!r}: input_dtypes names {len(input_dtypes)} inputs, "
-                             f"it has {n_inputs}")
-        self.input_dtypes = tuple(
-            tuple(DTYPES[d] for d in ((allowed,) if isinstance(allowed, str) else allowed))
-            for allowed in input_dtypes)
-        self.signature = inspect.signature(reference)
-        self.__doc__ = reference.__doc__
-        self.__name__ = name
-
-    def infer(self, inputs, params) -> Meta:
-        names = list(self.signature.parameters)
-        for i, (x, allowed) in enumerate(zip(inputs, self.input_dtypes)):
-            if np.dtype(x.dtype) not in allowed:
-                raise ShapeError(
-                    f"{self.name}: input {i} ({names[i]}) has dtype {np.dtype(x.dtype)}, "
-                    f"expected {' or '.join(str(d) for d in allowed)}"
-                )
-        return self._infer(*inputs, **params)
-
-    def bind(self, args, kwargs):
-        """Split a call's arguments into the tensor inputs and the keyword parameters."""
-        try:
-            bound = self.signature.bind(*args, **kwargs)
-        except TypeError as exc:
-            raise TypeError(f"{self.name}{self.signature}: {exc}") from None
-        bound.apply_defaults()
-        values = list(bound.arguments.values())
-        names = list(bound.arguments)
-        inputs = values[: self.n_inputs]
-        params = dict(zip(names[self.n_inputs:], values[self.n_inputs:]))
-        return inputs, params
-
-    def __call__(self, *args, backend="auto", **kwargs) -> Tensor:
-        inputs, params = self.bind(args, kwargs)
-        target = resolve_backend(inputs, backend)
-        tensors = [to_backend(x, target) for x in inputs]
-        return target.run(self, tensors, params)
-
-    def __repr__(self) -> str:
-        return f"<pxvm op {self.name}{self.signature}>"
-
-
-def resolve_backend(inputs, backend):
-    """'auto' follows the inputs: a tensor already on a backend keeps the op there."""
-    from ..backends import get_backend
-
-    if isinstance(backend, str) and backend == "auto":
-        for x in inputs:
-            if isinstance(x, Tensor):
-                return x.backend
-    return get_backend(backend)
-
-
-def to_backend(x, backend) -> Tensor:
-    if isinstance(x, Tensor):
-        return x if x.backend is backend else backend.from_numpy(x.numpy())
-    return backend.from_numpy(as_supported_array(x))
-
-
-def register(name: str, n_inputs: int, reference: Callable, gpu: Callable, infer: Callable,
-             dtypes: tuple = ("f32",), input_dtypes: tuple | None = None) -> Op:
-    if name in REGISTRY:
-        raise ValueError(f"op {name!r} registered twice")
-    op = Op(name, n_inputs, reference, gpu, infer, dtypes, input_dtypes)
-    REGISTRY[name] = op
-    return op
+def same_shape(x, **params) -> Meta:
+    """`infer` of ops whose result has their first input's shape and dtype."""
+    return meta(x.shape, x.dtype)
 
 
 def require(cond: bool, message: str) -> None:
     """Raise ShapeError(message) unless cond: the one way ops reject bad operands."""
     if not cond:
         raise ShapeError(message)
+
+
+class MissingKernelError(PxvmError):
+    """The op has no kernel for the backend it was asked to run on."""
+
+
+class Op(Generic[P]):
+    """One op: its numpy `reference`, `infer(*inputs, **params) -> Meta`, and `kernels`
+    by backend name, each `kernel(context, *tensors, **params) -> Tensor`."""
+
+    def __init__(self, reference: Callable[P, Any], infer: Callable[..., Meta], kernels: dict,
+                 dtypes: tuple[str, ...] = ("f32",), input_dtypes: tuple | None = None):
+        functools.update_wrapper(self, reference)  # name, doc, and the signature for help()
+        self.name = reference.__name__
+        self.reference = reference
+        self._infer = infer
+        full = inspect.signature(reference)
+        backend = full.parameters.get("backend")
+        if backend is None or backend.kind is not inspect.Parameter.KEYWORD_ONLY:
+            raise TypeError(f"op {self.name} must take a keyword-only `backend` parameter")
+        self.signature = full.replace(parameters=[p for p in full.parameters.values()
+                                                  if p.name != "backend"])
+        self.inputs = [p.name for p in self.signature.parameters.values()
+                       if p.default is inspect.Parameter.empty]
+        allowed = input_dtypes or (dtypes,) * len(self.inputs)
+        if len(allowed) != len(self.inputs):
+            raise TypeError(f"op {self.name}: input_dtypes names {len(allowed)} inputs, it "
+                            f"has {len(self.inputs)}")
+        self.input_dtypes = tuple(
+            tuple(DTYPES[d] for d in ((names,) if isinstance(names, str) else names))
+            for names in allowed)
+        self.kernels: dict[str, Callable] = dict(kernels)
+
+    def kernel(self, backend_name: str):
+        """Decorator: `fn(context, *tensors, **params)` becomes this op's kernel on
+        backend `backend_name`."""
+        def register(fn):
+            self.kernels[backend_name] = fn
+            return fn
+        return register
+
+    def infer(self, inputs, params: dict) -> Meta:
+        """The result's shape and dtype; ShapeError when the operands do not fit."""
+        for name, x, allowed in zip(self.inputs, inputs, self.input_dtypes):
+            if np.dtype(x.dtype) not in allowed:
+                raise ShapeError(f"{self.name}: input {name} has dtype {np.dtype(x.dtype)}, "
+                                 f"expected {' or '.join(str(d) for d in allowed)}")
+        return self._infer(*inputs, **params)
+
+    def bind(self, args, kwargs) -> tuple[list, dict]:
+        """A call's arguments split into the inputs and the keyword parameters."""
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise TypeError(f"{self.name}{self.signature}: {exc}") from None
+        bound.apply_defaults()
+        values = list(bound.arguments.items())
+        n = len(self.inputs)
+        return [v for _, v in values[:n]], dict(values[n:])
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Tensor:
+        backend = kwargs.pop("backend", "auto")
+        inputs, params = self.bind(args, kwargs)
+        batch = active_batch()
+        if batch is not None:
+            if not _is_auto(backend) and get_backend(backend) is not batch.backend:
+                raise PxvmError(f"{self.name}: inside a batch on {batch.backend.name} ops "
+                                f"run there; leave backend='auto'")
+            tensors = [batch.adopt(x) for x in inputs]
+            shape = self.infer(tensors, params)
+            return batch.record(lambda ctx: self.run(batch.backend, ctx, tensors, params, shape),
+                                tensors)
+        target = _resolve_backend(inputs, backend)
+        tensors = [_on_backend(x, target) for x in inputs]
+        shape = self.infer(tensors, params)
+        context = target.context()
+        out = self.run(target, context, tensors, params, shape)
+        if context is not None:
+            context.submit()
+        return out
+
+    def run(self, backend: Backend, context: RecordingContext | None, tensors: list[Tensor],
+            params: dict, shape: Meta) -> Tensor:
+        """Run (or record) the op on checked operands: the reference without a context."""
+        if context is None:
+            out = self.reference(*[t.storage for t in tensors], **params)
+            out = np.asarray(out, dtype=shape.dtype).reshape(shape.shape)
+            return Tensor(out.shape, out.dtype, backend, out)
+        kernel = self.kernels.get(backend.name)
+        if kernel is None:
+            raise MissingKernelError(
+                f"op {self.name} has no {backend.name} kernel yet (it has "
+                f"{', '.join(sorted(self.kernels)) or 'none'}); run it with backend='numpy'")
+        return kernel(context, *tensors, **params)
+
+    def __repr__(self) -> str:
+        return f"<pxvm op {self.name}{inspect.signature(self.reference)}>"
+
+
+def op(infer: Callable[..., Meta], input_dtypes: tuple | None = None, dtypes: tuple = ("f32",),
+       **kernels) -> Callable[[Callable[P, Any]], Op[P]]:
+    """Decorator declaring an op (module docstring). `dtypes` are the dtypes every input
+    may have; `input_dtypes` says it per input instead (a name or a tuple of names each),
+    for inputs of different roles (a float activation and a raw uint8 weight)."""
+
+    def declare(reference: Callable[P, Any]) -> Op[P]:
+        made = Op(reference, infer, kernels, dtypes, input_dtypes)
+        if made.name in REGISTRY:
+            raise ValueError(f"op {made.name!r} declared twice")
+        REGISTRY[made.name] = made
+        return made
+
+    return declare
+
+
+def _is_auto(backend) -> bool:
+    return isinstance(backend, str) and backend == "auto"
+
+
+def _resolve_backend(inputs, backend) -> Backend:
+    """'auto' follows the inputs: a tensor already on a backend keeps the op there."""
+    if _is_auto(backend):
+        for x in inputs:
+            if isinstance(x, Tensor):
+                return x.backend
+    return get_backend(backend)
+
+
+def _on_backend(x, backend: Backend) -> Tensor:
+    if isinstance(x, Tensor):
+        return x if x.backend is backend else backend.from_numpy(x.numpy())
+    return backend.from_numpy(as_supported_array(x))

@@ -1,0 +1,84 @@
+"""GGML tensor types, in one table: block sizes from the `gguf` package's own
+(GGML_QUANT_SIZES), which types pxvm's kernels decode, and the reference dequantization
+(gguf's). Kernels take a type's block sizes from here (matmul_quant.wgsl gets them as
+constants); only the layout inside a block is written in each kernel."""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+import numpy as np
+from gguf import quants
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from .registry import require
+
+
+@dataclass(frozen=True)
+class QuantType:
+    """A GGML tensor type: `block_values` values in `block_bytes` bytes."""
+
+    ggml: GGMLQuantizationType
+    block_values: int
+    block_bytes: int
+
+    @property
+    def code(self) -> int:
+        """GGML's number for the type (the `qtype` ops take)."""
+        return int(self.ggml)
+
+    @property
+    def name(self) -> str:
+        return self.ggml.name
+
+    def row_bytes(self, k: int) -> int:
+        """Bytes of a row of `k` values."""
+        return k // self.block_values * self.block_bytes
+
+
+#: The types pxvm's kernels decode, by GGML type number.
+QUANT_TYPES: dict[int, QuantType] = {
+    int(t): QuantType(t, *GGML_QUANT_SIZES[t]) for t in (
+        GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.Q4_0,
+        GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_K,
+        GGMLQuantizationType.Q6_K)}
+
+
+def supported_names() -> str:
+    return ", ".join(t.name for t in QUANT_TYPES.values())
+
+
+def quant_type(code: int) -> QuantType:
+    """The type numbered `code`; ShapeError naming the supported ones if pxvm has no
+    kernel for it."""
+    found = QUANT_TYPES.get(code)
+    require(found is not None, f"unsupported weight type {code}; supported: "
+            + ", ".join(f"{t.code} ({t.name})" for t in QUANT_TYPES.values()))
+    return found
+
+
+def row_bytes(code: int, k: int) -> int:
+    return quant_type(code).row_bytes(k)
+
+
+# The numpy backend would dequantize every weight on every call; keep the result while the
+# raw array lives (weights are loaded once and kept).
+_dequantized: dict[int, tuple] = {}
+
+
+def dequantize(raw: np.ndarray, code: int, k: int) -> np.ndarray:
+    """(N, K) float32 of the raw (N, row_bytes) uint8 blocks, by gguf's reference code."""
+    key = id(raw)
+    hit = _dequantized.get(key)
+    if hit is not None and hit[0]() is raw:
+        return hit[1]
+    out = quants.dequantize(np.asarray(raw, np.uint8), GGMLQuantizationType(code))
+    out = np.asarray(out, np.float32).reshape(raw.shape[0], k)
+    try:
+        # the callback holds the dict itself: module globals are gone at interpreter exit
+        _dequantized[key] = (weakref.ref(raw, lambda _, key=key, cache=_dequantized:
+                                          cache.pop(key, None)), out)
+    except TypeError:  # not weak-referenceable: do not cache
+        pass
+    return out

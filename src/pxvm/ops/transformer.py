@@ -1,0 +1,256 @@
+"""Fused ops for a transformer layer: one dispatch (or two) where separate ops would take
+several, each named for what it computes.
+
+- `rmsnorm_matmul_quant`: rmsnorm(x) @ W^T (the norm, then the Q/K/V or LM-head product)
+- `rmsnorm_swiglu_quant`: silu(h Wg^T) * (h Wu^T) with h = rmsnorm(x) (the feed-forward's
+  first half)
+- `matmul_quant_add`: residual + x @ W^T (the down projection with its residual)
+- `attention_cached`: RoPE, appending the new keys and values to the KV cache, and
+  causal attention over it, at a position read from a state tensor on the device, so a
+  recorded decoding step is valid at every position (attention_cached.wgsl)
+- `attention_cached_matmul_quant_add`: residual + attention_cached(...) @ Wo^T; for one
+  token (a decoding step) the output projection merges attention's per-range results
+  itself, so a layer's attention is two dispatches however many keys it sees.
+
+Weights are raw GGUF blocks (quantized.py); references are the unfused ops' references.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..runtime.webgpu.params import KernelParams, f32, kernel_params, u32
+from .attention import MAX_HEAD_DIM, attention
+from .elementwise import silu
+from .layouts import AttentionPartials
+from .normalization import rmsnorm, rope, rope_table
+from .quantized import MAX_MERGED, infer_product, matmul_quant, record_product
+from .registry import meta, op, require
+
+# ---- fused products -------------------------------------------------------------------
+WEIGHT_INPUTS = ("f32", "f32", "u8")  # x, gain, W
+
+
+def _infer_norm_product(x, gain, w, qtype=3, k=0, eps=1e-6, lanes=None):
+    require(tuple(gain.shape) == (k,), f"the norm's gain must have shape ({k},), got "
+            f"{tuple(gain.shape)}")
+    return infer_product(x, w, qtype, k, lanes)
+
+
+def _rmsnorm_matmul_quant_webgpu(ctx, x, gain, w, qtype=3, k=0, eps=1e-6, lanes=None):
+    return record_product(ctx, x, w, w.shape[0], qtype, k, gain=gain, eps=eps, lanes=lanes)
+
+
+@op(infer=_infer_norm_product, input_dtypes=WEIGHT_INPUTS, webgpu=_rmsnorm_matmul_quant_webgpu)
+def rmsnorm_matmul_quant(x, gain, w, qtype=3, k=0, eps=1e-6, lanes=None, *, backend="auto"):
+    """rmsnorm(x, gain, eps) @ W^T for W stored as raw GGUF blocks."""
+    return matmul_quant.reference(rmsnorm.reference(x, gain, eps), w, qtype, k)
+
+
+def _infer_product_add(x, w, residual, qtype=3, k=0, lanes=None):
+    m = infer_product(x, w, qtype, k, lanes)
+    require(tuple(residual.shape) == m.shape,
+            f"matmul_quant_add: the residual must have shape {m.shape}, got {tuple(residual.shape)}")
+    return m
+
+
+def _matmul_quant_add_webgpu(ctx, x, w, residual, qtype=3, k=0, lanes=None):
+    return record_product(ctx, x, w, w.shape[0], qtype, k, residual=residual, lanes=lanes,
+                          epilogue=1)
+
+
+@op(infer=_infer_product_add, input_dtypes=("f32", "u8", "f32"), webgpu=_matmul_quant_add_webgpu)
+def matmul_quant_add(x, w, residual, qtype=3, k=0, lanes=None, *, backend="auto"):
+    """residual + x @ W^T for W stored as raw GGUF blocks."""
+    return np.asarray(np.asarray(residual, np.float32) + matmul_quant.reference(x, w, qtype, k),
+                      np.float32)
+
+
+def _infer_swiglu(x, gain, w, qtype=3, k=0, eps=1e-6, lanes=None):
+    m = _infer_norm_product(x, gain, w, qtype, k, eps, lanes)
+    require(w.shape[0] % 2 == 0, f"rmsnorm_swiglu_quant: W must stack the gate and up rows "
+            f"(an even row count), got {w.shape[0]} rows")
+    return meta((m.shape[0], m.shape[1] // 2), np.float32)
+
+
+def _rmsnorm_swiglu_quant_webgpu(ctx, x, gain, w, qtype=3, k=0, eps=1e-6, lanes=None):
+    return record_product(ctx, x, w, w.shape[0] // 2, qtype, k, gain=gain, eps=eps,
+                          lanes=lanes, epilogue=2)
+
+
+@op(infer=_infer_swiglu, input_dtypes=WEIGHT_INPUTS, webgpu=_rmsnorm_swiglu_quant_webgpu)
+def rmsnorm_swiglu_quant(x, gain, w, qtype=3, k=0, eps=1e-6, lanes=None, *, backend="auto"):
+    """silu(h @ Wg^T) * (h @ Wu^T), h = rmsnorm(x, gain, eps), for W = [Wg; Wu] (2F rows
+    of raw GGUF blocks: the gate's F rows, then the up projection's F rows)."""
+    both = matmul_quant.reference(rmsnorm.reference(x, gain, eps), w, qtype, k)
+    f = w.shape[0] // 2
+    return np.asarray(silu.reference(both[:, :f]) * both[:, f:], np.float32)
+
+
+# ---- attention over a KV cache --------------------------------------------------------
+CACHED_KERNEL = "attention_cached.wgsl"
+CACHED_CHUNK = 64  # keys per trip of attention_cached.wgsl's `split` (its CHUNK)
+# The keys a token may see are cut into at most CACHED_MAX_RANGES ranges, one workgroup
+# each per (token, head); their results are merged by `combine` or by the output
+# projection. Bounds of at most CACHED_ONE_RANGE_MAX_KEYS keys take one range, which
+# needs no merge: `attention_cached` then runs in one dispatch. Both were chosen on the
+# H100 with SmolLM2's decoding step (BENCHMARKS.md, "attention ranges").
+CACHED_MAX_RANGES = 16
+CACHED_ONE_RANGE_MAX_KEYS = 64
+# Every workgroup of the output projection merges its token's ranges again: for one
+# token (a decoding step) that costs less than a `combine` pass and the wait for it, for
+# a prompt's many tokens more (measured with a 512-token prefill on the H100).
+PRODUCT_MERGES_MAX_TOKENS = 1
+
+
+@kernel_params(CACHED_KERNEL)
+class CachedAttentionParams(KernelParams):
+    s: u32          # new tokens (rows of qkv)
+    hq: u32
+    hkv: u32
+    n_ctx: u32      # rows of the caches
+    n_ranges: u32   # key ranges in the grid (and per token in the partials)
+    range_len: u32  # keys per range, a multiple of CACHED_CHUNK
+    max_keys: u32   # the bound the grid was recorded for (at most n_ctx)
+    scale: f32
+
+
+def cached_key_ranges(bound: int) -> tuple[int, int]:
+    """(ranges, keys per range) covering `bound` keys: one range up to
+    CACHED_ONE_RANGE_MAX_KEYS keys, else the fewest chunk-aligned ranges of equal length,
+    at most CACHED_MAX_RANGES."""
+    chunk = CACHED_CHUNK
+    if bound <= CACHED_ONE_RANGE_MAX_KEYS:
+        return 1, -(-bound // chunk) * chunk
+    range_len = chunk * -(-bound // (chunk * CACHED_MAX_RANGES))
+    return -(-bound // range_len), range_len
+
+
+def _infer_cached(qkv, k_cache, v_cache, state, n_heads=1, theta=10000.0,
+                  style="interleaved", scale=None, max_keys=None):
+    require(len(k_cache.shape) == 3 and tuple(k_cache.shape) == tuple(v_cache.shape),
+            f"attention_cached: caches must both be (n_ctx, Hkv, D), got {tuple(k_cache.shape)} "
+            f"and {tuple(v_cache.shape)}")
+    n_ctx, hkv, d = k_cache.shape
+    require(n_heads >= 1 and n_heads % hkv == 0,
+            f"query heads ({n_heads}) must be a multiple of key/value heads ({hkv})")
+    require(d % 2 == 0 and 2 <= d <= MAX_HEAD_DIM,
+            f"head dimension must be even and at most {MAX_HEAD_DIM}, got {d}")
+    require(len(qkv.shape) == 2 and qkv.shape[1] == (n_heads + 2 * hkv) * d and qkv.shape[0] >= 1,
+            f"attention_cached: qkv must be (S, {(n_heads + 2 * hkv) * d}) for {n_heads} query "
+            f"heads and {hkv} key/value heads of {d}, got {tuple(qkv.shape)}")
+    require(np.dtype(state.dtype) == np.int32 and state.size >= 2,
+            "attention_cached: state must be an int32 tensor [token, position, ...]")
+    require(style in ("interleaved", "neox"), f"unknown rope style {style!r}")
+    require(max_keys is None or qkv.shape[0] <= max_keys <= n_ctx,
+            f"max_keys must be in {qkv.shape[0]}..{n_ctx}, got {max_keys}")
+    return meta((qkv.shape[0], n_heads * d), np.float32)
+
+
+def _attend(ctx, qkv, k_cache, v_cache, state, n_heads, theta, style, scale, bound):
+    """Record `split` over the keys below `bound`. With one range: (the attention output,
+    None, None). Else (the ranges' partial results, their AttentionPartials, a function
+    recording `combine`, which merges them and returns the output), leaving the merge to
+    the caller: `combine`, or the output projection."""
+    s = qkv.shape[0]
+    n_ctx, hkv, d = k_cache.shape
+    n_ranges, range_len = cached_key_ranges(bound)
+    partials = AttentionPartials(d, n_ranges, range_len, bound)
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    table = rope_table(ctx, theta, d, n_ctx)
+    part = ctx.empty((1 if n_ranges == 1 else s * n_heads * n_ranges, partials.stride),
+                     np.float32, "attention partial sums")
+    out = ctx.empty((s, n_heads * d), np.float32)
+    tensors = [qkv, k_cache, v_cache, state, table, part, out]
+    params = CachedAttentionParams(s, n_heads, hkv, n_ctx, n_ranges, range_len, bound, scale)
+    constants = {"NEOX": int(style == "neox"), "HEAD_DIM": d, **partials.constants()}
+    ctx.dispatch(CACHED_KERNEL, "split", tensors, params, (n_ranges, n_heads, s), constants)
+    if n_ranges == 1:
+        return out, None, None
+
+    def combine():
+        ctx.dispatch(CACHED_KERNEL, "combine", tensors, params, (n_heads, s, 1), constants)
+        return out
+
+    return part, partials, combine
+
+
+def _attention_cached_webgpu(ctx, qkv, k_cache, v_cache, state, n_heads=1, theta=10000.0,
+                             style="interleaved", scale=None, max_keys=None):
+    result, _, combine = _attend(ctx, qkv, k_cache, v_cache, state, n_heads, theta, style,
+                                 scale, max_keys or k_cache.shape[0])
+    return result if combine is None else combine()
+
+
+@op(infer=_infer_cached, input_dtypes=("f32", "f32", "f32", "i32"),
+    webgpu=_attention_cached_webgpu)
+def attention_cached(qkv, k_cache, v_cache, state, n_heads=1, theta=10000.0,
+                     style="interleaved", scale=None, max_keys=None, *, backend="auto"):
+    """Attention of S new tokens at positions pos.. (pos = state[1]) over a KV cache.
+
+    qkv (S, (n_heads + 2 Hkv) D) holds each token's query heads, key heads and value
+    heads; caches are (n_ctx, Hkv, D). Queries and keys get the rotary embedding at their
+    positions, the new keys and values are written into the caches at rows pos..pos+S-1
+    (in place), and each query attends causally to cache rows 0..its own position.
+    Returns (S, n_heads * D).
+
+    `max_keys` (default n_ctx) bounds the GPU's grid, so positions must keep
+    pos + S <= max_keys. Here that is checked; the GPU reads pos on the device, where no
+    error can be raised, so it returns NaN rows for tokens beyond the bound instead of
+    attending over part of their keys."""
+    s = qkv.shape[0]
+    n_ctx, hkv, d = k_cache.shape
+    pos = int(np.asarray(state).reshape(-1)[1])
+    require(0 <= pos and pos + s <= n_ctx,
+            f"attention_cached: positions {pos}..{pos + s - 1} are outside the cache of "
+            f"{n_ctx} rows")
+    require(max_keys is None or pos + s <= max_keys,
+            f"attention_cached: positions {pos}..{pos + s - 1} reach beyond max_keys="
+            f"{max_keys}; record with a larger max_keys")
+    q, k, v = np.split(np.asarray(qkv, np.float32), [n_heads * d, (n_heads + hkv) * d], axis=1)
+    q = rope.reference(q.reshape(s, n_heads, d), pos, theta, style)
+    k_cache[pos: pos + s] = rope.reference(k.reshape(s, hkv, d), pos, theta, style)
+    v_cache[pos: pos + s] = v.reshape(s, hkv, d)
+    out = attention.reference(q, k_cache[: pos + s], v_cache[: pos + s], causal=True,
+                              scale=scale)
+    return out.reshape(s, n_heads * d)
+
+
+def _infer_cached_product(qkv, k_cache, v_cache, state, w, residual, n_heads=1, theta=10000.0,
+                          style="interleaved", scale=None, max_keys=None, qtype=3, k=0,
+                          lanes=None):
+    att = _infer_cached(qkv, k_cache, v_cache, state, n_heads, theta, style, scale, max_keys)
+    require(k == att.shape[1], f"attention_cached_matmul_quant_add: the output projection "
+            f"takes the attention output, K = n_heads * head dim = {att.shape[1]}; got k={k}")
+    return matmul_quant_add.infer([att, w, residual], {"qtype": qtype, "k": k, "lanes": lanes})
+
+
+def _attention_cached_matmul_quant_add_webgpu(ctx, qkv, k_cache, v_cache, state, w, residual,
+                                              n_heads=1, theta=10000.0, style="interleaved",
+                                              scale=None, max_keys=None, qtype=3, k=0,
+                                              lanes=None):
+    n_ctx, _, d = k_cache.shape
+    result, partials, combine = _attend(ctx, qkv, k_cache, v_cache, state, n_heads, theta,
+                                        style, scale, max_keys or n_ctx)
+    tokens = qkv.shape[0]
+    if combine is None or tokens > PRODUCT_MERGES_MAX_TOKENS or n_heads * d > MAX_MERGED:
+        attended = result if combine is None else combine()
+        return record_product(ctx, attended, w, w.shape[0], qtype, k, residual=residual,
+                              lanes=lanes, epilogue=1)
+    return record_product(ctx, result, w, w.shape[0], qtype, k, residual=residual,
+                          lanes=lanes, epilogue=1, rows=tokens, merge=(state, partials))
+
+
+@op(infer=_infer_cached_product, input_dtypes=("f32", "f32", "f32", "i32", "u8", "f32"),
+    webgpu=_attention_cached_matmul_quant_add_webgpu)
+def attention_cached_matmul_quant_add(qkv, k_cache, v_cache, state, w, residual, n_heads=1,
+                                      theta=10000.0, style="interleaved", scale=None,
+                                      max_keys=None, qtype=3, k=0, lanes=None, *,
+                                      backend="auto"):
+    """residual + attention_cached(qkv, caches, state, ...) @ W^T, W raw GGUF blocks: a
+    layer's attention with its output projection (the caches are written in place)."""
+    att = attention_cached.reference(qkv, k_cache, v_cache, state, n_heads, theta, style,
+                                     scale, max_keys)
+    return matmul_quant_add.reference(att, w, residual, qtype, k)

@@ -58,7 +58,7 @@ def numpy_model():
     from pxvm.llm import load_model
 
     _model_dir_and_file()
-    return load_model(backend="cpu", progress=False, max_context=128)
+    return load_model(backend="numpy", progress=False, max_context=128)
 
 
 def test_config_of_smollm2(numpy_model):
@@ -102,7 +102,7 @@ def test_gpu_matches_transformers(hf_results, gpu_device):
     from pxvm.llm import load_model
 
     ids, generated, hf_logits = hf_results[0]
-    model = load_model(backend="gpu", progress=False, max_context=64)
+    model = load_model(backend="webgpu", progress=False, max_context=64)
     logits = model.forward(ids)
     assert nmse(logits, hf_logits[len(ids) - 1]) <= NMSE_HF
     tokens = [int(np.argmax(logits))]

@@ -1,10 +1,8 @@
-"""The generation loop on a scripted stand-in model (same interface as pxvm.llm's Model):
-stopping rules, streaming, context limits and timing. The real model end to end is
-tests/cli/test_llm_cli.py's job."""
+"""The generation loop on a scripted stand-in model (a LanguageModel, as pxvm.llm's
+Model is): stopping rules, streaming, context limits and timing. The real model end to
+end is tests/cli/test_llm_cli.py's job."""
 
 from __future__ import annotations
-
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -12,12 +10,13 @@ from test_tokenizer import _smollm_tokenizer, smollm_metadata
 
 from pxvm.llm.generate import PromptTooLongError, benchmark, device_seed, generate
 from pxvm.llm.sampling import SamplingParams
-from pxvm.ops.reductions import sampled_logits
+from pxvm.ops.decoding import sampled_logits
 
 
 class ScriptedModel:
     """Logits that make greedy decoding say `script` token by token; records every forward
-    call. With `random_logits`, logits are seeded noise instead (for sampling tests)."""
+    call. With `random_logits`, logits are seeded noise instead (for sampling tests).
+    `decode` feeds forward one token at a time, drawing as the device's steps do."""
 
     backend_name = "fake"
     device_name = "scripted test model"
@@ -25,7 +24,8 @@ class ScriptedModel:
     def __init__(self, metadata, script=(), context_length=8192, random_logits=False):
         vocab = len(metadata["tokenizer.ggml.tokens"])
         self.metadata = metadata
-        self.config = SimpleNamespace(vocab_size=vocab, context_length=context_length)
+        self.vocab_size = vocab
+        self.context_length = context_length
         self.script = list(script)
         self.random_logits = random_logits
         self.calls: list[list[int]] = []
@@ -42,20 +42,29 @@ class ScriptedModel:
 
     def forward(self, token_ids):
         ids = [int(t) for t in token_ids]
-        assert ids and self.position + len(ids) <= self.config.context_length
+        assert ids and self.position + len(ids) <= self.context_length
         self.calls.append(ids)
         self.log.append((self.position, len(ids)))
         self.position += len(ids)
         if self.random_logits:
             logits = np.random.default_rng(self.position).normal(
-                0, 2, self.config.vocab_size).astype(np.float32)
+                0, 2, self.vocab_size).astype(np.float32)
         else:
-            logits = np.zeros(self.config.vocab_size, np.float32)
+            logits = np.zeros(self.vocab_size, np.float32)
             step = len(self.calls) - 1
             logits[self.script[min(step, len(self.script) - 1)]] = 10.0
         self.returned.append(logits)
         self.positions.append(self.position - 1)
         return logits
+
+    def decode(self, token, n, temperature=0.0, seed=0):
+        """Feed `token`, then each token drawn from the last logits: the argmax of
+        sampled_logits with the logits' position as counter (the draw the device makes)."""
+        for _ in range(n):
+            counter = self.position
+            logits = self.forward([token])
+            token = int(np.argmax(sampled_logits(logits, temperature, seed, counter)))
+            yield token
 
 
 @pytest.fixture(scope="module")
@@ -147,7 +156,7 @@ def test_generation_stops_at_the_end_of_the_context(tok, meta):
     result = generate(model, tok, "a b c d e", max_tokens=20)
     assert result.stop_reason == "context"
     assert len(result.token_ids) == 3
-    assert model.position <= model.config.context_length
+    assert model.position <= model.context_length
 
 
 def test_sampling_is_reproducible_for_a_seed(tok, meta):

@@ -32,7 +32,7 @@ def test_truncated_file(tiny_file, tmp_path, keep):
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(data[: max(8, int(len(data) * keep))])
     with pytest.raises(ModelFileError) as info:
-        load_model(str(cut), backend="cpu", progress=False)
+        load_model(str(cut), backend="numpy", progress=False)
     _one_line_error(info, "truncated", "download it again")
 
 
@@ -40,13 +40,13 @@ def test_wrong_magic(tiny_file, tmp_path):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGML" + tiny_file.read_bytes()[4:])
     with pytest.raises(ModelFileError) as info:
-        load_model(str(bad), backend="cpu", progress=False)
+        load_model(str(bad), backend="numpy", progress=False)
     _one_line_error(info, "not a GGUF file", "GGML")
 
 
 def test_missing_file(tmp_path):
     with pytest.raises(ModelFileError) as info:
-        load_model(str(tmp_path / "absent.gguf"), backend="cpu", progress=False)
+        load_model(str(tmp_path / "absent.gguf"), backend="numpy", progress=False)
     _one_line_error(info, "absent.gguf")
 
 
@@ -54,7 +54,7 @@ def test_unsupported_architecture(tmp_path, rng):
     path = tmp_path / "gpt2.gguf"
     write_tiny_gguf(path, TinySpec(arch="gpt2"), rng)
     with pytest.raises(ModelFileError) as info:
-        load_model(str(path), backend="cpu", progress=False)
+        load_model(str(path), backend="numpy", progress=False)
     _one_line_error(info, "'gpt2'", "not supported", "llama")
 
 
@@ -62,7 +62,7 @@ def test_unsupported_rope_scaling(tmp_path, rng):
     path = tmp_path / "scaled.gguf"
     write_tiny_gguf(path, TinySpec(rope_scaling="yarn"), rng)
     with pytest.raises(ModelFileError) as info:
-        load_model(str(path), backend="cpu", progress=False)
+        load_model(str(path), backend="numpy", progress=False)
     _one_line_error(info, "RoPE scaling 'yarn'", "not supported")
 
 
@@ -86,7 +86,7 @@ def test_unsupported_tensor_type(tiny_file, tmp_path, rng):
     w.write_tensors_to_file()
     w.close()
     with pytest.raises(ModelFileError) as info:
-        load_model(str(path), backend="cpu", progress=False)
+        load_model(str(path), backend="numpy", progress=False)
     _one_line_error(info, "blk.1.ffn_up.weight", "Q5_0", "Q4_1")
 
 
@@ -94,11 +94,11 @@ def test_weight_over_binding_limit(tiny_file, gpu_device, monkeypatch):
     # token_embd of the tiny file is 101 rows of 68 bytes: a 4 KiB limit cannot hold it
     monkeypatch.setattr(gpu_device, "max_binding", 4096)
     with pytest.raises(BindingTooLargeError):
-        load_model(str(tiny_file), backend="gpu", progress=False)
+        load_model(str(tiny_file), backend="webgpu", progress=False)
 
 
 def test_bad_token_ids(tiny_file):
-    model = load_model(str(tiny_file), backend="cpu", progress=False)
+    model = load_model(str(tiny_file), backend="numpy", progress=False)
     with pytest.raises(ValueError, match="token ids must be in 0..100"):
         model.forward([5, 101])
     with pytest.raises(ValueError, match="at least one token"):

@@ -1,5 +1,6 @@
-"""The llama model on tiny random GGUF files: numpy and WebGPU backends against an
-independent float64 forward pass written here, and against each other."""
+"""The llama model's math (pxvm.llm.model) on tiny random GGUF files of every tensor
+type: numpy and WebGPU backends against an independent float64 forward pass written
+here, and against each other. How decoding steps are scheduled is test_decode.py's."""
 
 from __future__ import annotations
 
@@ -8,10 +9,8 @@ import pytest
 from conftest import nmse
 from make_tiny_gguf import TinySpec, write_tiny_gguf
 
-import pxvm.llm.model as model_module
 from pxvm.llm import ContextOverflowError, load_model
-from pxvm.llm.model import step_bound
-from pxvm.ops.reductions import sampled_logits
+from pxvm.runtime.webgpu import Recorder
 
 NMSE_MODEL = 1e-5
 
@@ -87,7 +86,7 @@ def tiny(request, tmp_path, rng):
 
 def test_config_read_from_file(tiny):
     spec, path, _, _ = tiny
-    model = load_model(path, backend="cpu", progress=False)
+    model = load_model(path, backend="numpy", progress=False)
     c = model.config
     assert (c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.head_dim, c.ffn_dim, c.vocab_size,
             c.context_length, c.tied_output) == (
@@ -96,7 +95,7 @@ def test_config_read_from_file(tiny):
     assert c.rope_theta == pytest.approx(spec.rope_theta)
     assert c.norm_eps == pytest.approx(spec.norm_eps)
     assert model.metadata["tokenizer.ggml.tokens"][:2] == ["t0", "t1"]
-    assert model.backend_name == "cpu"
+    assert model.backend_name == "numpy"
 
 
 def _check_backend(backend, tiny):
@@ -120,19 +119,19 @@ def _check_backend(backend, tiny):
 
 
 def test_numpy_backend_matches_reference(tiny):
-    _check_backend("cpu", tiny)
+    _check_backend("numpy", tiny)
 
 
 def test_gpu_backend_matches_reference_and_numpy(tiny, gpu_device):
-    _, gpu_all = _check_backend("gpu", tiny)
+    _, gpu_all = _check_backend("webgpu", tiny)
     _, path, _, ids = tiny
-    cpu_all = load_model(path, backend="cpu", progress=False).forward_all(ids)
+    cpu_all = load_model(path, backend="numpy", progress=False).forward_all(ids)
     assert nmse(gpu_all, cpu_all) <= NMSE_MODEL
 
 
-@pytest.mark.parametrize("backend", ["cpu", "gpu"])
+@pytest.mark.parametrize("backend", ["numpy", "webgpu"])
 def test_context_overflow_is_a_clear_error(backend, tmp_path, rng, request):
-    if backend == "gpu":
+    if backend == "webgpu":
         request.getfixturevalue("gpu_device")
     spec = TinySpec(context_length=8)
     path = tmp_path / "ctx8.gguf"
@@ -150,11 +149,9 @@ def test_context_overflow_is_a_clear_error(backend, tmp_path, rng, request):
 
 
 def test_gpu_forward_is_one_submit(tmp_path, rng, gpu_device, monkeypatch):
-    from pxvm.runtime.device import Recorder
-
     path = tmp_path / "tiny.gguf"
     write_tiny_gguf(path, TinySpec(), rng)
-    model = load_model(str(path), backend="gpu", progress=False)
+    model = load_model(str(path), backend="webgpu", progress=False)
     submits = []
     original = Recorder.submit
 
@@ -167,125 +164,6 @@ def test_gpu_forward_is_one_submit(tmp_path, rng, gpu_device, monkeypatch):
     model.forward([6])         # decode
     # each call: its dispatches and the logits' readback copy in one command buffer
     assert len(submits) == 2, f"{len(submits)} submits for two forward calls"
-
-
-@pytest.mark.parametrize("per_submit,launched", [(1, [1] * 12), (5, [5, 5, 2])])
-@pytest.mark.parametrize("backend", ["cpu", "gpu"])
-def test_decode_greedy_matches_argmax_of_forward_token_by_token(backend, per_submit, launched,
-                                                                tmp_path, rng, request,
-                                                                monkeypatch):
-    if backend == "gpu":
-        request.getfixturevalue("gpu_device")
-    monkeypatch.setattr(model_module, "STEPS_PER_SUBMIT", per_submit)
-    path = tmp_path / "tiny.gguf"
-    write_tiny_gguf(path, TinySpec(context_length=40), rng)
-    prompt = rng.integers(0, 101, size=5).tolist()
-    stepwise = load_model(str(path), backend=backend, progress=False)
-    token = int(np.argmax(stepwise.forward(prompt)))
-    expected = []
-    for _ in range(12):
-        token = int(np.argmax(stepwise.forward([token])))
-        expected.append(token)
-    chained = load_model(str(path), backend=backend, progress=False)
-    first = int(np.argmax(chained.forward(prompt)))
-    launches = []
-    graph = chained._decode_step(chained.position)
-    prepare = graph.prepare
-    monkeypatch.setattr(graph, "prepare", lambda *a, **k: launches.append(k["runs"]) or prepare(*a, **k))
-    got = list(chained.decode_greedy(first, 12))
-    assert got == expected
-    assert chained.position == stepwise.position == 5 + 12
-    assert launches == launched
-
-
-def test_decode_greedy_stopped_early_continues_from_the_received_tokens(tmp_path, rng, gpu_device):
-    path = tmp_path / "tiny.gguf"
-    write_tiny_gguf(path, TinySpec(context_length=40), rng)
-    model = load_model(str(path), backend="gpu", progress=False)
-    prompt = rng.integers(0, 101, size=6).tolist()
-    first = int(np.argmax(model.forward(prompt)))
-    stream = model.decode_greedy(first, 20)
-    received = [next(stream) for _ in range(3)]
-    stream.close()  # steps beyond these were already submitted; they must not count
-    assert model.position == 6 + 3
-    after = model.forward([received[-1]])
-    fresh = load_model(str(path), backend="cpu", progress=False)
-    fresh.forward(prompt + [first] + received[:-1])
-    assert nmse(after, fresh.forward([received[-1]])) <= NMSE_MODEL
-    with pytest.raises(ContextOverflowError, match="context of 40"):
-        list(model.decode_greedy(1, 40))
-
-
-def test_gpu_decode_step_is_recorded_once_and_replayed(tmp_path, rng, gpu_device):
-    path = tmp_path / "tiny.gguf"
-    write_tiny_gguf(path, TinySpec(), rng)
-    model = load_model(str(path), backend="gpu", progress=False)
-    model.forward([1, 2])
-    model.forward([3])
-    step = model._decode_step(model.position)
-    model.forward([4])
-    list(model.decode_greedy(5, 3))
-    assert model._decode_step(model.position) is step
-    # 2 layers x (QKV, attention, O, SwiGLU, down) + embed, LM head, argmax x2
-    assert step.dispatches == 2 * 5 + 4
-
-
-@pytest.mark.parametrize("position,context,bound", [
-    (0, 24, 24), (0, 8192, 64), (63, 8192, 64), (64, 8192, 256), (255, 8192, 256),
-    (256, 8192, 1024), (1023, 8192, 1024),
-    (1024, 8192, 4096), (4096, 8192, 8192), (8191, 8192, 8192), (300, 300, 300)])
-def test_step_bound_is_the_smallest_span_that_covers_the_position(position, context, bound):
-    assert step_bound(position, context) == bound
-
-
-@pytest.mark.parametrize("prompt_len,bounds", [(58, [64, 256]), (250, [256, 300])])
-def test_greedy_decoding_across_step_bounds_matches_the_numpy_backend(prompt_len, bounds,
-                                                                     tmp_path, rng, gpu_device):
-    # Context 300: positions below 64 take the step whose attention is one key range,
-    # those below 256 the step whose four ranges the output projection merges, later
-    # ones the step recorded for the whole context; a chained run crosses from one to
-    # the next and must choose the tokens the numpy backend chooses token by token.
-    # Every step takes 5 dispatches a layer.
-    path = tmp_path / "tiny.gguf"
-    write_tiny_gguf(path, TinySpec(context_length=300), rng)
-    prompt = rng.integers(0, 101, size=prompt_len).tolist()
-    cpu = load_model(str(path), backend="cpu", progress=False)
-    token = first = int(np.argmax(cpu.forward(prompt)))
-    expected = []
-    for _ in range(12):
-        token = int(np.argmax(cpu.forward([token])))
-        expected.append(token)
-    gpu = load_model(str(path), backend="gpu", progress=False)
-    gpu.forward(prompt)
-    assert list(gpu.decode_greedy(first, 12)) == expected
-    assert sorted(gpu._steps) == bounds
-    assert [gpu._steps[b].dispatches for b in bounds] == [2 * 5 + 4] * 2
-
-
-def test_sampled_decoding_on_the_gpu_draws_what_the_numpy_backend_draws_token_by_token(
-        tmp_path, rng, gpu_device):
-    # A chained run at temperature 100 (the draws made on the device, the counter advanced
-    # there, across the 64-key bound) against the numpy model fed one token at a time,
-    # each drawn from its logits with the reference's noise for that position.
-    path = tmp_path / "tiny.gguf"
-    write_tiny_gguf(path, TinySpec(context_length=300), rng)
-    prompt = rng.integers(0, 101, size=58).tolist()
-    temperature, seed = 100.0, 4321  # the tiny model's logits are peaked
-    cpu = load_model(str(path), backend="cpu", progress=False)
-    draw = lambda logits, position: int(np.argmax(  # noqa: E731
-        sampled_logits(logits, temperature, seed, position)))
-    token = first = draw(cpu.forward(prompt), len(prompt) - 1)
-    expected, argmaxes = [], []
-    for _ in range(12):
-        position = cpu.position
-        logits = cpu.forward([token])
-        token = draw(logits, position)
-        expected.append(token)
-        argmaxes.append(int(np.argmax(logits)))
-    assert expected != argmaxes  # the draws are not simply greedy
-    gpu = load_model(str(path), backend="gpu", progress=False)
-    gpu.forward(prompt)
-    assert list(gpu.decode(first, 12, temperature, seed)) == expected
 
 
 @pytest.mark.parametrize("context", [300, 20])
@@ -304,13 +182,14 @@ def test_warm_up_compiles_what_a_generation_needs_and_leaves_no_trace(context, t
         sampled = [int(np.argmax(model.forward([int(np.argmax(logits))]))) for _ in range(3)]
         return logits, sampled + list(model.decode_greedy(sampled[-1], 4))
 
-    cold = load_model(str(path), backend="gpu", progress=False)
+    cold = load_model(str(path), backend="webgpu", progress=False)
     expected_logits, expected = run(cold)
-    gpu_device._pipelines.clear()  # compiled by the run above (and earlier tests)
-    warm = load_model(str(path), backend="gpu", progress=False, warm_up=True)
+    gpu_device.forget_pipelines()  # compiled by the run above (and earlier tests)
+    warm = load_model(str(path), backend="webgpu", progress=False, warm_up=True)
     assert warm.position == 0
-    pipelines = set(gpu_device._pipelines)
+    pipelines = gpu_device.pipelines()
+    assert pipelines  # warm_up compiled something
     logits, tokens = run(warm)
-    assert set(gpu_device._pipelines) == pipelines
+    assert gpu_device.pipelines() == pipelines
     assert tokens == expected
     assert nmse(logits, expected_logits) <= 1e-10

@@ -7,6 +7,9 @@ from __future__ import annotations
 import json
 from functools import lru_cache
 
+from jinja2.exceptions import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
 from ..runtime.errors import PxvmError
 
 CHATML_TEMPLATE = (
@@ -22,15 +25,11 @@ class ChatTemplateError(PxvmError):
 
 
 def _raise_exception(message):
-    from jinja2.exceptions import TemplateError
-
     raise TemplateError(message)
 
 
 @lru_cache(maxsize=8)
 def _compile(template: str):
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
     # Templates are code shipped inside downloaded files: run them sandboxed.
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.filters["tojson"] = lambda value, indent=None: json.dumps(value, indent=indent,
@@ -44,8 +43,6 @@ def render_chat(messages: list[dict], template: str | None = None,
                 eos_token: str = "") -> str:
     """The prompt text for `messages` ([{"role": ..., "content": ...}]), ending with the
     assistant's turn opened when `add_generation_prompt`."""
-    from jinja2.exceptions import TemplateError
-
     try:
         return _compile(template or CHATML_TEMPLATE).render(
             messages=messages, add_generation_prompt=add_generation_prompt,

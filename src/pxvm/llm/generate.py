@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Protocol, Sequence
 
 import numpy as np
 
-from ..ops.reductions import sampled_logits
+from ..ops.decoding import sampled_logits
 from ..runtime.errors import PxvmError
 from .chat import chat_template_of, render_chat
 from .sampling import Sampler, SamplingParams
@@ -45,8 +45,30 @@ class GenerationResult:
         return self.decode_steps / self.decode_s if self.decode_s > 0 else 0.0
 
 
-def context_length(model) -> int:
-    return int(getattr(model, "context_length", None) or model.config.context_length)
+class LanguageModel(Protocol):
+    """What generation needs of a model (pxvm.llm.Model is one)."""
+
+    metadata: dict
+    context_length: int
+    position: int
+    backend_name: str
+    device_name: str
+
+    def reset(self) -> None: ...
+
+    def forward(self, token_ids) -> np.ndarray:
+        """Logits (vocab,) of the last of `token_ids`, run at the current position."""
+        ...
+
+    def decode(self, token: int, n: int, temperature: float = 0.0,
+               seed: int = 0) -> Iterator[int]:
+        """Feed `token`, then each token drawn from the last step's logits (the argmax
+        at temperature 0, else sampled_logits' draw for that position): the n chosen."""
+        ...
+
+
+def context_length(model: LanguageModel) -> int:
+    return model.context_length
 
 
 def chat_prompt(tokenizer: Tokenizer, metadata: dict, messages: list[dict]) -> str:
@@ -60,7 +82,7 @@ def chat_prompt(tokenizer: Tokenizer, metadata: dict, messages: list[dict]) -> s
                        eos_token=name("tokenizer.ggml.eos_token_id"))
 
 
-def encode_prompt(model, tokenizer: Tokenizer, prompt: str | None = None, chat: bool = False,
+def encode_prompt(model: LanguageModel, tokenizer: Tokenizer, prompt: str | None = None, chat: bool = False,
                   messages: list[dict] | None = None) -> list[int]:
     if chat or messages is not None:
         msgs = messages if messages is not None else [{"role": "user", "content": prompt}]
@@ -84,7 +106,7 @@ def _held_back(text: str, stops: Sequence[str]) -> int:
     return held
 
 
-def generate(model, tokenizer: Tokenizer, prompt: str | None = None, max_tokens: int = 128,
+def generate(model: LanguageModel, tokenizer: Tokenizer, prompt: str | None = None, max_tokens: int = 128,
              sampling: SamplingParams | None = None, chat: bool = False,
              stream: Callable[[str], None] | None = None, stop: Sequence[str] = (),
              messages: list[dict] | None = None) -> GenerationResult:
@@ -154,29 +176,16 @@ def generate(model, tokenizer: Tokenizer, prompt: str | None = None, max_tokens:
                             decode_steps=steps, prompt_ids=prompt_ids)
 
 
-def chained_tokens(model, token: int, n: int, temperature: float = 0.0, seed: int = 0):
-    """Feed `token`, then each token drawn from the last step's logits (the argmax at
-    temperature 0, else sample_step's draw: see pxvm.ops.reductions.sampled_logits): the
-    n tokens chosen. Models that chain their steps on the device (`decode`) do so."""
-    if hasattr(model, "decode"):
-        yield from model.decode(token, n, temperature, seed)
-        return
-    for _ in range(n):
-        counter = model.position
-        token = int(np.argmax(sampled_logits(model.forward([token]), temperature, seed, counter)))
-        yield token
-
-
 def device_seed(seed: int | None) -> int:
     """The 24-bit seed of draws made on the device, from a user's seed (None: fresh)."""
     return int(np.random.SeedSequence(seed).generate_state(1)[0]) % (1 << 24)
 
 
-def _tokens(model, sampler: Sampler, logits, prompt_ids: list[int], generated: list[int],
+def _tokens(model: LanguageModel, sampler: Sampler, logits, prompt_ids: list[int], generated: list[int],
             max_tokens: int):
     """The chosen tokens, one per decoding step: the first from the prompt's logits.
     Greedy decoding and plain temperature sampling let the model chain its steps on the
-    device, drawing each token where its logits are (`chained_tokens`); top-k, top-p and
+    device, drawing each token where its logits are (`decode`); top-k, top-p and
     the repetition penalty bring each step's logits back to the host's sampler.
     `generated` is the caller's list of accepted tokens (the repetition penalty looks at
     it)."""
@@ -188,7 +197,7 @@ def _tokens(model, sampler: Sampler, logits, prompt_ids: list[int], generated: l
         token = int(np.argmax(z))
         yield token
         room = context_length(model) - len(prompt_ids)
-        yield from chained_tokens(model, token, min(max_tokens - 1, room), p.temperature, seed)
+        yield from model.decode(token, min(max_tokens - 1, room), p.temperature, seed)
         return
     token = sampler(logits, prompt_ids + generated)
     yield token
@@ -198,7 +207,7 @@ def _tokens(model, sampler: Sampler, logits, prompt_ids: list[int], generated: l
         yield token
 
 
-def benchmark(model, tokenizer: Tokenizer, prompt_tokens: int = 512, gen_tokens: int = 128,
+def benchmark(model: LanguageModel, tokenizer: Tokenizer, prompt_tokens: int = 512, gen_tokens: int = 128,
               repeats: int = 3, warmup: int = 1, depth: int = 0) -> dict:
     """Prefill and decode speed measured as llama-bench's pp and tg tests: prefill is one
     `prompt_tokens`-token forward; decode is `gen_tokens` greedy steps from one token.
@@ -232,7 +241,7 @@ def benchmark(model, tokenizer: Tokenizer, prompt_tokens: int = 512, gen_tokens:
         prefill_s = time.perf_counter() - t0
         fresh_context()
         t0 = time.perf_counter()
-        for _ in chained_tokens(model, first, gen_tokens):
+        for _ in model.decode(first, gen_tokens):
             pass
         decode_s = time.perf_counter() - t0
         if run >= warmup:

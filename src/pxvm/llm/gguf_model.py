@@ -8,8 +8,9 @@ import os
 from dataclasses import dataclass
 
 import numpy as np
+from gguf import GGUFReader, GGUFValueType
 
-from ..ops.quantized import FORMAT_NAMES  # the GGML tensor types the kernels read
+from ..ops.quant_types import QUANT_TYPES, supported_names
 from ..runtime.errors import PxvmError
 
 SUPPORTED_ARCHITECTURES = ("llama",)
@@ -60,8 +61,6 @@ class Weight:
 
 
 def _field_value(field):
-    from gguf import GGUFValueType
-
     if not field.types:
         return None
     if field.types[0] == GGUFValueType.ARRAY:
@@ -86,8 +85,6 @@ class GGUFModelFile:
         if head != GGUF_MAGIC:
             raise ModelFileError(f"{self.path} is not a GGUF file (it starts with {head!r}, "
                                  "not b'GGUF'); pass a .gguf model")
-        from gguf import GGUFReader
-
         try:
             self.reader = GGUFReader(self.path, "r")
         except Exception as exc:  # the gguf package raises ValueError, IndexError, ...
@@ -153,11 +150,10 @@ class GGUFModelFile:
         if t is None:
             raise ModelFileError(f"{self.path}: tensor {name!r} is missing")
         qtype = int(t.tensor_type)
-        if qtype not in FORMAT_NAMES:
+        if qtype not in QUANT_TYPES:
             raise ModelFileError(
                 f"{self.path}: tensor {name} has type {t.tensor_type.name}, which pxvm does not "
-                f"support yet ({', '.join(FORMAT_NAMES.values())} are); use a file quantized "
-                "to one of those")
+                f"support yet ({supported_names()} are); use a file quantized to one of those")
         shape = tuple(int(s) for s in reversed(t.shape.tolist()))  # GGUF lists ne0 first
         data = np.asarray(t.data)
         if qtype == 0:

@@ -61,11 +61,9 @@ def top_k_mask(logits: np.ndarray, k: int) -> np.ndarray:
 
 
 #: top_p_mask first looks among the tokens at least as likely as the TOP_P_CANDIDATES-th
-#: most likely one; only when they do not reach p does it sort the whole vocabulary.
-#: Sampling a token from SmolLM2's 49,152 logits (temperature 0.7, 2-core development
-#: machine, numpy 2.4): top-p 0.9 1.1 ms instead of 5.2-5.6 (a stable sort of them all,
-#: longer than a decoding step on the H100); top-k 40 and top-p 0.95 1.4 ms instead of
-#: 1.8; neither 1.0 instead of 1.4 (softmax without masked copies).
+#: most likely one; only when they do not reach p does it sort the whole vocabulary (a
+#: stable sort of a 49,152-token vocabulary takes longer than a decoding step on a GPU;
+#: BENCHMARKS.md has the sampler's timings).
 TOP_P_CANDIDATES = 1024
 
 
@@ -101,7 +99,7 @@ def softmax(x: np.ndarray) -> np.ndarray:
     """exp(x - max) normalised, over the finite entries (the others get 0)."""
     x = np.asarray(x, dtype=np.float64)
     finite = np.isfinite(x)
-    if finite.all():  # the common case, without masked copies (0.84 -> 0.35 ms for 49,152)
+    if finite.all():  # the common case, without masked copies
         e = np.exp(x - x.max())
     else:
         e = np.zeros_like(x)

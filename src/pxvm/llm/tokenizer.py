@@ -7,6 +7,9 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
+from tokenizers import Tokenizer as HFTokenizer
+
 from ..runtime.errors import PxvmError
 
 TOKEN_TYPE_CONTROL = 3
@@ -91,8 +94,6 @@ class Tokenizer:
         return self._tok.token_to_id(token)
 
     def _add_special_tokens(self) -> None:
-        from tokenizers import AddedToken
-
         special, plain = [], []
         for token, ttype in zip(self.tokens, self.token_types):
             if ttype == TOKEN_TYPE_CONTROL:
@@ -176,10 +177,6 @@ class StreamDecoder:
 
 
 def _byte_level_bpe(metadata: dict):
-    from tokenizers import Regex
-    from tokenizers import Tokenizer as HFTokenizer
-    from tokenizers import decoders, models, pre_tokenizers
-
     tokens = metadata["tokenizer.ggml.tokens"]
     merges = metadata.get("tokenizer.ggml.merges")
     if not merges:
@@ -203,9 +200,6 @@ def _byte_level_bpe(metadata: dict):
 def _sentencepiece_bpe(metadata: dict):
     """SentencePiece BPE: a piece's score ranks the merge that makes it; bytes missing from
     the vocabulary fall back to <0xNN> tokens; spaces are spelled '▁'."""
-    from tokenizers import Tokenizer as HFTokenizer
-    from tokenizers import decoders, models, normalizers
-
     tokens = metadata["tokenizer.ggml.tokens"]
     scores = metadata.get("tokenizer.ggml.scores") or [0.0] * len(tokens)
     types = metadata.get("tokenizer.ggml.token_type") or [1] * len(tokens)

@@ -122,6 +122,14 @@ def test_bad_options_are_usage_errors(scripted, args):
     assert result.exit_code == 2
 
 
+@pytest.mark.parametrize("name", ["auto", "numpy", "cpu", "webgpu", "wgpu", "gpu", "WebGPU"])
+def test_every_backend_name_is_accepted(scripted, name):
+    made = scripted("x")
+    result = runner.invoke(app, ["generate", "hi", "--backend", name, "--max-tokens", "2"])
+    assert result.exit_code == 0, result.output
+    assert made[0][1] == name  # load_model resolves the name (and its aliases)
+
+
 def test_missing_and_bad_model_files_are_one_line_errors(tmp_path):
     missing = run_pxvm("generate", "hi", "--model", str(tmp_path / "nope.gguf"))
     assert missing.returncode == 1
@@ -153,6 +161,20 @@ def test_bench_llm_runs_a_model_whose_vocabulary_cannot_spell_text(tmp_path):
     assert json.loads((tmp_path / "bench.json").read_text())["prompt_tokens"] == 9
 
 
+def test_bench_llm_profiles_decoding_on_numpy_too(tmp_path):
+    # --profile asks the model's decoder, so it works on every backend, not only a GPU
+    model = _tiny_model(tmp_path / "tiny.gguf")
+    run = run_pxvm("bench", "llm", "--model", str(model), "--backend", "cpu", "--profile",
+                   "--prompt-tokens", "9", "--gen-tokens", "3", "--repeats", "1",
+                   "--output", str(tmp_path / "bench.json"))
+    assert run.returncode == 0, run.stderr
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert data["backend"] == "numpy"
+    profile = data["decode_profile"]
+    assert {"host_encode_submit_ms", "gpu_kernel_ms_by_kernel"} <= profile.keys()
+    assert profile["host_encode_submit_ms"] >= 0 and "host_encode_submit_ms" in run.stdout
+
+
 def test_prompt_the_vocabulary_cannot_spell_is_a_one_line_error(tmp_path):
     model = _tiny_model(tmp_path / "tiny.gguf")
     run = run_pxvm("generate", "hello", "--model", str(model), "--backend", "cpu")
@@ -167,4 +189,4 @@ def test_real_model_answers_the_capital_of_france():
                "--max-tokens", "24")
     assert run.returncode == 0, run.stderr
     assert run.stdout.splitlines()[0].strip() == "The capital of France is Paris."
-    assert "backend: cpu" in run.stdout
+    assert "backend: numpy" in run.stdout

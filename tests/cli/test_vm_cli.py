@@ -1,5 +1,6 @@
 """pxVM commands: asm -> run/compare/disasm/show, and one-line errors with exit code 1."""
 
+import re
 import subprocess
 import sys
 
@@ -36,3 +37,16 @@ def test_bad_program_is_one_line_and_exit_code_1(tmp_path):
     assert proc.returncode == 1
     assert proc.stderr.strip().count("\n") == 0 and "not a PNG" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_unknown_backend_is_one_line_naming_the_valid_ones(tmp_path):
+    src = tmp_path / "p.pxs"
+    src.write_text(".size 16 16\nDOT_RGB 1 2 3\nHALT\n")
+    pxi = tmp_path / "prog.pxi"
+    assert pxvm("asm", str(src), "-o", str(pxi)).returncode == 0
+    proc = pxvm("run", str(pxi), "--backend", "bogus")
+    assert proc.returncode != 0
+    assert proc.stderr.strip().count("\n") == 0 and "Traceback" not in proc.stderr
+    words = set(re.findall(r"\w+", proc.stderr))
+    assert "bogus" in words
+    assert {"auto", "numpy", "cpu", "webgpu", "wgpu", "gpu"} <= words

@@ -12,7 +12,7 @@ from importlib import resources
 
 import pytest
 
-from pxvm.runtime import load_wgsl
+from pxvm.runtime.webgpu import load_wgsl
 from pxvm.web import server as web_server
 
 
@@ -103,11 +103,11 @@ def test_foreign_host_header_is_refused_on_loopback(served):
 
 
 def test_page_parses_bindings_with_the_runtime_pattern():
-    """gpu.js builds bind group layouts with the regex of runtime/shaders.py; they must
+    """gpu.js builds bind group layouts with the regex of runtime/webgpu/shaders.py; they must
     not drift apart, or the page and Python would bind the same file differently."""
     import re
 
-    from pxvm.runtime import shaders
+    from pxvm.runtime.webgpu import shaders
 
     js = resources.files("pxvm.web").joinpath("static", "gpu.js").read_text()
     found = re.search(r"const BINDING = /(.+)/g;", js)

@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-import importlib
 import logging
 import sys
 
 import typer
 
 from ..runtime.errors import PxvmError
+from . import device_commands, llm_commands, vm_commands, web_commands
 
 app = typer.Typer(
     name="pxvm",
@@ -20,17 +20,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-# Modules that contribute subcommands; each defines register(app).
-COMMAND_MODULES = ("device_commands", "vm_commands", "llm_commands", "web_commands")
-
-for _name in COMMAND_MODULES:
-    try:
-        _module = importlib.import_module(f"{__name__}.{_name}")
-    except ModuleNotFoundError as exc:
-        if exc.name != f"{__name__}.{_name}":
-            raise
-        continue
-    _module.register(app)
+for _commands in (device_commands, vm_commands, llm_commands, web_commands):
+    _commands.register(app)
 
 
 def main() -> None:

@@ -11,8 +11,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ..runtime import PxvmError, choose_adapter, list_adapters
-from ..runtime.adapters import KEY_FEATURES, KEY_LIMITS
+from .. import ops
+from ..backends import NAMES, WebGPUBackend, get_backend
+from ..runtime.errors import PxvmError
+from ..runtime.webgpu import choose_adapter, list_adapters
+from ..runtime.webgpu.adapters import KEY_FEATURES, KEY_LIMITS
+from ..vm import load_pxi, run_program_cpu, run_program_gpu
 
 console = Console()
 
@@ -44,7 +48,7 @@ def info(
         return
     if not adapters:
         console.print(f"[red]No WebGPU adapter:[/] {error or 'none found'}")
-        console.print("pxvm will run every op on numpy (backend='cpu').")
+        console.print("pxvm will run every op on numpy (backend='numpy').")
         return
     for a in adapters:
         mark = "[green]auto -> [/]" if chosen is not None and a.index == chosen.index else ""
@@ -66,13 +70,10 @@ def info(
 
 
 def demo(
-    backend: str = typer.Option("auto", help="auto, gpu or cpu"),
+    backend: str = typer.Option("auto", help=", ".join(NAMES)),
     size: int = typer.Option(1024, help="Matrix size for the matmul."),
 ):
     """Run a matmul and the dot-product pixel program; print the backend and the times."""
-    from .. import ops
-    from ..backends import get_backend
-
     be = get_backend(backend)
     console.print(f"backend: [bold]{be.name}[/] - {be.describe()}")
     rng = np.random.default_rng(0)
@@ -85,11 +86,10 @@ def demo(
     err = float(np.sum((c - a @ b) ** 2) / np.sum((a @ b) ** 2))
     console.print(f"matmul {size}x{size}x{size}: {dt * 1e3:.1f} ms including upload and "
                   f"readback ({2 * size**3 / dt / 1e9:.1f} GFLOP/s), NMSE vs numpy {err:.1e}")
-    from ..vm import load_pxi, run_program_cpu, run_program_gpu
-
     path = resources.files("pxvm.examples").joinpath("dot_test.pxi")
     img = load_pxi(str(path))
-    run = run_program_gpu if be.name == "gpu" else run_program_cpu
+    run = (lambda image: run_program_gpu(image, be)) if isinstance(be, WebGPUBackend) \
+        else run_program_cpu
     run(img)
     t0 = time.perf_counter()
     out = run(img)

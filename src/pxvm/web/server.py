@@ -12,6 +12,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
+import socket
 import threading
 import time
 from http import HTTPStatus
@@ -20,8 +21,12 @@ from importlib import resources
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from .. import __version__
+from ..backends import webgpu_backend
+from ..ops import REGISTRY
 from ..runtime.errors import PxvmError
-from . import plans
+from ..vm import load_pxi
+from . import cases, plans
+from .cases import BENCHMARKS
 
 log = logging.getLogger(__name__)
 
@@ -86,15 +91,11 @@ class NativeBenchmarks:
 
     def _measure(self, reps: int) -> dict:
         try:
-            from ..backends import gpu_backend
-
-            backend = gpu_backend()
+            backend = webgpu_backend()
         except PxvmError as exc:
             return {"device": None, "error": str(exc), "results": {}}
-        from ..ops import REGISTRY
-
         results = {}
-        for name in plans.BENCHMARKS:
+        for name in BENCHMARKS:
             if name not in REGISTRY:
                 continue
             inputs, case = plans.benchmark_inputs(name)
@@ -216,17 +217,15 @@ class PxvmRequestHandler(BaseHTTPRequestHandler):
     def _api_get(self, rest, query):
         route = "/".join(rest)
         if route == "info":
-            from ..ops import REGISTRY
-
             return self._json({
                 "version": __version__,
                 "cases": [{"id": cid, "op": cid.partition("-")[0]}
                           for cid in plans.case_ids(REGISTRY)],
                 "ops_without_case": plans.ops_without_case(REGISTRY),
-                "benchmarks": [n for n in plans.BENCHMARKS if n in REGISTRY],
+                "benchmarks": [n for n in BENCHMARKS if n in REGISTRY],
                 "examples": sorted(example_files()),
                 "kernels": sorted(kernel_files()),
-                "vm": _vm_available(),
+                "vm": True,
                 "max_upload": MAX_UPLOAD,
             })
         if len(rest) == 2 and rest[0] == "case":
@@ -234,14 +233,12 @@ class PxvmRequestHandler(BaseHTTPRequestHandler):
         if len(rest) == 2 and rest[0] == "bench":
             if rest[1] == "native":
                 return self._json(self.server.native.measure())
-            if rest[1] not in plans.BENCHMARKS:
+            if rest[1] not in BENCHMARKS:
                 raise KeyError(rest[1])
             return self._json(plans.benchmark_plan(rest[1]))
         if len(rest) == 2 and rest[0] == "program" and rest[1] == "random":
-            return self._json(plans.program_plan(plans.random_program(self._seed(query))))
+            return self._json(plans.program_plan(cases.random_program(self._seed(query))))
         if len(rest) == 3 and rest[:2] == ["program", "example"]:
-            from ..vm import load_pxi
-
             files = example_files()
             if rest[2] not in files:
                 raise KeyError(rest[2])
@@ -274,21 +271,11 @@ class PxvmRequestHandler(BaseHTTPRequestHandler):
                                f"uploads are limited to {MAX_UPLOAD // (1024 * 1024)} MiB")
         body = self.rfile.read(length)
         try:
-            from ..vm import load_pxi
-
             plan = plans.program_plan(load_pxi(body))
         except PxvmError as exc:
             return self._error(HTTPStatus.BAD_REQUEST, str(exc))
         plan["name"] = "uploaded program"
         self._json(plan)
-
-
-def _vm_available() -> bool:
-    try:
-        from ..vm import record_program, run_program_cpu  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 class PxvmServer(ThreadingHTTPServer):
@@ -297,8 +284,6 @@ class PxvmServer(ThreadingHTTPServer):
     def __init__(self, address, handler=PxvmRequestHandler):
         host = address[0]
         if ":" in host:
-            import socket
-
             self.address_family = socket.AF_INET6
         super().__init__(address, handler)
         self.native = NativeBenchmarks()

@@ -1,6 +1,6 @@
 """Benchmark: LLM prefill and decode tokens/s on each backend.
 
-    python benchmarks/bench_llm.py [--model FILE.gguf] [--backends gpu cpu]
+    python benchmarks/bench_llm.py [--model FILE.gguf] [--backends webgpu numpy]
                                    [--prompt-tokens 512] [--gen-tokens 128] [--depth 0]
                                    [--repeats 3]
 
@@ -24,7 +24,7 @@ from pxvm.llm.tokenizer import Tokenizer
 def main(argv=None):
     parser = argparse.ArgumentParser(description="LLM prefill/decode tokens/s")
     parser.add_argument("--model", default=None)
-    parser.add_argument("--backends", nargs="+", default=["gpu", "cpu"])
+    parser.add_argument("--backends", nargs="+", default=["webgpu", "numpy"])
     parser.add_argument("--prompt-tokens", type=int, default=512)
     parser.add_argument("--gen-tokens", type=int, default=128)
     parser.add_argument("--depth", type=int, default=0)

@@ -22,7 +22,7 @@ import time
 import numpy as np
 
 import pxvm
-from pxvm.backends import gpu_backend
+from pxvm.backends import webgpu_backend
 from pxvm.ops.matmul import KERNELS, choose_kernel
 
 # The module, not the op of the same name that pxvm.ops exports.
@@ -40,11 +40,12 @@ def median_time(fn, repeats: int) -> float:
 
 
 def gpu_kernel_time(record, repeats: int) -> float | None:
-    """Median GPU time of the work `record(batch)` queues, from timestamp queries."""
+    """Median GPU time of the ops `record()` calls (recorded into a timed batch), from
+    timestamp queries."""
     samples = []
     for i in range(repeats + 1):
-        batch = pxvm.Batch("gpu", timestamps=True)
-        record(batch)
+        with pxvm.Batch("webgpu", timestamps=True) as batch:
+            record()
         batch.execute()
         batch.backend.device.wait()
         if i and batch.gpu_seconds is not None:
@@ -55,11 +56,11 @@ def gpu_kernel_time(record, repeats: int) -> float | None:
 def bench_matmul(n: int, repeats: int, rng, kernel: str = "auto") -> dict:
     a = rng.standard_normal((n, n), dtype=np.float32)
     b = rng.standard_normal((n, n), dtype=np.float32)
-    ta, tb = pxvm.tensor(a, backend="gpu"), pxvm.tensor(b, backend="gpu")
+    ta, tb = pxvm.tensor(a, backend="webgpu"), pxvm.tensor(b, backend="webgpu")
     flops = 2.0 * n**3
     t_np = median_time(lambda: a @ b, repeats)
-    t_kernel = gpu_kernel_time(lambda batch: batch.matmul(ta, tb, kernel=kernel), repeats)
-    t_e2e = median_time(lambda: pxvm.ops.matmul(a, b, kernel=kernel, backend="gpu").numpy(),
+    t_kernel = gpu_kernel_time(lambda: pxvm.ops.matmul(ta, tb, kernel=kernel), repeats)
+    t_e2e = median_time(lambda: pxvm.ops.matmul(a, b, kernel=kernel, backend="webgpu").numpy(),
                         repeats)
     got = pxvm.ops.matmul(ta, tb, kernel=kernel).numpy()
     ref = a.astype(np.float64) @ b
@@ -72,11 +73,11 @@ def bench_matmul(n: int, repeats: int, rng, kernel: str = "auto") -> dict:
 def bench_dot(n: int, repeats: int, rng) -> dict:
     a = rng.standard_normal(n, dtype=np.float32)
     b = rng.standard_normal(n, dtype=np.float32)
-    ta, tb = pxvm.tensor(a, backend="gpu"), pxvm.tensor(b, backend="gpu")
+    ta, tb = pxvm.tensor(a, backend="webgpu"), pxvm.tensor(b, backend="webgpu")
     nbytes = 8.0 * n
     t_np = median_time(lambda: np.dot(a, b), repeats)
-    t_kernel = gpu_kernel_time(lambda batch: batch.dot(ta, tb), repeats)
-    t_e2e = median_time(lambda: pxvm.ops.dot(a, b, backend="gpu").numpy(), repeats)
+    t_kernel = gpu_kernel_time(lambda: pxvm.ops.dot(ta, tb), repeats)
+    t_e2e = median_time(lambda: pxvm.ops.dot(a, b, backend="webgpu").numpy(), repeats)
     got = float(pxvm.ops.dot(ta, tb).numpy())
     ref = float(np.dot(a.astype(np.float64), b))
     return {"op": f"dot {n:.0e}".replace("+0", ""), "numpy": t_np, "kernel": t_kernel,
@@ -110,15 +111,15 @@ def bench_attention(skv: int, repeats: int, rng, split: bool) -> dict:
     q = rng.standard_normal((sq, hq, d), dtype=np.float32)
     k = rng.standard_normal((skv, hkv, d), dtype=np.float32)
     v = rng.standard_normal((skv, hkv, d), dtype=np.float32)
-    tq, tk, tv = (pxvm.tensor(x, backend="gpu") for x in (q, k, v))
+    tq, tk, tv = (pxvm.tensor(x, backend="webgpu") for x in (q, k, v))
     nbytes = 4.0 * (k.size + v.size)
     saved = attention_module.SPLIT_MAX_TASKS
     attention_module.SPLIT_MAX_TASKS = saved if split else 0
     try:
         n_split = attention_module.split_plan(sq, hq, skv)
         t_np = median_time(lambda: numpy_decode_attention(q, k, v, d**-0.5), repeats)
-        t_kernel = gpu_kernel_time(lambda batch: batch.attention(tq, tk, tv), repeats)
-        t_e2e = median_time(lambda: pxvm.ops.attention(q, k, v, backend="gpu").numpy(), repeats)
+        t_kernel = gpu_kernel_time(lambda: pxvm.ops.attention(tq, tk, tv), repeats)
+        t_e2e = median_time(lambda: pxvm.ops.attention(q, k, v, backend="webgpu").numpy(), repeats)
         got = pxvm.ops.attention(tq, tk, tv).numpy()
     finally:
         attention_module.SPLIT_MAX_TASKS = saved
@@ -154,7 +155,7 @@ def main(argv=None):
         args.dot_sizes = [1e5] if args.quick else [1e6, 1e7]
     if args.repeats is None:
         args.repeats = 3 if args.quick else 10
-    backend = gpu_backend()
+    backend = webgpu_backend()
     import wgpu
 
     print(f"device: {backend.describe()}")

@@ -14,7 +14,7 @@ import argparse
 import numpy as np
 
 from bench_ops import median_time as median  # same warm-up and median rule
-from pxvm.backends import gpu_backend
+from pxvm.backends import webgpu_backend
 from pxvm.vm import run_program_cpu, run_program_gpu
 from pxvm.vm.assembler import assemble
 from pxvm.vm.protocol import Matrix
@@ -42,7 +42,7 @@ def main(argv=None):
     parser.add_argument("--sizes", type=int, nargs="*", default=[32, 64, 128, 256, 512, 1024])
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)
-    backend = gpu_backend()
+    backend = webgpu_backend()
     print(f"GPU executor on {backend.describe()}; CPU executor: numpy {np.__version__}")
     rng = np.random.default_rng(0)
     print("\n| n (n x n x n MATMUL_I8) | image | CPU executor | GPU executor | GPU speed-up | identical |")

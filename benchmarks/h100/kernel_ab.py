@@ -6,6 +6,7 @@ the file's bindings and entry points.
 Usage: python kernel_ab.py MODEL.gguf KERNEL.wgsl VARIANT.wgsl [..] [--at 0,64,128,255]
 (KERNEL is a name in src/pxvm/kernels; benchmarks/h100/README.md)."""
 import argparse
+import dataclasses
 import statistics
 
 from recorded_step import RecordedStep
@@ -21,19 +22,21 @@ positions = [int(p) for p in args.at.split(",")] if args.at else [64, 640, 4000]
 step = RecordedStep(model, for_position=max(positions) if args.at else None)
 dev = step.device
 d = dev.device
-layout = d.create_pipeline_layout(bind_group_layouts=[dev._layout(kernel)])
+layout = d.create_pipeline_layout(bind_group_layouts=[dev.bind_group_layout(kernel)])
 
 
 def swapped(text):
+    """The step's items with the kernel's pipelines compiled from `text` (same entry
+    points and constants, same bind group layout, so the bind groups still fit)."""
     module = d.create_shader_module(code=text)
     built, items = {}, []
     for pipe, group, groups in step.items:
-        key = step.pipeline_key.get(id(pipe))
-        if key is not None and key[0] == kernel:
+        if pipe.kernel == kernel:
+            key = (pipe.entry, pipe.constants)
             if key not in built:
-                built[key] = d.create_compute_pipeline(layout=layout, compute={
-                    "module": module, "entry_point": key[1],
-                    "constants": {k: float(v) for k, v in key[2]}})
+                built[key] = dataclasses.replace(pipe, pipeline=d.create_compute_pipeline(
+                    layout=layout, compute={"module": module, "entry_point": pipe.entry,
+                                            "constants": {k: float(v) for k, v in pipe.constants}}))
             pipe = built[key]
         items.append((pipe, group, groups))
     return items

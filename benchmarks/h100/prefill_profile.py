@@ -10,8 +10,17 @@ import numpy as np
 from pxvm.batch import Batch
 from pxvm.llm.model import load_model
 
-model = load_model(sys.argv[1], backend="gpu", progress=False)
-ids = list(np.random.default_rng(0).integers(0, model.config.vocab_size, 512))
+model = load_model(sys.argv[1], backend="webgpu", progress=False)
+ids = np.random.default_rng(0).integers(0, model.config.vocab_size, 512).astype(np.int32)
+
+
+def record(batch):
+    """The forward's work from an empty context recorded into `batch`, as one submit
+    (forward() submits a long prompt layer by layer); returns the last token's logits."""
+    state = batch.upload(np.array([ids[-1], 0], np.int32))
+    return model.transformer(batch.upload(ids), state, max_keys=len(ids), last_only=True)
+
+
 for _ in range(2):  # the first compiles the pipelines
     model.reset()
     t = time.perf_counter()
@@ -21,8 +30,8 @@ for _ in range(2):  # the first compiles the pipelines
 for _ in range(3):
     model.reset()
     t = time.perf_counter()
-    batch = Batch(model.backend, timestamps=True)
-    logits = model.record(batch, ids, True)
+    with Batch(model.backend, timestamps=True) as batch:
+        logits = record(batch)
     recorded = time.perf_counter() - t
     batch.execute()
     batch.read(logits)
@@ -30,8 +39,8 @@ for _ in range(3):
     print(f"host recording {recorded * 1e3:.1f} ms, GPU {batch.gpu_seconds * 1e3:.1f} ms, "
           f"whole {total * 1e3:.1f} ms")
 model.reset()
-batch = Batch(model.backend, profile=True)
-model.record(batch, ids, True)
+with Batch(model.backend, profile=True) as batch:
+    record(batch)
 batch.execute()
 by_kernel: dict[str, float] = {}
 for label, seconds in batch.profile or []:

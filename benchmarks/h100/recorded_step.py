@@ -2,7 +2,8 @@
 timestamps around one pass: shared by step_ablation.py, step_variants.py and
 kernel_ab.py, which time the step with dispatches left out or swapped. By default the
 step recorded for the whole context (valid at every position); `for_position` picks the
-shorter-span step that decoding uses there (pxvm.llm.model.step_bound)."""
+shorter-span step that decoding uses there (pxvm.llm.decode.step_bound). `items` are the
+step's captured dispatches: (runtime Pipeline, bind group, workgroups)."""
 import statistics
 
 import numpy as np
@@ -13,16 +14,13 @@ from pxvm.llm.model import load_model
 
 class RecordedStep:
     def __init__(self, path: str, for_position: int | None = None):
-        self.model = m = load_model(path, backend="gpu", progress=False)
+        self.model = m = load_model(path, backend="webgpu", progress=False)
         self.device = m.backend.device
         ids = list(np.random.default_rng(0).integers(0, m.config.vocab_size, 512))
         m.reset()
         m.forward(ids)
         at = m.context_length - 1 if for_position is None else for_position
-        self.items = list(m._decode_step(at)._list.items)  # (pipeline, bind group, groups)
-        # id(wgpu pipeline) -> (kernel, entry, constants), to rebuild one with edits
-        self.pipeline_key = {id(v.pipeline): k for k, v in self.device._pipelines.items()
-                             if k[0] != "layout"}
+        self.items = list(m.decoder.step(at).captured.dispatches.items)
         d = self.device.device
         U = wgpu.BufferUsage
         self._query = d.create_query_set(type="timestamp", count=2)
@@ -35,16 +33,13 @@ class RecordedStep:
         d = self.device.device
         spans = []
         for _ in range(reps):
-            if hasattr(self.model, "set_state"):
-                self.model.set_state(1, pos)
-            else:  # an older source tree (tree_ab.sh): state was [token, position]
-                self.model.state.write([1, pos])
+            self.model.decoder.set_state(1, pos)
             enc = d.create_command_encoder()
             cpass = enc.begin_compute_pass(timestamp_writes={
                 "query_set": self._query, "beginning_of_pass_write_index": 0,
                 "end_of_pass_write_index": 1})
             for pipe, group, groups in items:
-                cpass.set_pipeline(pipe)
+                cpass.set_pipeline(pipe.pipeline)
                 cpass.set_bind_group(0, group)
                 cpass.dispatch_workgroups(*groups)
             cpass.end()

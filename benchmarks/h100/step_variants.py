@@ -11,34 +11,32 @@ from recorded_step import RecordedStep
 
 AT = int(sys.argv[2]) if len(sys.argv) > 2 else 100
 step = RecordedStep(sys.argv[1], for_position=AT)
-m, dev = step.model, step.device
-d = dev.device
+dev = step.device
 base_items = step.items
 time_items = step.time
-by_pipe = step.pipeline_key
+PRODUCT = ("matmul_quant.wgsl", "matmul")
+# the LM head is the step's last product (its output is the logits)
+head = max(i for i, (p, _, _) in enumerate(base_items) if (p.kernel, p.entry) == PRODUCT)
 
 
 def with_lanes(items, idx, lanes):
     out = list(items)
     for i in idx:
         p, gr, grp = out[i]
-        key = by_pipe[id(p)]
-        consts = dict(key[2]); old = consts["LANES"]; consts["LANES"] = lanes
-        pipe = dev.pipeline(key[0], key[1], consts).pipeline
-        by_pipe[id(pipe)] = (key[0], key[1], tuple(sorted(consts.items())))
+        consts = dict(p.constants); old = consts["LANES"]; consts["LANES"] = lanes
+        pipe = dev.pipeline(p.kernel, p.entry, consts)
         rows = 256 // old * grp[0]
         out[i] = (pipe, gr, (-(-rows // (256 // lanes)), grp[1], grp[2]))
     return out
 
 
-
-def kind(item):
-    """The product an item is (by its pipeline's constants), or None."""
-    key = by_pipe.get(id(item[0]))
-    if key is None or key[:2] != ("matmul_quant.wgsl", "matmul"):
+def kind(i, item):
+    """The product an item is (by its place and its pipeline's constants), or None."""
+    p = item[0]
+    if (p.kernel, p.entry) != PRODUCT:
         return None
-    c = dict(key[2])
-    if c["LANES"] == 16:
+    c = dict(p.constants)
+    if i == head:
         return "head"
     if c["EPILOGUE"] == 2:
         return "gate_up"
@@ -49,8 +47,8 @@ def kind(item):
 
 idx = {}
 for i, item in enumerate(base_items):
-    if kind(item):
-        idx.setdefault(kind(item), []).append(i)
+    if kind(i, item):
+        idx.setdefault(kind(i, item), []).append(i)
 # a layer's products with a residual are its output projection, then its down projection
 residual = idx.pop("wo/down")
 idx["wo"], idx["down"] = residual[0::2], residual[1::2]

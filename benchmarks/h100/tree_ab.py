@@ -1,10 +1,10 @@
 """The decoding step's GPU time at several positions and greedy decoding's speed, for
 the pxvm source tree first on PYTHONPATH, with module constants changed per variant:
-`name:module.CONST=value,..` (modules pxvm.ops.attention, pxvm.ops.quantized or
-pxvm.llm.model). Run by tree_ab.sh, which alternates two source trees (an older commit
-against the working tree) in separate processes; GPU times are timestamps around one
-pass of the recorded step, so they compare across processes. Variants and rounds
-alternate within one.
+`name:module.CONST=value,..` (modules: the keys of MODULES). Run by tree_ab.sh, which
+alternates two source trees (an older commit, with its own copy of this script, against
+the working tree) in separate processes; GPU times are timestamps around one pass of the
+recorded step, so they compare across processes. Variants and rounds alternate within
+one.
 Usage: python tree_ab.py MODEL.gguf LABEL [VARIANT ..]"""
 import importlib
 import json
@@ -18,8 +18,8 @@ from pxvm.llm.generate import benchmark
 
 POSITIONS = [0, 64, 128, 200, 255, 300, 640, 2000, 4000]
 ROUNDS = 3
-MODULES = {"attention": "pxvm.ops.attention", "model": "pxvm.llm.model",
-           "quantized": "pxvm.ops.quantized"}
+MODULES = {"transformer": "pxvm.ops.transformer", "model": "pxvm.llm.model",
+           "decode": "pxvm.llm.decode", "quantized": "pxvm.ops.quantized"}
 
 path, label, specs = sys.argv[1], sys.argv[2], sys.argv[3:] or ["base"]
 step = RecordedStep(path, for_position=0)
@@ -38,7 +38,7 @@ def apply(spec: str) -> str:
         module = importlib.import_module(MODULES[mod])
         originals.setdefault((mod, const), getattr(module, const))
         setattr(module, const, type(getattr(module, const))(value))
-    model._steps.clear()  # re-recorded with the variant's constants
+    model.decoder.forget()  # re-recorded with the variant's constants
     return name
 
 
@@ -47,7 +47,7 @@ for _ in range(ROUNDS):
     for spec in specs:
         apply(spec)
         for pos in POSITIONS:
-            items = list(model._decode_step(pos)._list.items)
+            items = list(model.decoder.step(pos).captured.dispatches.items)
             times[spec][pos].append(step.time(items, pos, 21))
 tokenizer = SimpleNamespace(vocab_size=model.config.vocab_size)
 for spec in specs:
@@ -62,4 +62,4 @@ for spec in specs:
     print(json.dumps({"tree": label, "variant": name, "step_us": step_us,
                       "decode_tok_s": {"d0": rates[0], "d512": rates[512]},
                       "prefill_tok_s": {"d0": rates["pp0"], "d512": rates["pp512"]},
-                      "dispatches": model._decode_step(640).dispatches}), flush=True)
+                      "dispatches": model.decoder.step(640).dispatches}), flush=True)

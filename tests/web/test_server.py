@@ -111,7 +111,7 @@ def test_page_parses_bindings_with_the_runtime_pattern():
 
     js = resources.files("pxvm.web").joinpath("static", "gpu.js").read_text()
     found = re.search(r"const BINDING = /(.+)/g;", js)
-    assert found and found.group(1) == shaders._BINDING.pattern
+    assert found and found.group(1) == shaders.BINDING.pattern
 
 
 def test_ipv6_loopback_host_header_is_accepted():

@@ -13,9 +13,9 @@ import logging
 from ..runtime.errors import PxvmError
 from ..runtime.webgpu import get_device, reset_device
 from .base import Backend, CapturedWork, Readback, RecordingContext, Replay
-from .numpy_backend import NumpyBackend
+from .numpy import NumpyBackend
 from .tensor import DTYPES, Tensor, as_supported_array, dtype_name, values_for
-from .webgpu_backend import CapturedDispatches, WebGPUBackend, WebGPUContext
+from .webgpu import CapturedDispatches, WebGPUBackend, WebGPUContext
 
 log = logging.getLogger("pxvm.backends")
 

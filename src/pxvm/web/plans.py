@@ -46,7 +46,7 @@ class PlanBuffer:
 
 
 class PlanDevice:
-    """The WebGPU context's device (backends.webgpu_backend.WgslDevice), recording a plan:
+    """The WebGPU context's device (backends.webgpu.WgslDevice), recording a plan:
     memory is PlanBuffers, pipelines are names, and dispatches are kept as JSON."""
 
     max_groups = MAX_GROUPS_PER_DIM

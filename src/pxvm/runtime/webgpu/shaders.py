@@ -24,7 +24,8 @@ def kernel_files() -> list[str]:
     )
 
 
-_BINDING = re.compile(
+#: A group-0 resource declaration (web/static/gpu.js parses kernels with the same pattern).
+BINDING = re.compile(
     r"@group\(\s*0\s*\)\s*@binding\(\s*(\d+)\s*\)\s*var\s*<\s*(storage|uniform)\s*(?:,\s*(read_write|read))?\s*>"
 )
 
@@ -35,7 +36,7 @@ def declared_bindings(filename: str) -> tuple[tuple[int, str], ...]:
     "read-only-storage", "storage" or "uniform". All entry points of a file share this
     layout, so an entry point need not use every binding."""
     found = {}
-    for m in _BINDING.finditer(load_wgsl(filename)):
+    for m in BINDING.finditer(load_wgsl(filename)):
         index, space, access = int(m.group(1)), m.group(2), m.group(3)
         kind = "uniform" if space == "uniform" else (
             "storage" if access == "read_write" else "read-only-storage")

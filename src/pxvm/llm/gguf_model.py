@@ -1,25 +1,38 @@
 """Reading llama-family GGUF files: metadata, hyperparameters and memory-mapped tensors,
-with one clear error for each way a file can be unusable."""
+with one clear error for each way a file can be unusable. The header is read by a
+bounded scan (gguf_scan.py); hyper-parameters and the shapes of the tensors the model
+uses are checked against each other before anything is loaded."""
 
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 from dataclasses import dataclass
 
 import numpy as np
-from gguf import GGUFReader, GGUFValueType
+from gguf import GGUFValueType
 
+from ..ops.attention import MAX_HEAD_DIM
 from ..ops.quant_types import QUANT_TYPES, supported_names
-from ..runtime.errors import PxvmError
+from .gguf_scan import GGUF_MAGIC, ModelFileError, TensorInfo, scan
 
 SUPPORTED_ARCHITECTURES = ("llama",)
-GGUF_MAGIC = b"GGUF"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
-
-class ModelFileError(PxvmError):
-    """A GGUF file that cannot be used; the message says what is wrong and what to do."""
+# Bounds of the hyper-parameters, each far above real llama-family models (Llama 3.1
+# 405B: 126 layers, width 16,384, feed-forward 53,248; vocabularies up to ~262k tokens;
+# contexts of 131,072, and 1M-10M in long-context variants), so that no real model is
+# refused while a crafted one cannot ask for absurd sizes.
+MAX_LAYERS = 1024
+MAX_EMBEDDING = 1 << 16
+MAX_FEED_FORWARD = 1 << 18
+MAX_VOCAB = 1 << 20
+MAX_CONTEXT_LENGTH = 1 << 24
+#: Norm epsilons are ~1e-5 / 1e-6; one near 1 would swamp the activations it divides.
+MAX_NORM_EPS = 1.0
+#: Norm vectors are read as floats; quantized ones would be read as raw bytes.
+NORM_TYPES = (0, 1)  # F32, F16
 
 
 def default_model_path() -> str:
@@ -60,18 +73,6 @@ class Weight:
     data: np.ndarray
 
 
-def _field_value(field):
-    if not field.types:
-        return None
-    if field.types[0] == GGUFValueType.ARRAY:
-        if len(field.types) > 1 and field.types[1] == GGUFValueType.STRING:
-            return [bytes(field.parts[i]).decode("utf-8", errors="replace") for i in field.data]
-        return [field.parts[i].tolist()[0] for i in field.data]
-    if field.types[0] == GGUFValueType.STRING:
-        return bytes(field.parts[field.data[0]]).decode("utf-8", errors="replace")
-    return field.parts[field.data[0]].tolist()[0]
-
-
 class GGUFModelFile:
     """A GGUF file opened for reading (tensors stay memory-mapped)."""
 
@@ -86,22 +87,18 @@ class GGUFModelFile:
             raise ModelFileError(f"{self.path} is not a GGUF file (it starts with {head!r}, "
                                  "not b'GGUF'); pass a .gguf model")
         try:
-            self.reader = GGUFReader(self.path, "r")
-        except Exception as exc:  # the gguf package raises ValueError, IndexError, ...
-            raise ModelFileError(f"{self.path} is damaged or truncated ({type(exc).__name__}: "
-                                 f"{exc}); download it again") from exc
-        self.metadata = {}
-        for name, field in self.reader.fields.items():
-            try:
-                self.metadata[name] = _field_value(field)
-            except Exception:
-                self.metadata[name] = None
+            self._bytes = np.memmap(self.path, dtype=np.uint8, mode="r")
+        except (OSError, ValueError) as exc:
+            raise ModelFileError(f"cannot map model file {self.path}: {exc}") from exc
+        self.header = scan(memoryview(self._bytes), self.path)
+        self.metadata = self.header.metadata
         arch = self.metadata.get("general.architecture")
         if arch not in SUPPORTED_ARCHITECTURES:
-            raise ModelFileError(f"{self.path}: architecture {arch!r} is not supported; pxvm "
+            raise ModelFileError(f"{self.path}: architecture {_short(arch)} is not supported; pxvm "
                                  f"runs {', '.join(SUPPORTED_ARCHITECTURES)} models")
-        self.tensors = {t.name: t for t in self.reader.tensors}
+        self.tensors: dict[str, TensorInfo] = self.header.tensors
         self.config = self._config(arch)
+        self._shapes = self._checked_tensors(self.config)
 
     def _get(self, key, default=None, required=True):
         value = self.metadata.get(key, default)
@@ -109,55 +106,171 @@ class GGUFModelFile:
             raise ModelFileError(f"{self.path}: metadata {key!r} is missing")
         return value
 
+    def _fail(self, message: str):
+        raise ModelFileError(f"{self.path}: {message}")
+
+    def _integer(self, key: str, low: int, high: int, default=None) -> int:
+        """Metadata `key`, an integer in low..high (`default` when absent, if given)."""
+        value = self._get(key, default, required=True)
+        if isinstance(value, bool) or not isinstance(value, int):
+            self._fail(f"metadata {key!r} is {_short(value)}; it must be an integer")
+        if not low <= value <= high:
+            self._fail(f"metadata {key!r} is {value:,}; it must be from {low:,} to {high:,}")
+        return value
+
+    def _positive(self, key: str, default: float, below: float = math.inf) -> float:
+        """Metadata `key`, a finite number above 0 and below `below`."""
+        value = self._get(key, default, required=True)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            self._fail(f"metadata {key!r} is {_short(value)}; it must be a number")
+        if not (math.isfinite(value) and 0 < value < below):
+            bound = "finite and above 0" + ("" if below == math.inf else f" and below {below}")
+            self._fail(f"metadata {key!r} is {value}; it must be {bound}")
+        return float(value)
+
+    def _vocab_size(self, arch: str) -> int:
+        """{arch}.vocab_size, or the tokenizer's token count; both agree when both exist."""
+        key, tokens_key = f"{arch}.vocab_size", "tokenizer.ggml.tokens"
+        tokens = self.metadata.get(tokens_key)
+        if tokens is not None and self.header.value_types[tokens_key] != (
+                GGUFValueType.ARRAY, GGUFValueType.STRING):
+            self._fail(f"metadata {tokens_key!r} is {_short(tokens)}; it must be an array "
+                       "of strings")
+        if key not in self.metadata:
+            if not tokens:
+                self._fail(f"the vocabulary size is unknown: metadata {key!r} and "
+                           f"{tokens_key!r} are both missing or empty")
+            if len(tokens) > MAX_VOCAB:
+                self._fail(f"metadata {tokens_key!r} has {len(tokens):,} tokens, over the "
+                           f"bound of {MAX_VOCAB:,}")
+            return len(tokens)
+        vocab = self._integer(key, 1, MAX_VOCAB)
+        if tokens is not None and len(tokens) != vocab:
+            self._fail(f"metadata {key!r} is {vocab:,} but {tokens_key!r} has "
+                       f"{len(tokens):,} tokens; they must agree")
+        return vocab
+
     def _config(self, arch) -> Config:
         g = lambda k, d=None, r=True: self._get(f"{arch}.{k}", d, r)  # noqa: E731
-        dim = int(g("embedding_length"))
-        n_heads = int(g("attention.head_count"))
+        n_layers = self._integer(f"{arch}.block_count", 1, MAX_LAYERS)
+        dim = self._integer(f"{arch}.embedding_length", 1, MAX_EMBEDDING)
+        heads_key = f"{arch}.attention.head_count"
+        n_heads = self._integer(heads_key, 1, dim)
+        if dim % n_heads:
+            self._fail(f"metadata '{arch}.embedding_length' ({dim:,}) is not divisible by "
+                       f"{heads_key!r} ({n_heads:,})")
         head_dim = dim // n_heads
-        vocab = self.metadata.get(f"{arch}.vocab_size")
-        if vocab is None:
-            vocab = len(self.metadata.get("tokenizer.ggml.tokens") or [])
+        if head_dim % 2 or head_dim > MAX_HEAD_DIM:
+            self._fail(f"the head size (embedding_length {dim:,} / head_count {n_heads:,}) is "
+                       f"{head_dim:,}; pxvm's attention needs an even head size of at most "
+                       f"{MAX_HEAD_DIM}")
+        kv_key = f"{arch}.attention.head_count_kv"
+        n_kv_heads = self._integer(kv_key, 1, n_heads, default=n_heads)
+        if n_heads % n_kv_heads:
+            self._fail(f"metadata {heads_key!r} ({n_heads:,}) is not divisible by {kv_key!r} "
+                       f"({n_kv_heads:,})")
         # Variants whose numbers this model code would silently get wrong
         key_length = g("attention.key_length", None, False)
         rope_dims = g("rope.dimension_count", None, False)
         scaling = g("rope.scaling.type", None, False)
         for what, bad in (
-                (f"attention.key_length {key_length} != embedding_length / head_count "
-                 f"({head_dim})", key_length is not None and int(key_length) != head_dim),
-                (f"partial RoPE (rope.dimension_count {rope_dims} of head size {head_dim})",
-                 rope_dims is not None and int(rope_dims) != head_dim),
-                (f"RoPE scaling {scaling!r}", scaling not in (None, "none")),
+                (f"attention.key_length {_short(key_length)} != embedding_length / "
+                 f"head_count ({head_dim})", key_length is not None and key_length != head_dim),
+                (f"partial RoPE (rope.dimension_count {_short(rope_dims)} of head size "
+                 f"{head_dim})", rope_dims is not None and rope_dims != head_dim),
+                (f"RoPE scaling {_short(scaling)}", scaling not in (None, "none")),
                 ("RoPE frequency factors (rope_freqs.weight)", "rope_freqs.weight" in self.tensors)):
             if bad:
                 raise ModelFileError(f"{self.path}: {what} is not supported yet; use a plain "
                                      "llama-architecture model")
         return Config(
-            n_layers=int(g("block_count")),
+            n_layers=n_layers,
             dim=dim,
             n_heads=n_heads,
-            n_kv_heads=int(g("attention.head_count_kv", n_heads, False)),
+            n_kv_heads=n_kv_heads,
             head_dim=head_dim,
-            ffn_dim=int(g("feed_forward_length")),
-            vocab_size=int(vocab),
-            context_length=int(g("context_length", 2048, False)),
-            rope_theta=float(g("rope.freq_base", 10000.0, False)),
-            norm_eps=float(g("attention.layer_norm_rms_epsilon", 1e-5, False)),
+            ffn_dim=self._integer(f"{arch}.feed_forward_length", 1, MAX_FEED_FORWARD),
+            vocab_size=self._vocab_size(arch),
+            context_length=self._integer(f"{arch}.context_length", 1, MAX_CONTEXT_LENGTH,
+                                         default=2048),
+            rope_theta=self._positive(f"{arch}.rope.freq_base", 10000.0),
+            norm_eps=self._positive(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5,
+                                    below=MAX_NORM_EPS),
             tied_output="output.weight" not in self.tensors,
         )
+
+    def _checked_tensors(self, cfg: Config) -> dict[str, tuple]:
+        """Every tensor the model uses: present, of a type pxvm reads, and of the shape
+        the hyper-parameters give; returns their shapes, (N, K) or (K,)."""
+        shapes = expected_shapes(cfg)
+        for name, shape in shapes.items():
+            t = self.tensors.get(name)
+            if t is None:
+                self._fail(f"tensor {name!r} is missing")
+            if t.ggml_type not in QUANT_TYPES:
+                self._fail(f"tensor {name} has type {t.type_name}, which pxvm does not support "
+                           f"yet ({supported_names()} are); use a file quantized to one of "
+                           "those")
+            if len(shape) == 1 and t.ggml_type not in NORM_TYPES:
+                self._fail(f"tensor {name!r} has type {t.type_name}; pxvm reads norm vectors "
+                           "of type F32 or F16")
+            if _normalized(tuple(reversed(t.dims)), len(shape)) != shape:
+                self._fail(f"tensor {name!r} has dims {list(t.dims)}, but the hyper-parameters "
+                           f"need {list(reversed(shape))} (GGUF order, row length first)")
+        return shapes
 
     def weight(self, name: str) -> Weight:
         t = self.tensors.get(name)
         if t is None:
             raise ModelFileError(f"{self.path}: tensor {name!r} is missing")
-        qtype = int(t.tensor_type)
+        qtype = t.ggml_type
         if qtype not in QUANT_TYPES:
             raise ModelFileError(
-                f"{self.path}: tensor {name} has type {t.tensor_type.name}, which pxvm does not "
+                f"{self.path}: tensor {name} has type {t.type_name}, which pxvm does not "
                 f"support yet ({supported_names()} are); use a file quantized to one of those")
-        shape = tuple(int(s) for s in reversed(t.shape.tolist()))  # GGUF lists ne0 first
-        data = np.asarray(t.data)
+        shape = self._shapes.get(name) or tuple(reversed(t.dims))  # GGUF lists ne0 first
+        raw = self._bytes[t.offset:t.offset + t.n_bytes]
         if qtype == 0:
-            data = data.astype(np.float32, copy=False).reshape(shape)
+            data = raw.view("<f4").reshape(shape)
         elif qtype == 1 and len(shape) == 1:
-            data = data.astype(np.float32)
+            data = raw.view("<f2").astype(np.float32)
+        elif qtype == 1:
+            data = raw.view("<f2").reshape(shape)
+        else:
+            data = raw.reshape(shape[0], -1) if len(shape) == 2 else raw
         return Weight(name, qtype, shape, data)
+
+
+def expected_shapes(cfg: Config) -> dict[str, tuple]:
+    """The tensors a llama model uses and their shapes: (rows N, row length K) for
+    matrices, (K,) for norm vectors."""
+    d, ffn, vocab = cfg.dim, cfg.ffn_dim, cfg.vocab_size
+    q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    shapes = {"token_embd.weight": (vocab, d), "output_norm.weight": (d,)}
+    if not cfg.tied_output:
+        shapes["output.weight"] = (vocab, d)
+    for i in range(cfg.n_layers):
+        p = f"blk.{i}."
+        shapes.update({
+            p + "attn_norm.weight": (d,), p + "attn_q.weight": (q, d),
+            p + "attn_k.weight": (kv, d), p + "attn_v.weight": (kv, d),
+            p + "attn_output.weight": (d, q), p + "ffn_norm.weight": (d,),
+            p + "ffn_gate.weight": (ffn, d), p + "ffn_up.weight": (ffn, d),
+            p + "ffn_down.weight": (d, ffn)})
+    return shapes
+
+
+def _normalized(shape: tuple, rank: int) -> tuple:
+    """`shape` (N.., K) as `rank` dimensions: ggml pads shapes with 1s, so (1, K) and (K,)
+    are the same tensor."""
+    while len(shape) > rank and shape[0] == 1:
+        shape = shape[1:]
+    return (1,) * (rank - len(shape)) + shape
+
+
+def _short(value) -> str:
+    """A metadata value for a message: lists and long strings cut short."""
+    if isinstance(value, list):
+        return f"an array of {len(value):,} values"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -26,6 +26,7 @@ from .. import ops
 from ..backends import Tensor, get_backend
 from ..batch import Batch
 from ..ops import decoding, transformer
+from ..runtime.errors import PxvmError
 from .decode import FIRST_STEP_BOUND, ContextOverflowError, Decoder
 from .gguf_model import Config, GGUFModelFile, Weight, default_model_path
 
@@ -35,6 +36,39 @@ from .gguf_model import Config, GGUFModelFile, Weight, default_model_path
 #: The bound is a judgement: a short prompt's GPU time is small, so there is little to
 #: overlap.
 FLUSH_MIN_TOKENS = 64
+
+#: Positions the KV cache keeps when the caller names no max_context: files declare
+#: contexts of 128k and more (up to MAX_CONTEXT_LENGTH), whose cache would take many GB
+#: before the first token. SmolLM2, the default model, has exactly 8192.
+#: load_model(max_context=N) (pxvm's --context N) asks for more or fewer.
+DEFAULT_MAX_CONTEXT = 8192
+#: The largest KV cache (float32 keys and values of every layer) a model may allocate.
+MAX_KV_CACHE_BYTES = 16 << 30
+
+
+class ContextSizeError(PxvmError):
+    """The context asked for is not a positive integer, or its KV cache is over
+    MAX_KV_CACHE_BYTES; the message says how many positions fit."""
+
+
+def kv_cache_positions(cfg: Config, max_context: int | None = None) -> int:
+    """The positions the KV cache keeps: the file's context, at most `max_context`
+    (DEFAULT_MAX_CONTEXT when None); ContextSizeError when their cache would be over
+    MAX_KV_CACHE_BYTES."""
+    asked = DEFAULT_MAX_CONTEXT if max_context is None else max_context
+    if isinstance(asked, bool) or not isinstance(asked, (int, np.integer)) or asked < 1:
+        raise ContextSizeError(f"max_context must be a positive integer, not {max_context!r}")
+    positions = min(cfg.context_length, int(asked))
+    per_position = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * 4
+    if positions * per_position > MAX_KV_CACHE_BYTES:
+        fit = MAX_KV_CACHE_BYTES // per_position
+        raise ContextSizeError(
+            f"a KV cache of {positions:,} positions needs {positions * per_position:,} bytes "
+            f"(2 x {cfg.n_layers} layers x {cfg.n_kv_heads} kv heads x head size "
+            f"{cfg.head_dim} x 4 bytes per position), over the bound of "
+            f"{MAX_KV_CACHE_BYTES:,}; at most {fit:,} positions fit: ask for a smaller "
+            "context (max_context, --context)")
+    return positions
 
 
 @dataclass
@@ -71,7 +105,7 @@ class Model:
         self.backend_name = self.backend.name
         self.device_name = self.backend.describe()
         cfg = self.config
-        self.context_length = min(cfg.context_length, max_context or cfg.context_length)
+        self.context_length = kv_cache_positions(cfg, max_context)
         self._load_weights(file, progress)
         kv_shape = (self.context_length, cfg.n_kv_heads, cfg.head_dim)
         zeros = np.zeros(kv_shape, np.float32)
@@ -258,8 +292,9 @@ def _progress(items, enabled: bool, label: str):
 
 def load_model(path: str | None = None, backend="auto", progress: bool = True,
                max_context: int | None = None, warm_up: bool = False) -> Model:
-    """Load a llama-family GGUF (default: SmolLM2-135M-Instruct) onto a backend; with
-    `warm_up`, also compile its kernels (Model.warm_up)."""
+    """Load a llama-family GGUF (default: SmolLM2-135M-Instruct) onto a backend, with a
+    KV cache of the file's context, at most `max_context` positions (DEFAULT_MAX_CONTEXT
+    when None); with `warm_up`, also compile its kernels (Model.warm_up)."""
     model = Model(GGUFModelFile(path or default_model_path()), backend, progress, max_context)
     if warm_up and progress:
         with Console(stderr=True).status("compiling GPU kernels"):

@@ -1,5 +1,7 @@
 """Assembler and disassembler: exact round trips and clear errors."""
 
+import time
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -37,3 +39,82 @@ def test_rows_past_255_get_a_rowhi_prefix():
 def test_bad_source_names_the_line(src, message):
     with pytest.raises(AssemblyError, match=message):
         assemble(src)
+
+
+def test_vector_300_is_refused_instead_of_wrapping():
+    with pytest.raises(AssemblyError, match=r"line 2: .vector value 300 is outside its range 0..255"):
+        assemble(".size 4 4\n.vector 1 1 300 2")
+
+
+@pytest.mark.parametrize("line,message", [
+    (".vector 1 -1", r".vector value -1 is outside its range 0..255"),
+    (".matrix 1 1 2 5 256", r".matrix value 256 is outside its range -128..255"),
+    (".matrix 1 1 2 -129 0", r".matrix value -129 is outside its range -128..255"),
+    (".matrix 1 0 2", r".matrix row count 0 is outside its range 1..65535"),
+    (".matrix 1 2 65536", r".matrix column count 65536 is outside its range 1..65535"),
+    (".matrix32 1 1 2 2147483648 0", r".matrix32 value 2147483648 is outside its range "
+                                     r"-2147483648..2147483647"),
+    (".matrix32 1 1 1 -2147483649", r".matrix32 value -2147483649 is outside"),
+    (".requant 2 65536 0 0", r".requant multiplier 65536 is outside its range 0..65535"),
+    (".requant 2 -1 0 0", r".requant multiplier -1 is outside its range 0..65535"),
+    (".requant 2 1 32 0", r".requant shift 32 is outside its range 0..31"),
+    (".requant 2 1 3 128", r".requant zero point 128 is outside its range -128..127"),
+    (".requant 2 1 3 -129", r".requant zero point -129 is outside its range -128..127"),
+    (".pixel 1 1 0 0 256 0", r".pixel channel value 256 is outside its range 0..255"),
+    (".pixel 9 1 0 0 0 0", r".pixel column 9 is outside its range 0..7"),
+    ("DOT_RGB 1 2 65536", r"DOT_RGB row argument 3 65536 is outside its range 0..65535"),
+    ("DOT_RGB -1 2 3", r"DOT_RGB row argument 1 -1 is outside its range 0..65535"),
+    ("RELU 1 256", r"RELU argument 2 256 is outside its range 0..255"),
+    ("ROWHI 256 0 0", r"ROWHI argument 1 256 is outside its range 0..255"),
+    ("HALT 0 0 -5", r"HALT argument 3 -5 is outside its range 0..255"),
+])
+def test_every_value_outside_its_field_is_refused_naming_line_value_and_range(line, message):
+    with pytest.raises(AssemblyError, match="line 2: " + message):
+        assemble(".size 8 8\n" + line)
+
+
+def test_the_ends_of_every_range_assemble_exactly():
+    img = assemble(".size 8 8\nDOT_RGB 1 2 3\n.vector 1 0 255\n.matrix 2 1 2 -128 255\n"
+                   ".matrix32 3 1 2 -2147483648 2147483647\n.requant 5 65535 31 -128\n"
+                   ".pixel 7 6 255 0 255 0")
+    assert img[1, :2, 0].tolist() == [0, 255]
+    assert img[2, 1:3, 0].tolist() == [128, 255]
+    assert img[3, 1:3].view("<i4").ravel().tolist() == [-2**31, 2**31 - 1]
+    assert img[5, 1].view("<u4")[0] == 65535 and img[5, 2, :2].tolist() == [31, 128]
+    assert img[6, 7].tolist() == [255, 0, 255, 0]
+
+
+@pytest.mark.parametrize("src,message", [
+    (".size 65535 65535", r"line 1: .size 65535 65535 is 4,294,836,225 pixels; a program has "
+                          r"at most 67,108,864"),
+    (".size 1 4", r".size width 1 is outside its range 2..65535"),
+    (".size 4 0", r".size height 0 is outside its range 1..65535"),
+    (".size 4", r".size takes 2 values, got 1"),
+    (".size 4 4\nDOT_RGB 1.5 2 3", r"DOT_RGB arguments must be integers, got '1.5'"),
+    (".size 4 4\nDOT_RGB nan 2 3", r"must be integers, got 'nan'"),
+    (".size 4 4\nDOT_RGB \"1 2 3", r"must be integers, got '\"1'"),
+    (".size 4 4\nDOT_RGB " + "9" * 5000 + " 2 3", r"must be integers, got '9999"),
+    (".size 4 4\nDOT_RGB 1 2 3 4", r"DOT_RGB takes at most 3 values here"),
+    (".size 4 4\n.vector", r".vector needs a row number"),
+    (".size 4 4\n.row", r".row needs a row number"),
+    (".size 4 4\n.matrix 1 2", r".matrix needs ROW ROWS COLS and the values"),
+    (".size 4 4\n.matrix 1 100 100 1", r".matrix 100x100 at row 1 needs image rows up to 3334"),
+    (".size 4 4\n.requant 1 2 3", r".requant \(row, multiplier, shift, zero point\) takes 4 "
+                                  r"values, got 3"),
+    (".size 2 4\n.requant 1 2 3 0", r".requant writes pixels 1 and 2 of its row; the image is "
+                                    r"2 wide"),
+    (".size 4 4\n.nope 1", r"unknown directive '.nope'"),
+])
+def test_malformed_lines_are_assembly_errors(src, message):
+    with pytest.raises(AssemblyError, match=message):
+        assemble(src)
+
+
+def test_a_line_carrying_more_values_than_its_item_can_place_is_refused_unsplit():
+    many = " 1" * 3_000_000  # 6 MB of values for a row of 8 pixels
+    for line in (".vector 1" + many, ".matrix 1 2 2" + many, ".row 1" + many):
+        start = time.perf_counter()
+        with pytest.raises(AssemblyError, match=r"line 2: .* takes at most \d+ values here; the "
+                                                "line has more"):
+            assemble(".size 8 8\n" + line)
+        assert time.perf_counter() - start < 0.5  # not split into 3 million tokens

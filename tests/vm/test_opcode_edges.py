@@ -102,3 +102,26 @@ def test_int8_matmul_matches_numpy_when_matrices_wrap_over_narrow_rows(gpu_devic
     idx = np.arange(21)
     got = out[rc + idx // (width - 1), 1 + idx % (width - 1)].copy().view("<i4").reshape(3, 7)
     np.testing.assert_array_equal(got, a @ b)
+
+
+def requantize_by_the_spec(c: int, mult: int, shift: int, zp: int) -> int:
+    """Section 4's REQUANT in Python integers."""
+    m = abs(c) * mult
+    if shift > 0:
+        m = (m + (1 << (shift - 1))) >> shift
+    return max(-128, min(127, (m if c >= 0 else -m) + zp))
+
+
+def test_cpu_requantize_is_exact_at_the_extremes(rng):
+    """The CPU executor requantizes in float64; every value it can meet comes out exact."""
+    from pxvm.vm.cpu import requantize
+
+    acc = np.concatenate([rng.integers(-2**31, 2**31, 2000), rng.integers(-300, 300, 600),
+                          [-2**31, 2**31 - 1, 0, 1, -1, 2**30, -(2**30) - 1]]).astype(np.int32)
+    params = [(65535, 31, -128), (65535, 0, 127), (0, 0, 0), (1, 1, 0), (3, 2, -1), (1, 31, 0),
+              (40503, 16, 5), (65535, 16, 0), (2, 1, -128)]
+    params += [(int(rng.integers(0, 65536)), int(rng.integers(0, 32)), int(rng.integers(-128, 128)))
+               for _ in range(20)]
+    for mult, shift, zp in params:
+        expected = [requantize_by_the_spec(int(c), mult, shift, zp) for c in acc]
+        assert requantize(acc, mult, shift, zp).astype(int).tolist() == expected, (mult, shift, zp)

@@ -82,7 +82,7 @@ def png_bytes(arr, mode):
 def test_files_that_are_not_rgba_pngs_are_refused(tmp_path):
     with pytest.raises(ProgramError, match="not a PNG"):
         load_pxi(b"GIF89a....")
-    with pytest.raises(ProgramError, match="RGB PNG; a .pxi program must be RGBA"):
+    with pytest.raises(ProgramError, match=r"colour type 2 \(RGB\); a .pxi program must be RGBA"):
         load_pxi(png_bytes(np.zeros((4, 4, 3), np.uint8), "RGB"))
     with pytest.raises(ProgramError, match="damaged PNG"):
         load_pxi(png_bytes(np.zeros((4, 4, 4), np.uint8), "RGBA")[:60])

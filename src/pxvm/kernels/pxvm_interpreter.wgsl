@@ -1,4 +1,4 @@
-// The pxVM GPU interpreter (Pixel Protocol v1.1, docs/pixel-protocol.md).
+// The pxVM GPU interpreter (Pixel Protocol v1.2, docs/pixel-protocol.md).
 // The image is uploaded as it is: one RGBA pixel = one u32 word (R in the low byte).
 // The host validates and decodes the instruction row once and records one dispatch per
 // instruction into a single submit, so instruction sequencing is dispatch order; each

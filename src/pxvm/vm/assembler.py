@@ -16,23 +16,55 @@ instructions and `.row` lines, so `assemble(disassemble(img))` gives `img` back 
 
 from __future__ import annotations
 
-import shlex
-
 import numpy as np
 
-from .protocol import (MNEMONICS, OP_HALT, OP_REQUANT, OP_ROWHI, OPCODES, ROW_ARGS, Matrix,
+from .protocol import (MAX_PIXELS, MNEMONICS, OP_HALT, OP_REQUANT, OP_ROWHI, OPCODES,
+                       PROTOCOL_VERSION, REQUANT_MAX_MULT, REQUANT_MAX_SHIFT, ROW_ARGS, Matrix,
                        ProgramError, element_positions, validate_program)
+
+#: Largest row number an instruction can address (a ROWHI prefix and the low byte).
+MAX_ROW = 65535
+I32_MIN, I32_MAX = -(1 << 31), (1 << 31) - 1
 
 
 class AssemblyError(ProgramError):
     """A .pxs source line that cannot be assembled; names the line."""
 
 
-def _ints(tokens, lineno, what):
-    try:
-        return [int(t, 0) for t in tokens]
-    except ValueError:
-        raise AssemblyError(f"line {lineno}: {what} must be integers, got {' '.join(tokens)!r}") from None
+def _short(text: str, limit: int = 40) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _tokens(text: str, most: int, lineno: int, what: str) -> list[str]:
+    """The whitespace-separated tokens of `text`, refusing more than `most` of them without
+    splitting (or converting) the rest of the line."""
+    tokens = text.split(None, most)
+    if len(tokens) > most:
+        raise AssemblyError(f"line {lineno}: {what} takes at most {most} values here; the line "
+                            "has more")
+    return tokens
+
+
+def _ints(tokens, lineno, what) -> list[int]:
+    values = []
+    for t in tokens:
+        try:
+            values.append(int(t, 0))
+        except ValueError:
+            raise AssemblyError(f"line {lineno}: {what} must be integers, got {_short(t)!r}") from None
+    return values
+
+
+def _in_range(values, lo: int, hi: int, lineno: int, what: str) -> None:
+    """AssemblyError naming the first value outside lo..hi (no value is ever wrapped)."""
+    if values and not (lo <= min(values) and max(values) <= hi):
+        bad = next(v for v in values if not lo <= v <= hi)
+        raise AssemblyError(f"line {lineno}: {what} {bad} is outside its range {lo}..{hi}")
+
+
+def _count(tokens, expected: int, lineno: int, what: str) -> None:
+    if len(tokens) != expected:
+        raise AssemblyError(f"line {lineno}: {what} takes {expected} values, got {len(tokens)}")
 
 
 def assemble(source: str) -> np.ndarray:
@@ -40,51 +72,61 @@ def assemble(source: str) -> np.ndarray:
     img = None
     x = 0
     for lineno, raw in enumerate(source.splitlines(), 1):
-        line = raw.split(";", 1)[0].strip()
-        if not line:
+        parts = raw.split(";", 1)[0].split(None, 1)
+        if not parts:
             continue
-        tokens = shlex.split(line)
-        head, rest = tokens[0], tokens[1:]
+        head, rest = parts[0], (parts[1] if len(parts) > 1 else "")
         if head == ".size":
-            w, h = _ints(rest, lineno, ".size arguments")
             if img is not None:
                 raise AssemblyError(f"line {lineno}: .size given twice")
-            if not (2 <= w <= 65535 and 1 <= h <= 65535):
-                raise AssemblyError(f"line {lineno}: .size {w} {h}: width must be 2..65535, height 1..65535")
-            img = np.zeros((h, w, 4), np.uint8)
+            img = _size(_tokens(rest, 2, lineno, ".size"), lineno)
             continue
         if img is None:
             raise AssemblyError(f"line {lineno}: the program must start with `.size WIDTH HEIGHT`")
-        h, w = img.shape[:2]
         if head.startswith("."):
             _directive(img, head, rest, lineno)
             continue
-        name = head.upper()
-        if name not in OPCODES:
-            raise AssemblyError(f"line {lineno}: unknown instruction {head!r}; known: "
-                                + ", ".join(OPCODES))
-        op = OPCODES[name]
-        args = _ints(rest, lineno, f"{name} arguments")
-        if len(args) > 3:
-            raise AssemblyError(f"line {lineno}: {name} takes at most 3 arguments")
-        args = args + [0] * (3 - len(args))
-        pixels = []
-        n_rows = ROW_ARGS.get(op, 0)
-        if op != OP_ROWHI and any(a > 255 for a in args[:n_rows]):
-            pixels.append((OP_ROWHI, *[(a >> 8) if i < n_rows else 0 for i, a in enumerate(args)]))
-            args = [a & 255 if i < n_rows else a for i, a in enumerate(args)]
-        if any(not 0 <= a <= 255 for a in args):
-            raise AssemblyError(f"line {lineno}: {name} arguments must be 0..255 "
-                                f"(row arguments up to 65535), got {args}")
-        pixels.append((op, *args))
-        for px in pixels:
-            if x >= w:
-                raise AssemblyError(f"line {lineno}: row 0 is full ({w} instructions); widen .size")
+        for px in _instruction(head, rest, lineno):
+            if x >= img.shape[1]:
+                raise AssemblyError(f"line {lineno}: row 0 is full ({img.shape[1]} instructions); "
+                                    "widen .size")
             img[0, x] = px
             x += 1
     if img is None:
         raise AssemblyError("empty program: it must start with `.size WIDTH HEIGHT`")
     return img
+
+
+def _size(tokens, lineno) -> np.ndarray:
+    _count(tokens, 2, lineno, ".size")
+    w, h = _ints(tokens, lineno, ".size arguments")
+    _in_range([w], 2, 65535, lineno, ".size width")
+    _in_range([h], 1, 65535, lineno, ".size height")
+    if w * h > MAX_PIXELS:  # refused before the image is allocated
+        raise AssemblyError(f"line {lineno}: .size {w} {h} is {w * h:,} pixels; a program has at "
+                            f"most {MAX_PIXELS:,}")
+    return np.zeros((h, w, 4), np.uint8)
+
+
+def _instruction(head, rest, lineno) -> list[tuple]:
+    """The pixels of one instruction: a ROWHI prefix first when a row is past 255."""
+    name = head.upper()
+    if name not in OPCODES:
+        raise AssemblyError(f"line {lineno}: unknown instruction {_short(head)!r}; known: "
+                            + ", ".join(OPCODES))
+    op = OPCODES[name]
+    args = _ints(_tokens(rest, 3, lineno, name), lineno, f"{name} arguments")
+    n_rows = ROW_ARGS.get(op, 0)
+    for i, a in enumerate(args):
+        if i < n_rows:
+            _in_range([a], 0, MAX_ROW, lineno, f"{name} row argument {i + 1}")
+        else:
+            _in_range([a], 0, 255, lineno, f"{name} argument {i + 1}")
+    args = args + [0] * (3 - len(args))
+    if not any(a > 255 for a in args[:n_rows]):
+        return [(op, *args)]
+    high = [a >> 8 if i < n_rows else 0 for i, a in enumerate(args)]
+    return [(OP_ROWHI, *high), (op, *[a & 255 for a in args])]
 
 
 def _check_row(img, y, lineno, what):
@@ -93,44 +135,45 @@ def _check_row(img, y, lineno, what):
 
 
 def _directive(img, head, rest, lineno):
-    h, w = img.shape[:2]
+    w = img.shape[1]
     if head == ".vector":
-        y, *values = _ints(rest, lineno, ".vector values")
+        tokens = _tokens(rest, 1 + w, lineno, ".vector (a row number and one value a column)")
+        if not tokens:
+            raise AssemblyError(f"line {lineno}: .vector needs a row number")
+        y, *values = _ints(tokens, lineno, ".vector values")
         _check_row(img, y, lineno, ".vector")
-        if len(values) > w:
-            raise AssemblyError(f"line {lineno}: {len(values)} values do not fit in a row of {w}")
-        img[y, : len(values), 0] = np.array(values, np.int64) & 255
+        _in_range(values, 0, 255, lineno, ".vector value")
+        img[y, : len(values), 0] = values
     elif head in (".matrix", ".matrix32"):
-        y, rows, cols, *values = _ints(rest, lineno, f"{head} values")
-        _check_row(img, y, lineno, head)
-        if len(values) != rows * cols:
-            raise AssemblyError(f"line {lineno}: {head} {rows}x{cols} needs {rows * cols} values, "
-                                f"got {len(values)}")
-        m = Matrix(y, rows, cols)
-        if y + m.image_rows(w) > h:
-            raise AssemblyError(f"line {lineno}: {head} at row {y} does not fit in the image")
-        img[y, 0] = (cols & 255, cols >> 8, rows & 255, rows >> 8)
-        ys, xs = element_positions(m, w)
-        vals = np.array(values, np.int64)
-        if head == ".matrix":
-            img[ys, xs, 0] = vals & 255
-        else:
-            img[ys, xs] = (vals & 0xFFFFFFFF).astype("<u4").view(np.uint8).reshape(-1, 4)
+        _matrix(img, head, rest, lineno)
     elif head == ".requant":
-        y, mult, shift, zp = _ints(rest, lineno, ".requant values")
+        tokens = _tokens(rest, 4, lineno, ".requant")
+        _count(tokens, 4, lineno, ".requant (row, multiplier, shift, zero point)")
+        y, mult, shift, zp = _ints(tokens, lineno, ".requant values")
         _check_row(img, y, lineno, ".requant")
-        img[y, 1] = np.array([mult & 0xFFFFFFFF], "<u4").view(np.uint8)
-        img[y, 2, 0], img[y, 2, 1] = shift & 255, zp & 255
+        if w < 3:
+            raise AssemblyError(f"line {lineno}: .requant writes pixels 1 and 2 of its row; the "
+                                f"image is {w} wide")
+        _in_range([mult], 0, REQUANT_MAX_MULT - 1, lineno, ".requant multiplier")
+        _in_range([shift], 0, REQUANT_MAX_SHIFT, lineno, ".requant shift")
+        _in_range([zp], -128, 127, lineno, ".requant zero point")
+        img[y, 1] = np.array([mult], "<u4").view(np.uint8)
+        img[y, 2, 0], img[y, 2, 1] = shift, zp & 255
     elif head == ".pixel":
-        x, y, *rgba = _ints(rest, lineno, ".pixel values")
+        tokens = _tokens(rest, 6, lineno, ".pixel")
+        _count(tokens, 6, lineno, ".pixel (X Y R G B A)")
+        x, y, *rgba = _ints(tokens, lineno, ".pixel values")
         _check_row(img, y, lineno, ".pixel")
-        if not 0 <= x < w or len(rgba) != 4:
-            raise AssemblyError(f"line {lineno}: .pixel X Y R G B A with X in 0..{w - 1}")
-        img[y, x] = np.array(rgba) & 255
+        _in_range([x], 0, w - 1, lineno, ".pixel column")
+        _in_range(rgba, 0, 255, lineno, ".pixel channel value")
+        img[y, x] = rgba
     elif head == ".row":
-        (y,) = _ints(rest[:1], lineno, ".row number")
+        tokens = _tokens(rest, 1 + w, lineno, ".row (a row number and pixels)")
+        if not tokens:
+            raise AssemblyError(f"line {lineno}: .row needs a row number")
+        (y,) = _ints(tokens[:1], lineno, ".row number")
         _check_row(img, y, lineno, ".row")
-        hexdata = "".join(rest[1:])
+        hexdata = "".join(tokens[1:])
         if len(hexdata) % 8 or len(hexdata) // 8 > w:
             raise AssemblyError(f"line {lineno}: .row needs 8 hex digits per pixel, at most {w} pixels")
         try:
@@ -139,13 +182,44 @@ def _directive(img, head, rest, lineno):
             raise AssemblyError(f"line {lineno}: .row data is not hexadecimal") from None
         img[y, : len(data) // 4] = np.frombuffer(data, np.uint8).reshape(-1, 4)
     else:
-        raise AssemblyError(f"line {lineno}: unknown directive {head!r}")
+        raise AssemblyError(f"line {lineno}: unknown directive {_short(head)!r}")
+
+
+def _matrix(img, head, rest, lineno):
+    """.matrix / .matrix32 ROW ROWS COLS values...: the header is checked (and the matrix
+    fitted into the image) before the values are split or converted."""
+    h, w = img.shape[:2]
+    first = rest.split(None, 3)  # row, rows, cols and the unsplit values
+    if len(first) < 3:
+        raise AssemblyError(f"line {lineno}: {head} needs ROW ROWS COLS and the values")
+    y, rows, cols = _ints(first[:3], lineno, f"{head} row and sizes")
+    _check_row(img, y, lineno, head)
+    _in_range([rows], 1, 65535, lineno, f"{head} row count")
+    _in_range([cols], 1, 65535, lineno, f"{head} column count")
+    m = Matrix(y, rows, cols)
+    if y + m.image_rows(w) > h:
+        raise AssemblyError(f"line {lineno}: {head} {rows}x{cols} at row {y} needs image rows up "
+                            f"to {y + m.image_rows(w) - 1}, past the last row {h - 1}")
+    tokens = _tokens(first[3] if len(first) > 3 else "", m.size, lineno, f"{head} {rows}x{cols}")
+    if len(tokens) != m.size:
+        raise AssemblyError(f"line {lineno}: {head} {rows}x{cols} needs {m.size} values, "
+                            f"got {len(tokens)}")
+    values = _ints(tokens, lineno, f"{head} values")
+    img[y, 0] = (cols & 255, cols >> 8, rows & 255, rows >> 8)
+    ys, xs = element_positions(m, w)
+    if head == ".matrix":
+        _in_range(values, -128, 255, lineno, ".matrix value")
+        img[ys, xs, 0] = np.array(values, np.int64) & 255  # u8, or i8 as two's complement
+    else:
+        _in_range(values, I32_MIN, I32_MAX, lineno, ".matrix32 value")
+        words = np.array(values, np.int64).astype("<i4").view(np.uint8).reshape(-1, 4)
+        img[ys, xs] = words
 
 
 def disassemble(img: np.ndarray) -> str:
     """Readable text that assembles back to exactly `img`."""
     h, w = img.shape[:2]
-    lines = [f"; pxVM program, Pixel Protocol 1.1", f".size {w} {h}"]
+    lines = [f"; pxVM program, Pixel Protocol {PROTOCOL_VERSION}", f".size {w} {h}"]
     notes = {}
     try:
         prog = validate_program(img)
@@ -153,18 +227,18 @@ def disassemble(img: np.ndarray) -> str:
             notes[ins.x] = _describe(ins)
     except ProgramError as exc:
         lines.append(f"; note: this program does not validate: {exc}")
-    halted = False
-    for x in range(w):
-        r, g, b, a = (int(v) for v in img[0, x])
-        if halted or r not in MNEMONICS:
-            halted = True  # instructions are placed in order from column 0: stop decoding
-            if (r, g, b, a) != (0, 0, 0, 0):
-                lines.append(f".pixel {x} 0 {r} {g} {b} {a}")
-            continue
+    x = 0
+    while x < w:  # instructions are placed in order from column 0: decode up to the first
+        r, g, b, a = (int(v) for v in img[0, x])  # HALT or unknown opcode
+        if r not in MNEMONICS:
+            break
         text = f"{MNEMONICS[r]} {g} {b} {a}"
         lines.append(text + (f"    ; {notes[x]}" if x in notes else ""))
+        x += 1
         if r == OP_HALT:
-            halted = True
+            break
+    for col in x + np.flatnonzero(np.any(img[0, x:] != 0, axis=1)):
+        lines.append(".pixel {} 0 {} {} {} {}".format(int(col), *(int(v) for v in img[0, col])))
     for y in range(1, h):
         row = img[y]
         nz = np.flatnonzero(np.any(row != 0, axis=1))

@@ -1,4 +1,11 @@
-"""The CPU executor: runs a validated pxVM program on a numpy copy of the image."""
+"""The CPU executor: runs a validated pxVM program on a numpy copy of the image.
+
+Vectors and matrix elements are read and written a block at a time through views of the
+image (one channel plane, or the pixels as u32 words), never through index arrays, so
+the executor's temporaries stay a few MB whatever the image (and a byte per element of a
+matrix product's operands), and its running time follows the element counts of the work
+budget (protocol.py).
+"""
 
 from __future__ import annotations
 
@@ -6,96 +13,237 @@ import numpy as np
 
 from .protocol import (OP_ADD, OP_ARGMAX_I32, OP_BIAS_I32, OP_DOT_RGB, OP_MATMUL,
                        OP_MATMUL_I8, OP_RELU, OP_RELU_I8, OP_REQUANT, Matrix, Program,
-                       element_positions, validate_program)
+                       validate_program)
+
+#: Elements (or vector pixels) one step of an instruction handles; bounds the temporaries
+#: and keeps them in the CPU's cache.
+CHUNK = 1 << 16
+#: Elements of the blocks of A, B and C a matrix product works on at once.
+MATMUL_BLOCK = 1 << 20
+#: Longest sum of 8-bit products that float32 holds exactly (255 * 255 * 256 < 2^24).
+EXACT_K = 256
+
+
+def _plane(img: np.ndarray, channel: int, dtype=np.uint8) -> np.ndarray:
+    """(H, W) view of one channel of the image."""
+    return img.view(dtype)[:, :, channel]
+
+
+def _words(img: np.ndarray) -> np.ndarray:
+    """(H, W) view of the pixels as little-endian u32 words (R is the lowest byte)."""
+    return img.view("<u4")[:, :, 0]
+
+
+def _get(plane: np.ndarray, m: Matrix, start: int = 0, stop: int | None = None) -> np.ndarray:
+    """A new 1-D array of elements start..stop of `m` (row-major) from `plane`."""
+    stop = m.size if stop is None else stop
+    stride = plane.shape[1] - 1
+    first, skip = divmod(start, stride)
+    last = -(-stop // stride)
+    return plane[m.row + first: m.row + last, 1:].flatten()[skip: skip + stop - start]
+
+
+def _put(plane: np.ndarray, m: Matrix, start: int, values: np.ndarray) -> None:
+    """Write `values` as elements start.. of `m` into `plane`."""
+    stride = plane.shape[1] - 1
+    y, x = divmod(start, stride)
+    y, x = m.row + y, x + 1
+    done, n = 0, len(values)
+    if x > 1:  # finish a partly written image row
+        done = min(n, stride + 1 - x)
+        plane[y, x: x + done] = values[:done]
+        y += 1
+    full = (n - done) // stride
+    if full:
+        plane[y: y + full, 1:] = values[done: done + full * stride].reshape(full, stride)
+        done += full * stride
+        y += full
+    if done < n:
+        plane[y, 1: 1 + n - done] = values[done:]
+
+
+def _regions(plane: np.ndarray, m: Matrix) -> list[np.ndarray]:
+    """Views of `plane` holding exactly the elements of `m`: its whole image rows, and the
+    part of its last row."""
+    full, rest = divmod(m.size, plane.shape[1] - 1)
+    views = [plane[m.row: m.row + full, 1:]] if full else []
+    if rest:
+        views.append(plane[m.row + full, 1: 1 + rest])
+    return views
+
+
+def _row_blocks(m: Matrix):
+    """(first element, stop) of blocks of whole matrix rows, about CHUNK elements each."""
+    step = max(1, CHUNK // m.cols) * m.cols
+    for start in range(0, m.size, step):
+        yield start, min(m.size, start + step)
 
 
 def vector_length(img: np.ndarray, row_a: int, row_b: int) -> int:
     """v1.0 rule: the first column where both rows' pixels are (0, 0, 0, 0), else the width."""
-    both_zero = ~np.any(img[row_a] != 0, axis=1) & ~np.any(img[row_b] != 0, axis=1)
-    hits = np.flatnonzero(both_zero)
-    return int(hits[0]) if hits.size else img.shape[1]
+    words = _words(img)
+    width = img.shape[1]
+    for x0 in range(0, width, CHUNK):
+        both_zero = (words[row_a, x0: x0 + CHUNK] | words[row_b, x0: x0 + CHUNK]) == 0
+        first = int(np.argmax(both_zero))
+        if both_zero[first]:
+            return x0 + first
+    return width
 
 
-def _read_u8(img, m: Matrix) -> np.ndarray:
-    y, x = element_positions(m, img.shape[1])
-    return img[y, x, 0].astype(np.int64).reshape(m.rows, m.cols)
+def _dot(img, ra, rb, n) -> int:
+    red = _plane(img, 0)
+    total = 0
+    for x0 in range(0, n, CHUNK):
+        x1 = min(n, x0 + CHUNK)
+        products = red[ra, x0:x1].astype(np.uint16) * red[rb, x0:x1]  # 255 * 255 fits u16
+        total += int(products.sum(dtype=np.uint64))
+    return total & 0xFFFFFFFF
 
 
-def _read_i8(img, m: Matrix) -> np.ndarray:
-    return _read_u8(img, m).astype(np.uint8).view(np.int8).astype(np.int64)
+def _add(img, ra, rb, ro, n) -> None:
+    red = _plane(img, 0)
+    for x0 in range(0, n, CHUNK):
+        x1 = min(n, x0 + CHUNK)
+        total = np.add(red[ra, x0:x1], red[rb, x0:x1], dtype=np.uint16)
+        red[ro, x0:x1] = np.minimum(total, 255, out=total)
 
 
-def _read_i32(img, m: Matrix) -> np.ndarray:
-    y, x = element_positions(m, img.shape[1])
-    return np.ascontiguousarray(img[y, x]).view("<i4").astype(np.int64).reshape(m.rows, m.cols)
+def _matmul_blocks(img, a: Matrix, b: Matrix, signed: bool):
+    """(first row, block of C's rows as float32 or float64) of A @ B, a few rows at a time.
+
+    BLAS computes it exactly: each float32 product of two 8-bit values is an integer below
+    2^16 and each sum over at most EXACT_K of them stays below float32's 2^24, so every
+    block product is exact; longer sums add those up in float64, where every sum (below
+    2^32) is exact too. Blocks of A and B hold at most MATMUL_BLOCK elements, blocks of C
+    about CHUNK (at least 16 rows, so that converting B's blocks again for each block of
+    C's rows costs little)."""
+    dtype = np.int8 if signed else np.uint8
+    red = _plane(img, 0, dtype)
+    a8 = _get(red, a).reshape(a.rows, a.cols)
+    b8 = _get(red, b).reshape(b.rows, b.cols)
+    k, n = a.cols, b.cols
+    depth = max(1, min(EXACT_K, MATMUL_BLOCK // n))
+    rows = min(max(16, CHUNK // n), MATMUL_BLOCK // depth)
+    whole_b = b8.astype(np.float32) if k * n <= MATMUL_BLOCK else None
+    # the blocks of C are computed into the same two arrays: the caller uses each at once
+    part = np.empty((min(rows, a.rows), n), np.float32)
+    acc = np.empty(part.shape) if k > depth else None
+    for i0 in range(0, a.rows, rows):
+        r = min(rows, a.rows - i0)
+        for k0 in range(0, k, depth):
+            a_block = a8[i0: i0 + r, k0: k0 + depth].astype(np.float32)
+            b_block = (whole_b[k0: k0 + depth] if whole_b is not None
+                       else b8[k0: k0 + depth].astype(np.float32))
+            np.matmul(a_block, b_block, out=part[:r])
+            if acc is not None:
+                if k0 == 0:
+                    acc[:r] = part[:r]
+                else:
+                    acc[:r] += part[:r]
+        yield i0, (part if acc is None else acc)[:r]
 
 
 def _write_header(img, m: Matrix) -> None:
     img[m.row, 0] = (m.cols & 255, m.cols >> 8, m.rows & 255, m.rows >> 8)
 
 
-def _write_r(img, m: Matrix, values: np.ndarray) -> None:
-    y, x = element_positions(m, img.shape[1])
-    img[y, x, 0] = (values.reshape(-1) & 255).astype(np.uint8)
+def requantize(acc: np.ndarray, mult: int, shift: int, zero_point: int,
+               value: np.ndarray | None = None, out: np.ndarray | None = None) -> np.ndarray:
+    """sign(acc) * round_half_away(|acc| * mult / 2^shift) + zero_point, saturated to int8,
+    as float64 (whole numbers). `value` and `out`, float64 arrays of acc's size, hold the
+    work when given, so that no temporary is allocated.
 
-
-def _write_i32(img, m: Matrix, values: np.ndarray) -> None:
-    y, x = element_positions(m, img.shape[1])
-    words = (values.reshape(-1) & 0xFFFFFFFF).astype("<u4")
-    img[y, x] = words.view(np.uint8).reshape(-1, 4)
-
-
-def requantize(acc: np.ndarray, mult: int, shift: int, zero_point: int) -> np.ndarray:
-    """sign(acc) * round_half_away(|acc| * mult / 2^shift) + zero_point, saturated to int8."""
-    mag = np.abs(acc.astype(np.int64)) * mult
+    float64 computes it exactly: |acc| * mult < 2^47, adding 2^(shift-1) keeps it below
+    2^48, and scaling by 2^-shift and flooring are exact for such numbers."""
+    value = np.empty(acc.shape) if value is None else value
+    out = np.empty(acc.shape) if out is None else out
+    value[...] = acc
+    np.abs(value, out=out)
+    out *= mult
     if shift > 0:
-        mag = (mag + (1 << (shift - 1))) >> shift
-    return np.clip(np.sign(acc) * mag + zero_point, -128, 127)
+        out += 2.0 ** (shift - 1)
+        out *= 2.0 ** -shift
+        np.floor(out, out=out)
+    np.copysign(out, value, out=out)
+    out += zero_point
+    return np.clip(out, -128, 127, out=out)
+
+
+def _matmul(img, ins) -> None:
+    a, b, c = ins.mats
+    signed = ins.opcode == OP_MATMUL_I8
+    _write_header(img, c)
+    for i0, block in _matmul_blocks(img, a, b, signed):
+        if signed:  # |sum| < 2^30: an int32, stored as its two's complement word
+            _put(_words(img), c, i0 * c.cols, block.astype(np.int32).view("<u4").reshape(-1))
+        else:
+            _put(_plane(img, 0), c, i0 * c.cols,
+                 np.minimum(block, 255, out=block).astype(np.uint8).reshape(-1))
+
+
+def _bias(img, ins) -> None:
+    c, bias = ins.mats
+    words = _words(img)
+    row = _get(words, bias)  # u32 addition wraps modulo 2^32, as i32 addition must
+    for start, stop in _row_blocks(c):
+        block = _get(words, c, start, stop).reshape(-1, c.cols) + row
+        _put(words, c, start, block.reshape(-1))
+
+
+def _requant(img, ins) -> None:
+    c, out = ins.mats
+    mult, shift, zp = ins.extra
+    _write_header(img, out)
+    words, red = _words(img), _plane(img, 0)
+    value, result = np.empty(min(CHUNK, c.size)), np.empty(min(CHUNK, c.size))
+    for start in range(0, c.size, CHUNK):
+        stop = min(c.size, start + CHUNK)
+        acc = _get(words, c, start, stop).view("<i4")
+        q = requantize(acc, mult, shift, zp, value[:len(acc)], result[:len(acc)])
+        _put(red, out, start, q.astype(np.int8).view(np.uint8))
+
+
+def _relu_i8(img, ins) -> None:
+    (m,) = ins.mats
+    for block in _regions(_plane(img, 0, np.int8), m):
+        np.maximum(block, 0, out=block)
+
+
+def _argmax(img, ins) -> None:
+    m, out = ins.mats
+    _write_header(img, out)
+    words = _words(img)
+    for start, stop in _row_blocks(m):
+        idx = np.argmax(_get(words, m, start, stop).view("<i4").reshape(-1, m.cols), axis=1)
+        first_row = start // m.cols
+        _put(_plane(img, 0), out, first_row, (idx & 255).astype(np.uint8))
+        _put(_plane(img, 1), out, first_row, (idx >> 8).astype(np.uint8))
 
 
 def execute(img: np.ndarray, program: Program) -> np.ndarray:
     for ins in program.instructions:
         op = ins.opcode
-        if op == OP_DOT_RGB:
+        if op in (OP_DOT_RGB, OP_ADD):
             ra, rb, ro = ins.rows
             n = vector_length(img, ra, rb)
-            dot = int(np.sum(img[ra, :n, 0].astype(np.uint64) * img[rb, :n, 0].astype(np.uint64)))
-            dot &= 0xFFFFFFFF
-            img[ro, 0, 0], img[ro, 0, 1] = dot & 255, (dot >> 8) & 255
-        elif op == OP_ADD:
-            ra, rb, ro = ins.rows
-            n = vector_length(img, ra, rb)
-            total = img[ra, :n, 0].astype(np.int32) + img[rb, :n, 0].astype(np.int32)
-            img[ro, :n, 0] = np.minimum(total, 255).astype(np.uint8)
+            if op == OP_ADD:
+                _add(img, ra, rb, ro, n)
+            else:
+                dot = _dot(img, ra, rb, n)
+                img[ro, 0, 0], img[ro, 0, 1] = dot & 255, (dot >> 8) & 255
         elif op == OP_RELU:
             pass  # v1.0: unsigned data are never negative
-        elif op == OP_MATMUL:
-            a, b, c = ins.mats
-            prod = _read_u8(img, a) @ _read_u8(img, b)
-            _write_header(img, c)
-            _write_r(img, c, np.minimum(prod, 255))
-        elif op == OP_MATMUL_I8:
-            a, b, c = ins.mats
-            prod = (_read_i8(img, a) @ _read_i8(img, b)) & 0xFFFFFFFF
-            _write_header(img, c)
-            _write_i32(img, c, prod)
+        elif op in (OP_MATMUL, OP_MATMUL_I8):
+            _matmul(img, ins)
         elif op == OP_BIAS_I32:
-            c, bias = ins.mats
-            _write_i32(img, c, _read_i32(img, c) + _read_i32(img, bias).reshape(1, -1))
+            _bias(img, ins)
         elif op == OP_REQUANT:
-            c, out = ins.mats
-            mult, shift, zp = ins.extra
-            _write_header(img, out)
-            _write_r(img, out, requantize(_read_i32(img, c), mult, shift, zp))
+            _requant(img, ins)
         elif op == OP_RELU_I8:
-            (m,) = ins.mats
-            _write_r(img, m, np.maximum(_read_i8(img, m), 0))
+            _relu_i8(img, ins)
         elif op == OP_ARGMAX_I32:
-            m, out = ins.mats
-            idx = np.argmax(_read_i32(img, m), axis=1)
-            _write_header(img, out)
-            y, x = element_positions(out, img.shape[1])
-            img[y, x, 0], img[y, x, 1] = idx & 255, (idx >> 8) & 255
+            _argmax(img, ins)
     return img
 
 

@@ -1,4 +1,4 @@
-"""The Pixel Protocol v1.1 (docs/pixel-protocol.md): opcodes, the matrix layout, and the
+"""The Pixel Protocol v1.2 (docs/pixel-protocol.md): opcodes, the matrix layout, and the
 shared validator that decodes an image into a checked program before anything runs.
 
 Both executors run the decoded `Program`, so they agree on what every instruction means:
@@ -14,7 +14,7 @@ import numpy as np
 
 from ..runtime.errors import PxvmError
 
-PROTOCOL_VERSION = "1.1"
+PROTOCOL_VERSION = "1.2"
 
 OP_HALT = 0
 OP_DOT_RGB = 1
@@ -41,8 +41,10 @@ ROW_ARGS = {OP_DOT_RGB: 3, OP_ADD: 3, OP_RELU: 1, OP_MATMUL: 3, OP_MATMUL_I8: 3,
 
 #: Instructions executed at most (HALT excluded); longer programs are refused up front.
 INSTRUCTION_BUDGET = 4096
-#: Multiply-adds one program may ask for in all; bounds the GPU's running time.
-WORK_BUDGET = 1 << 34
+#: Work one program may ask for in all, counted per instruction by `instruction_work`:
+#: bounds every executor's running time (the CPU executor's slowest admitted programs
+#: take seconds, not hours) before anything runs.
+WORK_BUDGET = 1 << 32
 #: Largest image accepted (pixels); executors may impose a lower device limit.
 MAX_PIXELS = 1 << 26
 REQUANT_MAX_SHIFT = 31
@@ -169,10 +171,13 @@ def validate_program(img, max_pixels: int | None = None) -> Program:
         if r == OP_REQUANT:
             _params_not_computed(rows[1], written, where)
         written.extend(_rows_written(ins, w))
-        prog.work += _work(ins)
-        if prog.work > WORK_BUDGET:
-            raise BudgetExceededError(f"{where}: the program needs more than {WORK_BUDGET:,} "
-                                      "multiply-adds, the work budget of every executor")
+        work = instruction_work(ins, w)
+        if prog.work + work > WORK_BUDGET:
+            raise BudgetExceededError(
+                f"{where}: {ins.name} counts {work:,} toward the work budget "
+                f"({_work_rule(ins, w)}), {prog.work + work:,} with the instructions before it; "
+                f"a program may ask for at most {WORK_BUDGET:,} (the budget of every executor)")
+        prog.work += work
         prog.instructions.append(ins)
     else:
         if pending_hi:
@@ -301,10 +306,34 @@ def _params_not_computed(row: int, written, where) -> None:
                                "the image, so put them in rows no instruction writes")
 
 
-def _work(ins: Instruction) -> int:
+def instruction_work(ins: Instruction, width: int) -> int:
+    """The instruction's count against the work budget: the elements it touches, at least 1.
+
+    DOT_RGB and ADD: their vector length is only known when they run (any column up to the
+    width may end it), so they count whole rows: DOT_RGB the two rows it reads (2 x W),
+    ADD those and the row it writes (3 x W). MATMUL and MATMUL_I8 count their
+    multiply-adds M x K x N (at least as many as the elements of each operand and of the
+    result); the other matrix instructions the elements of their operands and result.
+    RELU touches nothing and counts 1."""
+    if ins.opcode == OP_DOT_RGB:
+        return 2 * width
+    if ins.opcode == OP_ADD:
+        return 3 * width
     if ins.opcode in (OP_MATMUL, OP_MATMUL_I8):
         a, b, _ = ins.mats
         return a.rows * a.cols * b.cols
+    return max(1, sum(m.size for m in ins.mats))
+
+
+def _work_rule(ins: Instruction, width: int) -> str:
+    """How `instruction_work` counted `ins`, for the budget error."""
+    if ins.opcode == OP_DOT_RGB:
+        return f"2 rows of width {width:,}"
+    if ins.opcode == OP_ADD:
+        return f"3 rows of width {width:,}"
+    if ins.opcode in (OP_MATMUL, OP_MATMUL_I8):
+        a, b, _ = ins.mats
+        return f"{a.rows} x {a.cols} x {b.cols} multiply-adds"
     if ins.mats:
-        return sum(m.size for m in ins.mats)
-    return 0
+        return " + ".join(f"{m.size:,}" for m in ins.mats) + " matrix elements"
+    return "every instruction counts at least 1"

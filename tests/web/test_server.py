@@ -4,26 +4,45 @@ to loopback by default."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import inspect
+import io
 import json
+import socket
+import struct
 import threading
+import time
+import zlib
 from importlib import resources
 
+import numpy as np
 import pytest
+from PIL import Image
 
 from pxvm.runtime.webgpu import load_wgsl
+from pxvm.vm.protocol import OP_ADD, OP_DOT_RGB
+from pxvm.web import httpd
 from pxvm.web import server as web_server
+from pxvm.web import uploads
+
+
+@contextlib.contextmanager
+def serving(planner=None):
+    srv = web_server.PxvmServer(("127.0.0.1", 0), planner=planner)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield srv
+    finally:
+        srv.shutdown()
+        srv.server_close()
 
 
 @pytest.fixture(scope="module")
 def served():
-    srv = web_server.make_server(port=0)
-    thread = threading.Thread(target=srv.serve_forever, daemon=True)
-    thread.start()
-    yield srv
-    srv.shutdown()
-    srv.server_close()
+    with serving() as srv:
+        yield srv
 
 
 def request(srv, method, path, body=None, headers=None):
@@ -115,5 +134,258 @@ def test_page_parses_bindings_with_the_runtime_pattern():
 
 
 def test_ipv6_loopback_host_header_is_accepted():
-    assert web_server.is_loopback("::1") and web_server.is_loopback("localhost")
-    assert not web_server.is_loopback("0.0.0.0") and not web_server.is_loopback("example.org")
+    assert httpd.is_loopback("::1") and httpd.is_loopback("localhost")
+    assert not httpd.is_loopback("0.0.0.0") and not httpd.is_loopback("example.org")
+
+
+# ---- hostile uploads --------------------------------------------------------------------
+def png_bytes(img) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(img, "RGBA").save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def chunk(tag: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data))
+
+
+def png_of_zeros(width, height, depth=8) -> bytes:
+    """An all-zero RGBA PNG written row by row, never holding the image in memory."""
+    deflate = zlib.compressobj(9)
+    row = bytes(1 + width * 4 * depth // 8)
+    idat = b"".join(deflate.compress(row) for _ in range(height)) + deflate.flush()
+    ihdr = struct.pack(">IIBBBBB", width, height, depth, 6, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
+
+
+def upload(srv, data, timeout=60):
+    conn = http.client.HTTPConnection(*srv.server_address[:2], timeout=timeout)
+    try:
+        conn.request("POST", "/api/program/upload", body=data, headers={"Content-Type": "image/png"})
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read())
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def planner_calls(served, monkeypatch):
+    """How many uploads reached the planning process."""
+    calls = []
+    run = served.planner.run
+    monkeypatch.setattr(served.planner, "run", lambda *a: calls.append(1) or run(*a))
+    return calls
+
+
+def test_an_8192x8192_zero_png_upload_is_refused_quickly_from_its_header(served, planner_calls):
+    data = png_of_zeros(8192, 8192)  # the issue's 261 KB file, 256 MB once decoded
+    assert len(data) < 300_000
+    start = time.perf_counter()
+    status, body = upload(served, data)
+    assert time.perf_counter() - start < 1
+    assert status == 413 and body["error"] == (
+        "the upload is 8192x8192 = 67,108,864 pixels; at most 1,048,576 are accepted in an "
+        "upload (run larger programs with `pxvm run`)")
+    assert not planner_calls  # refused from the header: nothing was decoded
+
+
+def test_a_20000x20000_header_upload_is_a_clear_error(served, planner_calls):
+    ihdr = struct.pack(">IIBBBBB", 20000, 20000, 8, 6, 0, 0, 0)
+    data = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", b"x") + chunk(b"IEND", b"")
+    status, body = upload(served, data)
+    assert status == 413 and "20000x20000 = 400,000,000 pixels" in body["error"]
+    assert not planner_calls
+
+
+def test_a_16_bit_rgba_upload_is_refused_naming_its_bit_depth(served, planner_calls):
+    status, body = upload(served, png_of_zeros(4, 4, depth=16))
+    assert status == 400 and "bit depth 16 and colour type 6 (RGBA)" in body["error"]
+    assert not planner_calls
+
+
+def vector_program(op, width, count, height=2) -> bytes:
+    """`count` instructions `op` 1 1 1 over a row of `width` non-zero pixels."""
+    img = np.random.default_rng(0).integers(1, 256, (height, width, 4), dtype=np.uint8)
+    img[0] = 0
+    img[0, :count] = (op, 1, 1, 1)
+    return png_bytes(img)
+
+
+def test_an_upload_over_the_work_budget_is_refused_before_it_runs(served):
+    start = time.perf_counter()
+    status, body = upload(served, vector_program(OP_ADD, 1 << 19, 4096))
+    assert status == 400 and "ADD counts 1,572,864 toward the work budget" in body["error"]
+    assert time.perf_counter() - start < 10  # planning it would take seconds more
+
+
+@pytest.fixture(scope="module")
+def slow_upload() -> bytes:
+    """A program at the work budget within the upload's pixel cap: seconds of CPU work."""
+    return vector_program(OP_DOT_RGB, 1 << 19, 4096)
+
+
+def wait_for(condition, seconds=20.0):
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def test_others_are_served_while_an_upload_is_planned_and_a_gone_client_stops_it(served, slow_upload):
+    stopped = served.planner.stopped
+    client = socket.create_connection(served.server_address[:2], timeout=30)
+    client.sendall(b"POST /api/program/upload HTTP/1.1\r\nHost: localhost\r\nContent-Length: "
+                   + str(len(slow_upload)).encode() + b"\r\n\r\n" + slow_upload)
+    wait_for(lambda: served.planner.running)
+    start = time.perf_counter()
+    status, body = request(served, "GET", "/api/info")
+    assert status == 200 and json.loads(body)["max_upload_pixels"] == 1 << 20
+    assert time.perf_counter() - start < 2 and served.planner.running  # still planning
+    client.close()  # the client gives up: its planning process is killed
+    wait_for(lambda: not served.planner.running, seconds=5)
+    assert served.planner.stopped == stopped + 1
+
+
+def test_an_upload_planned_past_the_time_limit_is_stopped_with_503(slow_upload):
+    with serving(uploads.PlanRunner(seconds=0.5)) as srv:
+        start = time.perf_counter()
+        status, body = upload(srv, slow_upload)
+        assert status == 503 and body["error"] == (
+            "planning this program took more than 0.5 s and was stopped; run it with `pxvm run`")
+        assert time.perf_counter() - start < 5 and srv.planner.stopped == 1
+
+
+def test_an_upload_needing_more_memory_than_allowed_is_refused_with_413():
+    img = np.random.default_rng(1).integers(0, 256, (500, 2048, 4), dtype=np.uint8)
+    img[0] = 0  # no instructions: the plan's JSON alone needs the memory
+    program = png_bytes(img)
+    with serving(uploads.PlanRunner(memory=180 << 20)) as srv:  # the process alone ~160 MB
+        status, body = upload(srv, program)
+        assert status in (413, 503), body
+        assert "memory" in body["error"] or "ended without an answer" in body["error"]
+
+
+def test_uploads_past_the_planning_slots_get_503_at_once():
+    data = resources.files("pxvm.examples").joinpath("dot_test.pxi").read_bytes()
+    with serving(uploads.PlanRunner(workers=0)) as srv:
+        status, body = upload(srv, data)
+        assert status == 503 and "planning other uploads" in body["error"]
+
+
+def test_a_plan_over_the_response_cap_is_refused(monkeypatch):
+    data = resources.files("pxvm.examples").joinpath("dot_test.pxi").read_bytes()
+    assert json.loads(uploads.upload_plan(data))["instructions"] == ["DOT_RGB"]
+    monkeypatch.setattr(uploads, "MAX_RESPONSE", 1000)
+    with pytest.raises(uploads.ResponseTooLarge, match=r"plan is [\d,]+ bytes of JSON; "
+                                                          r"responses are limited to 1,000"):
+        uploads.upload_plan(data)
+
+
+def test_no_response_exceeds_the_cap(served, monkeypatch):
+    monkeypatch.setattr(httpd, "MAX_RESPONSE", 100)
+    status, body = request(served, "GET", "/api/info")
+    assert status == 500 and len(body) < 200 and b"over the server's limit of 100" in body
+
+
+# ---- hostile requests -------------------------------------------------------------------
+def raw_exchange(srv, data: bytes, half_close=True, timeout=30) -> tuple[int, dict, bytes]:
+    """Send raw bytes; (status, headers, body) of the first response."""
+    with socket.create_connection(srv.server_address[:2], timeout=timeout) as conn:
+        conn.sendall(data)
+        if half_close:
+            conn.shutdown(socket.SHUT_WR)
+        received = b""
+        while b"\r\n\r\n" not in received:
+            part = conn.recv(65536)
+            assert part, f"connection closed without an answer: {received!r}"
+            received += part
+        head, _, body = received.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        headers = {k.lower(): v.strip() for k, _, v in (h.partition(":") for h in lines[1:])}
+        while len(body) < int(headers.get("content-length", 0)):
+            part = conn.recv(65536)
+            assert part
+            body += part
+        return int(lines[0].split()[1]), headers, body
+
+
+@pytest.mark.parametrize("data,status,message", [
+    (b"BREW / HTTP/1.1\r\nHost: localhost\r\n\r\n", 405, b"method 'BREW' is not served"),
+    (b"DELETE /api/info HTTP/1.1\r\nHost: localhost\r\n\r\n", 405, b"use GET, HEAD or POST"),
+    (b"GET /\r\n\r\n", 400, b"HTTP/0.9 requests are not served"),
+    (b"GET / HTTP/2.0\r\n\r\n", 400, b"Invalid HTTP version"),
+    (b"GET / XTTP/1.1\r\n\r\n", 400, b"Bad request version"),
+    (b"\x00\xff garbage\r\n\r\n", 400, b"Bad HTTP/0.9 request type"),
+    (b"GET http://[::1/ HTTP/1.1\r\nHost: localhost\r\n\r\n", 400, b"malformed request path"),
+    (b"GET /" + b"a" * 70000 + b" HTTP/1.1\r\n\r\n", 414, b"URI Too Long"),
+    (b"POST /api/program/upload HTTP/1.1\r\nHost: localhost\r\nContent-Length: 12x\r\n\r\n",
+     411, b"one Content-Length header"),
+    (b"POST /api/program/upload HTTP/1.1\r\nHost: localhost\r\nContent-Length: 4\r\n"
+     b"Content-Length: 4\r\n\r\nabcd", 411, b"one Content-Length header"),
+    (b"POST /api/program/upload HTTP/1.1\r\nHost: localhost\r\nContent-Length: -5\r\n\r\n",
+     411, b"one Content-Length header"),
+    (b"POST /api/program/upload HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked"
+     b"\r\n\r\n4\r\nabcd\r\n0\r\n\r\n", 411, b"chunked bodies are not accepted"),
+    (b"POST /api/program/upload HTTP/1.1\r\nHost: localhost\r\nContent-Length: 1000\r\n\r\n"
+     b"\x89PNG", 400, b"the body ended: 4 of the 1,000 bytes"),
+    (b"GET /api/program/random?seed=-1 HTTP/1.1\r\nHost: localhost\r\n\r\n", 400,
+     b"seed must be one integer in 0..4294967295, got '-1'"),
+    (b"GET /api/program/random?seed=1e3 HTTP/1.1\r\nHost: localhost\r\n\r\n", 400, b"got '1e3'"),
+    (b"GET /api/program/random?seed=" + b"9" * 5000 + b" HTTP/1.1\r\nHost: localhost\r\n\r\n",
+     400, b"seed must be one integer"),
+    (b"GET /api/case/add?seed=4294967296 HTTP/1.1\r\nHost: localhost\r\n\r\n", 400,
+     b"seed must be one integer"),
+    (b"GET /api/program/random?seed=1&seed=2 HTTP/1.1\r\nHost: localhost\r\n\r\n", 400,
+     b"got '1, 2'"),
+    (b"GET /api/case/add--1 HTTP/1.1\r\nHost: localhost\r\n\r\n", 404,
+     b"no conformance case 'add--1'"),
+    (b"GET /api/case/add-999999999999 HTTP/1.1\r\nHost: localhost\r\n\r\n", 404,
+     b"no conformance case"),
+    (b"GET /api/bench/nope HTTP/1.1\r\nHost: localhost\r\n\r\n", 404, b"no benchmark 'nope'"),
+    (b"GET /api/program/example/..%2fx.pxi HTTP/1.1\r\nHost: localhost\r\n\r\n", 403,
+     b"path refused"),
+])
+def test_malformed_requests_get_a_clear_json_4xx_with_a_status_line(served, data, status, message):
+    got, headers, body = raw_exchange(served, data)
+    assert got == status, body
+    assert headers["content-type"] == "application/json" and message in body
+    assert "error" in json.loads(body)
+    if status == 405:
+        assert headers["allow"] == "GET, HEAD, POST"
+
+
+def test_valid_seeds_and_case_ids_still_work(served):
+    for path in ("/api/program/random?seed=4294967295", "/api/case/add?seed=0", "/api/case/add-1"):
+        status, body = request(served, "GET", path)
+        assert status == 200 and json.loads(body)["buffers"]
+
+
+def test_a_body_that_does_not_arrive_in_time_is_answered_400(served, monkeypatch):
+    monkeypatch.setattr(httpd, "BODY_SECONDS", 0.5)
+    start = time.perf_counter()
+    status, _, body = raw_exchange(served, b"POST /api/program/upload HTTP/1.1\r\nHost: localhost"
+                                           b"\r\nContent-Length: 100\r\n\r\nabc", half_close=False)
+    assert status == 400 and b"did not arrive within 0.5 s: 3 of the 100 bytes" in body
+    assert time.perf_counter() - start < 5
+
+
+def test_a_get_with_a_body_is_answered_and_its_body_never_read_as_a_request(served):
+    smuggled = b"GET /api/info HTTP/1.1\r\nHost: localhost\r\n\r\n"
+    data = (b"GET /api/bench/nope HTTP/1.1\r\nHost: localhost\r\nContent-Length: "
+            + str(len(smuggled)).encode() + b"\r\n\r\n" + smuggled)
+    with socket.create_connection(served.server_address[:2], timeout=30) as conn:
+        conn.sendall(data)
+        received = b""
+        while part := conn.recv(65536):  # the server closes after its one answer
+            received += part
+    assert received.count(b"HTTP/1.1 ") == 1 and b" 404 " in received
+
+
+def test_connections_past_the_cap_get_503_and_are_closed():
+    with serving() as srv:
+        srv.max_connections = 1
+        with socket.create_connection(srv.server_address[:2], timeout=30) as idle:
+            idle.sendall(b"GET /api/info HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            idle.recv(100)  # answered; the connection stays open (keep-alive)
+            status, headers, body = raw_exchange(srv, b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            assert status == 503 and b"try again" in body and headers["connection"] == "close"

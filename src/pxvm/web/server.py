@@ -5,36 +5,39 @@ outputs, CPU executor results, native benchmark numbers).
 Nothing is served from a path built out of the request: every URL is matched against a
 fixed route table and a whitelist of shipped file names, so `..`, absolute paths and
 percent-encoded traversal can only ever reach a 403 or a 404.
+
+Every request is bounded: bodies and responses have a size cap, reads a time limit, and an
+uploaded program is planned (validated, recorded and run on the CPU executor) in a process
+of its own under a memory and a time limit, killed when the time is up or the client goes
+away, while the server's other threads keep answering. Every refusal is a JSON error with
+a status line; no request gets a 5xx unless the server has a bug.
 """
 
 from __future__ import annotations
 
-import ipaddress
-import json
 import logging
-import socket
 import threading
 import time
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
-from urllib.parse import parse_qs, unquote, urlsplit
 
 from .. import __version__
 from ..backends import webgpu_backend
 from ..ops import REGISTRY
 from ..runtime.errors import PxvmError
-from ..vm import load_pxi
+from ..vm import ProgramError, load_pxi
+from ..vm.io import ImageTooLarge, read_png_header
 from . import cases, plans
 from .cases import BENCHMARKS
+from .httpd import DRAIN_LIMIT, BoundedHandler, BoundedServer, shortened
+from .uploads import PLAN_STATUS, UPLOAD_MAX_PIXELS, PlanRunner
 
 log = logging.getLogger(__name__)
 
 #: Largest .pxi upload accepted (bytes); larger bodies get 413 before being read.
 MAX_UPLOAD = 4 * 1024 * 1024
-#: Oversized bodies up to this size are drained before the 413, larger ones are not read.
-DRAIN_LIMIT = 4 * MAX_UPLOAD
 DEFAULT_HOST = "127.0.0.1"
+MAX_SEED = 2**32 - 1
 
 CONTENT_TYPES = {
     ".html": "text/html; charset=utf-8",
@@ -64,16 +67,6 @@ def kernel_files() -> dict[str, object]:
 
 def example_files() -> dict[str, object]:
     return _shipped(resources.files("pxvm.examples"), (".pxi",))
-
-
-def is_loopback(host: str) -> bool:
-    """Whether `host` (an address or the name localhost) is a loopback address."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 class NativeBenchmarks:
@@ -114,75 +107,20 @@ class NativeBenchmarks:
         return {"device": backend.describe(), "error": None, "results": results}
 
 
-class PxvmRequestHandler(BaseHTTPRequestHandler):
+class BadRequest(PxvmError):
+    """A request the server cannot answer as asked (a malformed seed, say); answered 400."""
+
+
+class PxvmRequestHandler(BoundedHandler):
     server_version = f"pxvm/{__version__}"
-    protocol_version = "HTTP/1.1"
-
-    # ---- plumbing ------------------------------------------------------------------
-    def log_message(self, fmt, *args):
-        log.info("%s %s", self.address_string(), fmt % args)
-
-    def _send(self, status: int, body: bytes, content_type: str = "text/plain; charset=utf-8"):
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Cache-Control", "no-store")
-        self.send_header("X-Content-Type-Options", "nosniff")
-        # the page needs nothing from elsewhere; this keeps it that way
-        self.send_header("Content-Security-Policy",
-                         "default-src 'self'; img-src 'self' data: blob:; style-src 'self'; "
-                         "script-src 'self'; connect-src 'self'")
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
-
-    def _discard(self, length: int) -> None:
-        while length > 0:
-            chunk = self.rfile.read(min(length, 1 << 16))
-            if not chunk:
-                break
-            length -= len(chunk)
-
-    def _json(self, obj, status: int = 200):
-        self._send(status, json.dumps(obj).encode(), "application/json")
-
-    def _error(self, status: int, message: str):
-        self._json({"error": message}, status)
-
-    def _host_allowed(self) -> bool:
-        """When bound to loopback, answer only requests addressed to loopback names, so a
-        web page elsewhere cannot reach this server through DNS rebinding."""
-        if not is_loopback(self.server.server_address[0]):
-            return True
-        host = (self.headers.get("Host") or "").strip()
-        if host.startswith("["):
-            name = host[1:host.find("]")] if "]" in host else host
-        else:
-            name = host.rsplit(":", 1)[0]
-        return is_loopback(name)
-
-    def _route(self):
-        """(segments, query) of the request path, or None after refusing it."""
-        if not self._host_allowed():
-            self._error(HTTPStatus.FORBIDDEN, "this server answers only requests to localhost")
-            return None
-        parts = urlsplit(self.path)
-        raw = parts.path
-        path = unquote(raw)
-        # decode twice so %252e%252e is caught too; any traversal-looking path is refused
-        twice = unquote(path)
-        if (not raw.startswith("/") or raw.startswith("//") or "\\" in twice or "\x00" in twice
-                or any(seg in ("..", ".") for seg in twice.split("/"))):
-            self._error(HTTPStatus.FORBIDDEN, "path refused")
-            return None
-        segments = [s for s in path.split("/") if s]
-        return segments, parse_qs(parts.query)
 
     # ---- GET -----------------------------------------------------------------------
-    def do_HEAD(self):
-        self.do_GET()
-
     def do_GET(self):
+        if self._has_body():  # never read: the connection ends after the answer, so a body
+            self.close_connection = True  # is never taken for the next request
+        self._guarded(self._get)
+
+    def _get(self):
         routed = self._route()
         if routed is None:
             return
@@ -199,8 +137,9 @@ class PxvmRequestHandler(BaseHTTPRequestHandler):
                 return self._file(example_files(), rest[0])
             if head == "api":
                 return self._api_get(rest, query)
-        except (KeyError, ValueError, IndexError) as exc:
-            return self._error(HTTPStatus.NOT_FOUND, f"not found: {exc}")
+        except KeyError as exc:
+            what = exc.args[0] if exc.args else ""
+            return self._error(HTTPStatus.NOT_FOUND, f"not found: {shortened(str(what))}")
         except PxvmError as exc:
             return self._error(HTTPStatus.BAD_REQUEST, str(exc))
         self._error(HTTPStatus.NOT_FOUND, "not found")
@@ -212,7 +151,13 @@ class PxvmRequestHandler(BaseHTTPRequestHandler):
         self._send(200, files[name].read_bytes(), CONTENT_TYPES.get(suffix, "application/octet-stream"))
 
     def _seed(self, query) -> int:
-        return int(query.get("seed", ["0"])[0]) % (2**32)
+        values = query.get("seed", ["0"])
+        text = values[-1]
+        if len(values) > 1 or not (text.isascii() and text.isdigit()) or len(text) > 10 \
+                or int(text) > MAX_SEED:
+            raise BadRequest(f"seed must be one integer in 0..{MAX_SEED}, got "
+                             f"{shortened(', '.join(values))!r}")
+        return int(text)
 
     def _api_get(self, rest, query):
         route = "/".join(rest)
@@ -227,21 +172,24 @@ class PxvmRequestHandler(BaseHTTPRequestHandler):
                 "kernels": sorted(kernel_files()),
                 "vm": True,
                 "max_upload": MAX_UPLOAD,
+                "max_upload_pixels": UPLOAD_MAX_PIXELS,
             })
         if len(rest) == 2 and rest[0] == "case":
+            if rest[1] not in plans.case_ids(REGISTRY):
+                raise KeyError(f"no conformance case {rest[1]!r}; /api/info lists them")
             return self._json(plans.conformance_plan(rest[1], self._seed(query)))
         if len(rest) == 2 and rest[0] == "bench":
             if rest[1] == "native":
                 return self._json(self.server.native.measure())
-            if rest[1] not in BENCHMARKS:
-                raise KeyError(rest[1])
+            if rest[1] not in BENCHMARKS or rest[1] not in REGISTRY:
+                raise KeyError(f"no benchmark {rest[1]!r}; /api/info lists them")
             return self._json(plans.benchmark_plan(rest[1]))
         if len(rest) == 2 and rest[0] == "program" and rest[1] == "random":
             return self._json(plans.program_plan(cases.random_program(self._seed(query))))
         if len(rest) == 3 and rest[:2] == ["program", "example"]:
             files = example_files()
             if rest[2] not in files:
-                raise KeyError(rest[2])
+                raise KeyError(f"no example {rest[2]!r}; /api/info lists them")
             plan = plans.program_plan(load_pxi(files[rest[2]].read_bytes()))
             plan["name"] = rest[2]
             return self._json(plan)
@@ -249,19 +197,21 @@ class PxvmRequestHandler(BaseHTTPRequestHandler):
 
     # ---- POST: run a dropped .pxi ----------------------------------------------------
     def do_POST(self):
+        self._guarded(self._post)
+
+    def _post(self):
         routed = self._route()
         if routed is None:
+            self.close_connection = True  # the body was not read
             return
         seg, _ = routed
         if seg != ["api", "program", "upload"]:
             self.close_connection = True
             return self._error(HTTPStatus.NOT_FOUND, "not found")
-        try:
-            length = int(self.headers.get("Content-Length", ""))
-        except ValueError:
-            self.close_connection = True
-            return self._error(HTTPStatus.LENGTH_REQUIRED, "Content-Length is required")
-        if length < 0 or length > MAX_UPLOAD:
+        length = self._content_length()
+        if length is None:
+            return
+        if length > MAX_UPLOAD:
             # a modest excess is read and dropped so the client sees the 413 instead of a
             # reset connection; anything larger is left unread and the connection closed
             if length <= DRAIN_LIMIT:
@@ -269,30 +219,32 @@ class PxvmRequestHandler(BaseHTTPRequestHandler):
             self.close_connection = True
             return self._error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
                                f"uploads are limited to {MAX_UPLOAD // (1024 * 1024)} MiB")
-        body = self.rfile.read(length)
-        try:
-            plan = plans.program_plan(load_pxi(body))
-        except PxvmError as exc:
+        body = self._read_body(length)
+        if body is None:
+            return
+        try:  # the header alone decides the size, before anything is decoded
+            read_png_header(body, "the upload", max_pixels=UPLOAD_MAX_PIXELS)
+        except ImageTooLarge as exc:
+            return self._error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                               f"{exc} in an upload (run larger programs with `pxvm run`)")
+        except ProgramError as exc:
             return self._error(HTTPStatus.BAD_REQUEST, str(exc))
-        plan["name"] = "uploaded program"
-        self._json(plan)
+        outcome, payload = self.server.planner.run(body, self._client_gone)
+        if outcome == "gone":
+            self.close_connection = True
+            return
+        if outcome == "ok":
+            return self._send(HTTPStatus.OK, payload, "application/json")
+        if outcome == "bug":
+            log.error("planning an upload failed:\n%s", payload)
+            payload = "internal error while planning the upload (logged by the server)"
+        self._error(PLAN_STATUS[outcome], payload)
 
-
-class PxvmServer(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, address, handler=PxvmRequestHandler):
-        host = address[0]
-        if ":" in host:
-            self.address_family = socket.AF_INET6
+class PxvmServer(BoundedServer):
+    def __init__(self, address, handler=PxvmRequestHandler, planner: PlanRunner | None = None):
         super().__init__(address, handler)
         self.native = NativeBenchmarks()
-
-    @property
-    def url(self) -> str:
-        host, port = self.server_address[:2]
-        shown = f"[{host}]" if ":" in host else host
-        return f"http://{shown}:{port}/"
+        self.planner = planner if planner is not None else PlanRunner()
 
 
 def make_server(host: str = DEFAULT_HOST, port: int = 8765) -> PxvmServer:

@@ -141,3 +141,13 @@ def test_gpu_device_describes_the_numpy_fallback(no_adapters):
 
     device = GPUDevice(verbose=False)
     assert device.description.startswith("numpy fallback (no WebGPU adapter")
+
+
+def test_executor_converts_the_seeds_float64_and_int64_arrays(gpu_device):
+    # The seeds' API takes any numpy arrays; pxvm's own ops refuse float64 and int64.
+    ex = GPUExecutor()
+    a = np.linspace(-1, 1, 7)  # float64
+    np.testing.assert_allclose(ex.mul(a, a), (a * a).astype(np.float32), rtol=1e-6)
+    assert ex.add(np.arange(5), np.arange(5)).tolist() == [0, 2, 4, 6, 8]
+    with pytest.raises(pxvm.ShapeError, match="do not fit in i32"):
+        ex.add(np.array([2**40]), np.array([1]))

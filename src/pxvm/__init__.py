@@ -15,15 +15,19 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from . import ops
-from .backends import Backend, Tensor, get_backend
+from .backends import Backend, Tensor, as_supported_array, get_backend
 from .batch import Batch, BatchStateError, Graph
 from .compat import GpuCommandBatch
 from .runtime.errors import PxvmError, ShapeError
 
 
-def tensor(data, backend: str | Backend = "auto") -> Tensor:
-    """`data` (array-like, or a Tensor of any backend) as a tensor on `backend`."""
-    return get_backend(backend).from_numpy(data)
+def tensor(data, backend: str | Backend = "auto", dtype=None) -> Tensor:
+    """`data` (array-like, or a Tensor of any backend) as a tensor on `backend`. numpy
+    data keep their dtype; `dtype` ("f32", "i32", ...) converts, checking that the values
+    fit (a float64 array is not narrowed to f32 unless asked)."""
+    if isinstance(data, Tensor):
+        data = data.numpy()
+    return get_backend(backend).from_numpy(as_supported_array(data, dtype))
 
 
 __all__ = ["Backend", "Batch", "BatchStateError", "GpuCommandBatch", "Graph", "PxvmError",

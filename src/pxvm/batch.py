@@ -79,9 +79,9 @@ class Batch:
 
     def adopt(self, value) -> Tensor:
         """`value` as a tensor of this batch's backend (copied there if it is not)."""
-        if isinstance(value, Tensor) and value.backend is self.backend:
-            return value
-        return self.backend.from_numpy(np.asarray(value))
+        if isinstance(value, Tensor):
+            return value if value.backend is self.backend else self.backend.from_numpy(value.numpy())
+        return self.backend.from_numpy(value)
 
     def record(self, run: Callable[[RecordingContext | None], Tensor],
                inputs: list[Tensor]) -> Tensor:

@@ -14,7 +14,7 @@ import logging
 import numpy as np
 
 from . import ops
-from .backends import WebGPUBackend, get_backend, unavailable_reason
+from .backends import WebGPUBackend, as_supported_array, get_backend, unavailable_reason
 from .batch import Batch
 from .runtime.errors import PxvmError
 from .runtime.webgpu import get_device
@@ -33,10 +33,22 @@ def is_gpu_available(device: str | int | None = None) -> bool:
         return False
 
 
+#: The seeds' API takes any numpy arrays: these wider dtypes are converted (the cast is
+#: this API's documented behaviour; values that do not fit are still refused).
+SEED_CASTS = {np.dtype(np.float64): "f32", np.dtype(np.int64): "i32"}
+
+
+def _seed_array(value):
+    if isinstance(value, np.ndarray) and value.dtype in SEED_CASTS:
+        return as_supported_array(value, SEED_CASTS[value.dtype])
+    return value
+
+
 class GPUExecutor:
     """Runs ops on the GPU, numpy arrays in and out, falling back to numpy (and saying
     why) when no GPU is usable: `GPUExecutor().matmul(a, b)`, `await ex.matmul_async(a, b)`
-    and so on for every op of pxvm.ops."""
+    and so on for every op of pxvm.ops. float64 and int64 arrays are converted to f32 and
+    i32 (pxvm's own ops refuse them unless asked)."""
 
     def __init__(self, device: str | int | None = None, fallback: bool = True):
         self.fallback_reason: str | None = None
@@ -59,9 +71,11 @@ class GPUExecutor:
 
     def run(self, name: str, *args, **kwargs) -> np.ndarray:
         """Op `name` of pxvm.ops on numpy arguments; its result as a numpy array."""
+        args = [_seed_array(a) for a in args]
         return ops.REGISTRY[name](*args, backend=self.backend, **kwargs).numpy()
 
     async def run_async(self, name: str, *args, **kwargs) -> np.ndarray:
+        args = [_seed_array(a) for a in args]
         return await ops.REGISTRY[name](*args, backend=self.backend, **kwargs).numpy_async()
 
     def __getattr__(self, name: str):

@@ -58,16 +58,53 @@ def test_reshape_and_prefix_are_views_of_the_same_storage(backend, rng):
         t.prefix(5)
 
 
-def test_host_arrays_become_supported_dtypes():
-    assert as_supported_array(np.zeros(2)).dtype == np.float32
-    assert as_supported_array(np.arange(3)).dtype == np.int32
+def test_python_data_take_the_natural_dtypes():
+    assert as_supported_array([0.5, 2.0]).dtype == np.float32
+    assert as_supported_array(3.0).dtype == np.float32
+    assert as_supported_array([[1, 2], [3, 4]]).dtype == np.int32
+    assert as_supported_array([True, False]).dtype == np.uint8
     assert as_supported_array(np.array([True, False])).dtype == np.uint8
-    with pytest.raises(ShapeError, match="do not fit in i32"):
-        as_supported_array(np.array([2**40]))
-    with pytest.raises(ShapeError, match="complex64 is not supported; use one of f32, f16"):
-        as_supported_array(np.zeros(2, np.complex64))
+    with pytest.raises(ShapeError, match=r"values 1099511627776\.\.1099511627776 do not fit in i32"):
+        as_supported_array([2**40])
+    with pytest.raises(ShapeError, match="overflow f32"):
+        as_supported_array([1e300])
+
+
+@pytest.mark.parametrize("array,fix", [(np.zeros(2), "astype(np.float32)"),
+                                       (np.float64(1.5), "astype(np.float32)"),
+                                       (np.arange(3), "astype(np.int32)"),
+                                       (np.zeros(2, np.complex64), "astype(np.float32)")])
+def test_wider_numpy_dtypes_are_refused_not_narrowed(array, fix):
+    with pytest.raises(ShapeError, match=f"{np.asarray(array).dtype} data are not a pxvm "
+                                         r"dtype .*not narrowed silently") as info:
+        as_supported_array(array)
+    assert fix in str(info.value) and "dtype=" in str(info.value)
+
+
+def test_asking_for_a_dtype_converts_and_checks_the_values():
+    big = np.array([1e20, -3.25])
+    np.testing.assert_array_equal(as_supported_array(big, "f32"), big.astype(np.float32))
+    assert as_supported_array(np.arange(5), "i32").dtype == np.int32
+    assert as_supported_array(np.array([2.0, -7.0]), np.int32).tolist() == [2, -7]
+    with pytest.raises(ShapeError, match="do not fit in u32"):
+        as_supported_array(np.array([-1]), "u32")
+    with pytest.raises(ShapeError, match="non-integral"):
+        as_supported_array(np.array([0.5]), "i32")
+    with pytest.raises(ShapeError, match="overflow f32"):
+        as_supported_array(np.array([1e39]), "f32")
+    assert np.isinf(as_supported_array(np.array([np.inf]), "f32")).all()  # inf stays inf
     assert [dtype_name(d) for d in (np.float32, np.float16, np.int32, np.uint32, np.uint8)] == \
         ["f32", "f16", "i32", "u32", "u8"]
+
+
+def test_ops_refuse_float64_instead_of_squaring_1e20_into_inf():
+    x = np.array([1e20, 2.0])
+    with pytest.raises(ShapeError, match="float64 data .* not narrowed silently"):
+        pxvm.ops.mul(x, x, backend="numpy")
+    with pytest.raises(ShapeError, match="int64 data"):
+        pxvm.ops.relu(np.arange(4), backend="numpy")
+    asked = pxvm.tensor(x, backend="numpy", dtype="f32")
+    assert pxvm.ops.mul(asked, asked).numpy()[1] == 4.0
 
 
 def test_tensor_reports_shape_size_and_backend(backend):

@@ -43,3 +43,9 @@ def test_demo_runs_on_the_gpu(gpu_device, name):
     proc = run_pxvm("demo", "--backend", name, "--size", "64")
     assert proc.returncode == 0, proc.stderr
     assert "backend: webgpu" in proc.stdout and "= 300 (expected 300)" in proc.stdout
+
+
+def test_demo_refuses_a_matrix_size_past_8192():
+    proc = subprocess.run([sys.executable, "-m", "pxvm", "demo", "--size", "1000000"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--size" in proc.stderr and "Traceback" not in proc.stderr

@@ -37,8 +37,8 @@ def scripted(monkeypatch):
     def install(reply: str, context_length: int = 8192):
         script = tok.encode(reply) + [tok.token_id("<|im_end|>")]
 
-        def fake_load(path=None, backend="auto", progress=True, warm_up=False):
-            model = ScriptedModel(smollm_metadata(), script, context_length)
+        def fake_load(path=None, backend="auto", progress=True, warm_up=False, max_context=None):
+            model = ScriptedModel(smollm_metadata(), script, max_context or context_length)
             made.append((path, backend, model, warm_up))
             return model
 
@@ -190,3 +190,51 @@ def test_real_model_answers_the_capital_of_france():
     assert run.returncode == 0, run.stderr
     assert run.stdout.splitlines()[0].strip() == "The capital of France is Paris."
     assert "backend: numpy" in run.stdout
+
+
+# ---- hostile values: a usage error (exit 2) or one clear line, never a traceback ----
+
+@pytest.mark.parametrize("option,value", [("--temperature", "nan"), ("--temperature", "inf"),
+                                          ("--top-p", "nan"), ("--repeat-penalty", "nan"),
+                                          ("--repeat-penalty", "-inf")])
+def test_non_finite_sampling_values_are_usage_errors(option, value, scripted):
+    made = scripted("never")
+    result = runner.invoke(app, ["generate", "hi", option, value])
+    assert result.exit_code == 2, result.output
+    assert "finite" in result.output and not made  # refused before loading anything
+
+
+def test_max_tokens_past_the_context_is_clamped_with_a_note(scripted):
+    made = scripted("a b c d e f g h i j k l m n o p q r s t u v w x y z " * 4, 40)
+    result = runner.invoke(app, ["generate", "hi", "--max-tokens", str(10**30)])
+    assert result.exit_code == 0, result.output
+    assert f"--max-tokens {10**30} is more than the model's context of 40" in result.output
+    assert made[0][2].position <= 40
+
+
+def test_context_option_sizes_the_model(scripted):
+    made = scripted("ok")
+    result = runner.invoke(app, ["generate", "hi", "--context", "64"])
+    assert result.exit_code == 0, result.output
+    assert made[0][2].context_length == 64
+    assert runner.invoke(app, ["generate", "hi", "--context", "0"]).exit_code == 2
+
+
+def test_a_prompt_that_is_not_utf8_is_one_line_and_exit_2():
+    # The shell hands the bytes over undecoded (surrogate escapes); no model is loaded.
+    result = subprocess.run([sys.executable, "-m", "pxvm", "generate", b"caf\xe9 \xff",
+                             "--model", "/nonexistent.gguf"], capture_output=True, timeout=120)
+    assert result.returncode == 2
+    err = result.stderr.decode("utf-8", "replace")
+    assert "not valid UTF-8" in err and "Traceback" not in err
+
+
+def test_an_unexpected_exception_is_one_line_exit_3(monkeypatch, capsys):
+    # A bug anywhere (here a load that raises KeyError) ends in one line, not a traceback.
+    monkeypatch.setattr(pxvm.llm, "load_model", lambda *a, **k: {}["boom"])
+    monkeypatch.setattr(sys, "argv", ["pxvm", "generate", "hi"])
+    with pytest.raises(SystemExit) as info:
+        pxvm.cli.main()
+    assert info.value.code == 3
+    err = capsys.readouterr().err
+    assert "internal error: KeyError" in err and "bug in pxvm" in err and "Traceback" not in err

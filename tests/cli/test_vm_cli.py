@@ -50,3 +50,14 @@ def test_unknown_backend_is_one_line_naming_the_valid_ones(tmp_path):
     words = set(re.findall(r"\w+", proc.stderr))
     assert "bogus" in words
     assert {"auto", "numpy", "cpu", "webgpu", "wgpu", "gpu"} <= words
+
+
+def test_show_refuses_a_picture_past_its_bound_and_a_scale_past_64(tmp_path):
+    src = tmp_path / "wide.pxs"
+    src.write_text(".size 4000 3000\nHALT\n")  # drawn at 4 pixels a pixel: 192M pixels
+    pxi = tmp_path / "wide.pxi"
+    assert pxvm("asm", str(src), "-o", str(pxi)).returncode == 0
+    proc = pxvm("show", str(pxi), "-o", str(tmp_path / "view.png"))
+    assert proc.returncode == 1 and "192,000,000 pixels" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "view.png").exists()
+    assert pxvm("show", str(pxi), "-o", str(tmp_path / "v.png"), "--scale", "65").returncode == 2

@@ -32,19 +32,50 @@ def dtype_name(dtype) -> str:
     return _NAME_OF[dt]
 
 
-def as_supported_array(value) -> np.ndarray:
-    """numpy view of `value` in a supported dtype (float64 becomes f32, int64 becomes i32)."""
+#: Python numbers take these dtypes (by numpy's kind: float, signed, unsigned integer).
+NATURAL = {"f": DTYPES["f32"], "i": DTYPES["i32"], "u": DTYPES["u32"], "b": DTYPES["u8"]}
+
+
+def as_supported_array(value, dtype=None) -> np.ndarray:
+    """`value` as a numpy array of a pxvm dtype (DTYPES). Python numbers and lists take
+    the natural one (floats f32, integers i32, bools u8). numpy data keep theirs; a wider
+    one (float64, int64) is refused rather than narrowed silently: convert it first
+    (`array.astype(np.float32)`) or ask with `dtype=` ("f32", "i32", ... or a numpy
+    dtype), which converts, refusing integers that do not fit and floats that would
+    overflow. ShapeError says which and what to do."""
+    if dtype is not None:
+        return _converted(np.asarray(value), np.dtype(DTYPES.get(dtype, dtype)))
     arr = np.asarray(value)
-    if arr.dtype == np.float64:
-        arr = arr.astype(np.float32)
-    elif arr.dtype == np.int64:
-        if arr.size and (arr.min() < -(2**31) or arr.max() >= 2**31):
-            raise ShapeError("int64 values do not fit in i32; pxvm tensors hold at most 32 bits")
-        arr = arr.astype(np.int32)
-    elif arr.dtype == np.bool_:
-        arr = arr.astype(np.uint8)
-    dtype_name(arr.dtype)
-    return arr
+    if arr.dtype in _NAME_OF:
+        return arr
+    natural = NATURAL.get(arr.dtype.kind)
+    if natural is None or (isinstance(value, (np.ndarray, np.generic)) and arr.dtype != np.bool_):
+        raise ShapeError(
+            f"{arr.dtype} data are not a pxvm dtype ({', '.join(DTYPES)}) and are not narrowed "
+            f"silently: convert them first (array.astype(np.{(natural or DTYPES['f32']).name})) or "
+            f"pass dtype= to pxvm.tensor, which checks that the values fit")
+    return _converted(arr, natural)
+
+
+def _converted(arr: np.ndarray, target: np.dtype) -> np.ndarray:
+    """`arr` as `target`, refusing values that would not survive the conversion."""
+    name = dtype_name(target)
+    if arr.dtype == target:
+        return arr
+    if target.kind in "iu" and arr.size:
+        if arr.dtype.kind == "f" and not np.array_equal(arr, np.trunc(arr)):
+            raise ShapeError(f"cannot convert non-integral values to {name}; round them first")
+        info = np.iinfo(target)
+        lo, hi = arr.min(), arr.max()
+        if lo < info.min or hi > info.max:
+            raise ShapeError(f"values {lo}..{hi} do not fit in {name} ({info.min}..{info.max})")
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = arr.astype(target)
+    if target.kind == "f" and arr.size and np.count_nonzero(np.isinf(out)) > np.count_nonzero(
+            np.isinf(arr)):
+        raise ShapeError(f"values up to {np.max(np.abs(arr[np.isfinite(arr)]))} overflow {name} "
+                         f"(at most {np.finfo(target).max})")
+    return out
 
 
 def values_for(tensor: "Tensor", array) -> np.ndarray:

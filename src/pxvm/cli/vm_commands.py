@@ -18,6 +18,7 @@ from ..vm.render import render_program
 
 console = Console(soft_wrap=True)  # device names are long; never split a result line
 BACKEND_HELP = "Where to run: " + ", ".join(NAMES) + " (gpu: webgpu, cpu: numpy)."
+MAX_PICTURE_PIXELS = 1 << 26  # `show`'s picture: 256 MB as RGB
 
 
 def _load(path: Path) -> np.ndarray:
@@ -90,9 +91,17 @@ def compare(program: Path = typer.Argument(..., help="A .pxi program.")):
 
 def show(program: Path = typer.Argument(..., help="A .pxi program."),
          output: Path = typer.Option(..., "-o", "--output", help="PNG to write."),
-         scale: int = typer.Option(0, help="Pixels per program pixel (0: automatic).")):
+         scale: int = typer.Option(0, min=0, max=64,
+                                   help="Pixels per program pixel (0: automatic).")):
     """Draw a program enlarged, with its instructions labelled."""
-    picture = render_program(_load(program), scale)
+    img = _load(program)
+    h, w = img.shape[:2]
+    cell = scale or max(4, min(48, 2048 // max(h, w)))  # render_program's automatic scale
+    if w * cell * h * cell > MAX_PICTURE_PIXELS:
+        raise ProgramError(f"a {w}x{h} program drawn at {cell} pixels per pixel is a picture of "
+                           f"{w * cell * h * cell:,} pixels, more than {MAX_PICTURE_PIXELS:,}; "
+                           "pass a smaller --scale or show a smaller program")
+    picture = render_program(img, scale)
     try:
         picture.save(output)
     except (OSError, ValueError) as exc:  # ValueError: Pillow knows no format for the suffix
@@ -101,7 +110,7 @@ def show(program: Path = typer.Argument(..., help="A .pxi program."),
 
 
 def digits(output: Path = typer.Option(None, "-o", "--output", help="Write the network's .pxi."),
-           hidden: int = typer.Option(32, help="Hidden units."),
+           hidden: int = typer.Option(32, min=1, max=1024, help="Hidden units."),
            backend: str = typer.Option("auto", help="Also run on this backend: " + ", ".join(NAMES)
                                        + " (a GPU one runs the GPU executor too).")):
     """Train an MLP on scikit-learn's digits, compile it to a .pxi, compare accuracies."""

@@ -8,11 +8,13 @@ import webbrowser
 
 import typer
 
-from ..web.server import is_loopback, make_server
+from ..web.httpd import is_loopback
+from ..web.server import make_server
 
 
 def serve(
-    port: int = typer.Option(8765, "--port", help="Port to listen on (0 picks a free one)."),
+    port: int = typer.Option(8765, "--port", min=0, max=65535,
+                             help="Port to listen on (0 picks a free one)."),
     host: str = typer.Option("127.0.0.1", "--host",
                              help="Address to bind; loopback unless you mean to expose it."),
     open_browser: bool = typer.Option(False, "--open", help="Open the page in the default browser."),

@@ -3,6 +3,7 @@ with a repetition penalty, reproducible for a given seed (numpy Generator)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -22,6 +23,10 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self):
+        for name, value in (("temperature", self.temperature), ("top_p", self.top_p),
+                            ("repeat_penalty", self.repeat_penalty)):
+            if not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, not {value}")
         if self.temperature < 0:
             raise ValueError("temperature must be >= 0 (0 = greedy)")
         if self.top_k < 0:

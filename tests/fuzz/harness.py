@@ -33,6 +33,7 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
 
 #: Hypothesis examples per fuzz test.
 EXAMPLES = int(os.environ.get("PXVM_FUZZ_EXAMPLES", "40"))
@@ -163,6 +164,21 @@ class BoundedWorker:
         self._stop(kill=False)
         self.stats.save()
         return self.stats
+
+
+def mutate_bytes(draw, data: bytearray, at: int) -> bytearray:
+    """One byte-level mutation of `data` at position `at` (a hypothesis `draw`): a bit
+    pattern flipped (most often), bytes inserted or deleted, or the rest cut off."""
+    kind = draw(st.sampled_from(["flip", "flip", "insert", "delete", "truncate"]))
+    if kind == "flip":
+        data[at] ^= draw(st.integers(1, 255))
+    elif kind == "insert":
+        data[at:at] = draw(st.binary(min_size=1, max_size=16))
+    elif kind == "delete":
+        del data[at:at + draw(st.integers(1, 64))]
+    else:
+        del data[at:]
+    return data
 
 
 def _short(args) -> str:

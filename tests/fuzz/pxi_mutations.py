@@ -13,6 +13,7 @@ import zlib
 from pathlib import Path
 
 import numpy as np
+from harness import mutate_bytes
 from hypothesis import strategies as st
 from PIL import Image
 
@@ -118,16 +119,7 @@ def _bytes(draw, data: bytearray) -> bytearray:
     start, stop = draw(st.sampled_from([(8, 64), (8, 64), (8, len(data)), (0, len(data))]))
     at = draw(st.randoms(use_true_random=False)).randrange(min(start, len(data) - 1),
                                                            max(1, min(stop, len(data))))
-    kind = draw(st.sampled_from(["flip", "flip", "insert", "delete", "truncate"]))
-    if kind == "flip":
-        data[at] ^= draw(st.integers(1, 255))
-    elif kind == "insert":
-        data[at:at] = draw(st.binary(min_size=1, max_size=16))
-    elif kind == "delete":
-        del data[at:at + draw(st.integers(1, 64))]
-    else:
-        del data[at:]
-    return data
+    return mutate_bytes(draw, data, at)
 
 
 @st.composite

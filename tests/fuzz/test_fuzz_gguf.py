@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from gguf_target import open_load_and_run
-from harness import FUZZ, assert_clear, fuzz_worker  # noqa: F401 - the fixture
+from harness import FUZZ, assert_clear, fuzz_worker, mutate_bytes  # noqa: F401 - the fixture
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -153,17 +153,7 @@ def _position(draw, size: int, header_end: int) -> int:
 def _bytes_mutated(draw, data: bytearray, lay: Layout) -> bytearray:
     if not data:
         return data
-    kind = draw(st.sampled_from(["flip", "flip", "insert", "delete", "truncate"]))
-    at = _position(draw, len(data), lay.header_end)
-    if kind == "flip":
-        data[at] ^= draw(st.integers(1, 255))
-    elif kind == "insert":
-        data[at:at] = draw(st.binary(min_size=1, max_size=16))
-    elif kind == "delete":
-        del data[at:at + draw(st.integers(1, 64))]
-    else:
-        del data[at:]
-    return data
+    return mutate_bytes(draw, data, _position(draw, len(data), lay.header_end))
 
 
 @st.composite

@@ -35,9 +35,11 @@ class WgslDevice(Protocol):
 
 
 class WgslRecorder(Protocol):
-    """What a WebGPUContext records dispatches into (a runtime recorder, or a plan's)."""
+    """What a WebGPUContext records dispatches into (a runtime recorder, or a plan's);
+    `groups` is always (x, y, z), already spread over the device's max_groups."""
 
-    def dispatch(self, pipeline, buffers: list, params: bytes | None, groups) -> None: ...
+    def dispatch(self, pipeline, buffers: list, params: bytes | None,
+                 groups: tuple[int, int, int]) -> None: ...
 
 
 class CapturedDispatches:

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..backends import Backend, Tensor, WebGPUContext, as_supported_array, dtype_name
 from ..ops import REGISTRY
-from ..runtime.webgpu import UNIFORM_SLOT, workgroup_grid
+from ..runtime.webgpu import UNIFORM_SLOT
 from ..vm import record_program, run_program_cpu, validate_program
 from .cases import BENCHMARKS, CASES
 
@@ -79,8 +79,6 @@ class PlanDevice:
         kernel, entry, constants = pipeline
         if params is not None and len(params) > UNIFORM_SLOT:
             raise ValueError(f"kernel parameters of {len(params)} bytes exceed {UNIFORM_SLOT}")
-        if isinstance(groups, int):
-            groups = workgroup_grid(groups, MAX_GROUPS_PER_DIM)
         for b in buffers:
             if not (isinstance(b, PlanBuffer) and b.index < len(self.buffers)
                     and b is self.buffers[b.index]):

@@ -93,10 +93,6 @@ class _Binding:
                 "buffer": buffer, "offset": offset, "size": UNIFORM_SLOT}})
         return self.device.bind_group(pipeline.layout, entries)
 
-    @staticmethod
-    def _grid(device, groups) -> tuple[int, int, int]:
-        return workgroup_grid(groups, device.max_groups) if isinstance(groups, int) else groups
-
 
 class Recorder(_Binding):
     """Dispatches and readback copies in one command buffer, queued by `submit()`.
@@ -133,9 +129,9 @@ class Recorder(_Binding):
             self._pass = None
 
     def dispatch(self, pipeline, buffers: list[Allocation], params: bytes | None,
-                 groups: tuple[int, int, int] | int) -> None:
-        """Record one dispatch of `pipeline` over `groups` workgroups."""
-        groups = self._grid(self.device, groups)
+                 groups: tuple[int, int, int]) -> None:
+        """Record one dispatch of `pipeline` over `groups` (x, y, z) workgroups (within the
+        device's max_groups per dimension: workgroup_grid spreads a count)."""
         try:
             group = self._bind(pipeline, buffers, params)
             compute_pass = self._open_pass()
@@ -269,7 +265,6 @@ class ProfilingRecorder(Recorder):
         if len(self._labels) >= MAX_PROFILED:
             super().dispatch(pipeline, buffers, params, groups)
             return
-        groups = self._grid(self.device, groups)
         i = len(self._labels)
         try:
             group = self._bind(pipeline, buffers, params)
@@ -309,8 +304,7 @@ class CapturingRecorder(_Binding):
         self.captured = False
 
     def dispatch(self, pipeline, buffers: list[Allocation], params: bytes | None,
-                 groups: tuple[int, int, int] | int) -> None:
-        groups = self._grid(self.device, groups)
+                 groups: tuple[int, int, int]) -> None:
         try:
             group = self._bind(pipeline, buffers, params)
         except Exception as exc:

@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 
+def shortened(text: str, limit: int = 80) -> str:
+    """`text` cut to `limit` characters (with "...") for an error message: inputs quoted in
+    messages may be arbitrarily long."""
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 class PxvmError(Exception):
     """Base of every error pxvm raises on purpose."""
 

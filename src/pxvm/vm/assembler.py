@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..runtime.errors import shortened
 from .protocol import (MAX_PIXELS, MNEMONICS, OP_HALT, OP_REQUANT, OP_ROWHI, OPCODES,
                        PROTOCOL_VERSION, REQUANT_MAX_MULT, REQUANT_MAX_SHIFT, ROW_ARGS, Matrix,
                        ProgramError, element_positions, validate_program)
@@ -29,10 +30,6 @@ I32_MIN, I32_MAX = -(1 << 31), (1 << 31) - 1
 
 class AssemblyError(ProgramError):
     """A .pxs source line that cannot be assembled; names the line."""
-
-
-def _short(text: str, limit: int = 40) -> str:
-    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _tokens(text: str, most: int, lineno: int, what: str) -> list[str]:
@@ -51,7 +48,8 @@ def _ints(tokens, lineno, what) -> list[int]:
         try:
             values.append(int(t, 0))
         except ValueError:
-            raise AssemblyError(f"line {lineno}: {what} must be integers, got {_short(t)!r}") from None
+            raise AssemblyError(
+                f"line {lineno}: {what} must be integers, got {shortened(t, 40)!r}") from None
     return values
 
 
@@ -112,7 +110,7 @@ def _instruction(head, rest, lineno) -> list[tuple]:
     """The pixels of one instruction: a ROWHI prefix first when a row is past 255."""
     name = head.upper()
     if name not in OPCODES:
-        raise AssemblyError(f"line {lineno}: unknown instruction {_short(head)!r}; known: "
+        raise AssemblyError(f"line {lineno}: unknown instruction {shortened(head, 40)!r}; known: "
                             + ", ".join(OPCODES))
     op = OPCODES[name]
     args = _ints(_tokens(rest, 3, lineno, name), lineno, f"{name} arguments")
@@ -182,7 +180,7 @@ def _directive(img, head, rest, lineno):
             raise AssemblyError(f"line {lineno}: .row data is not hexadecimal") from None
         img[y, : len(data) // 4] = np.frombuffer(data, np.uint8).reshape(-1, 4)
     else:
-        raise AssemblyError(f"line {lineno}: unknown directive {_short(head)!r}")
+        raise AssemblyError(f"line {lineno}: unknown directive {shortened(head, 40)!r}")
 
 
 def _matrix(img, head, rest, lineno):

@@ -17,6 +17,8 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from ..runtime.errors import shortened
+
 log = logging.getLogger("pxvm.web")
 
 #: Largest response body sent.
@@ -41,10 +43,6 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
-
-
-def shortened(text: str, limit: int = 80) -> str:
-    return text if len(text) <= limit else text[:limit] + "..."
 
 
 class BoundedHandler(BaseHTTPRequestHandler):

@@ -24,12 +24,12 @@ from importlib import resources
 from .. import __version__
 from ..backends import webgpu_backend
 from ..ops import REGISTRY
-from ..runtime.errors import PxvmError
+from ..runtime.errors import PxvmError, shortened
 from ..vm import ProgramError, load_pxi
 from ..vm.io import ImageTooLarge, read_png_header
 from . import cases, plans
 from .cases import BENCHMARKS
-from .httpd import DRAIN_LIMIT, BoundedHandler, BoundedServer, shortened
+from .httpd import DRAIN_LIMIT, BoundedHandler, BoundedServer
 from .uploads import PLAN_STATUS, UPLOAD_MAX_PIXELS, PlanRunner
 
 log = logging.getLogger(__name__)

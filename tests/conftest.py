@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from pxvm import backends
+from pxvm.backends import cpu as cpu_backend
 from pxvm.runtime import webgpu
 from pxvm.runtime.webgpu import device as device_module
 from pxvm.runtime.webgpu import get_device, list_adapters
@@ -36,6 +37,7 @@ BASE_SEED = int(os.environ.get("PXVM_TEST_SEED", random.randrange(2**31)))
 if TEST_ADAPTER is not None:
     os.environ["PXVM_DEVICE"] = TEST_ADAPTER
 device_module.POISON = True  # unwritten outputs read as NaN / -1
+cpu_backend.POISON = True
 
 
 def pytest_report_header(config):

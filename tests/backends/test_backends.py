@@ -10,8 +10,9 @@ import pytest
 
 import pxvm
 from pxvm import backends
-from pxvm.backends import (ALIASES, NAMES, Backend, NumpyBackend, RecordingContext, Tensor,
-                           WebGPUBackend, WebGPUContext, get_backend, unavailable_reason)
+from pxvm.backends import (ALIASES, NAMES, Backend, CpuBackend, CpuContext, NumpyBackend,
+                           RecordingContext, Tensor, WebGPUBackend, WebGPUContext, get_backend,
+                           unavailable_reason)
 from pxvm.runtime import webgpu
 from pxvm.runtime.webgpu import CapturingRecorder, ProfilingRecorder, Recorder
 
@@ -20,15 +21,23 @@ from pxvm.runtime.webgpu import CapturingRecorder, ProfilingRecorder, Recorder
 
 def test_names_and_aliases():
     assert NAMES == ("auto", "numpy", "cpu", "webgpu", "wgpu", "gpu")
-    assert ALIASES == {"numpy": "numpy", "cpu": "numpy", "webgpu": "webgpu",
+    assert ALIASES == {"numpy": "numpy", "cpu": "cpu", "webgpu": "webgpu",
                        "wgpu": "webgpu", "gpu": "webgpu"}
 
 
-@pytest.mark.parametrize("name", ["numpy", "cpu", "NumPy", "CPU"])
+@pytest.mark.parametrize("name", ["numpy", "NumPy"])
 def test_numpy_names_give_the_one_numpy_backend(name):
     backend = get_backend(name)
     assert isinstance(backend, NumpyBackend) and backend.name == "numpy"
     assert backend is get_backend("numpy")
+    assert unavailable_reason(name) is None
+
+
+@pytest.mark.parametrize("name", ["cpu", "CPU"])
+def test_cpu_names_give_the_one_fast_cpu_backend(name):
+    backend = get_backend(name)
+    assert isinstance(backend, CpuBackend) and backend.name == "cpu"
+    assert backend is get_backend("cpu") and backend is not get_backend("numpy")
     assert unavailable_reason(name) is None
 
 
@@ -45,14 +54,16 @@ def test_auto_is_webgpu_where_a_gpu_is_usable(gpu_device):
     assert get_backend() is get_backend("webgpu")
 
 
-def test_auto_falls_back_to_numpy_saying_why_once(fresh_backends, monkeypatch, caplog):
+def test_auto_falls_back_to_the_fast_cpu_backend_saying_why_once(fresh_backends, monkeypatch,
+                                                                  caplog):
     monkeypatch.setattr("pxvm.runtime.webgpu.adapters.list_adapters", lambda: [])
     with caplog.at_level("WARNING", logger="pxvm.backends"):
-        assert get_backend("auto") is get_backend("numpy")
-        assert get_backend("auto") is get_backend("numpy")
+        assert get_backend("auto") is get_backend("cpu")
+        assert get_backend("auto") is get_backend("cpu")
     warnings = [r.getMessage() for r in caplog.records]
     assert len(warnings) == 1
-    assert "no usable GPU, running on numpy" in warnings[0] and "no WebGPU adapter" in warnings[0]
+    assert "no usable GPU, running on the CPU" in warnings[0]
+    assert "no WebGPU adapter" in warnings[0]
     assert "no WebGPU adapter found" in unavailable_reason("gpu")
     with pytest.raises(pxvm.PxvmError, match="no WebGPU adapter found"):
         get_backend("webgpu")   # asked for by name: no fallback

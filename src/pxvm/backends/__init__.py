@@ -1,9 +1,10 @@
-"""Backends behind one interface (`base.Backend`): "numpy" (the reference, on the CPU)
-and "webgpu" (any GPU through wgpu).
+"""Backends behind one interface (`base.Backend`): "numpy" (the reference, on the CPU),
+"cpu" (SIMD kernels compiled by numba, on the quantized weights) and "webgpu" (any GPU
+through wgpu).
 
-`get_backend("auto")` gives WebGPU on the best hardware adapter, or numpy with a logged
-reason when no GPU is usable. "gpu" names the best GPU backend (WebGPU for now) and
-"cpu" the best CPU one (numpy for now).
+`get_backend("auto")` gives WebGPU on the best hardware adapter, or the fast CPU backend
+with a logged reason when no GPU is usable. "gpu" names the best GPU backend (WebGPU for
+now).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import logging
 from ..runtime.errors import PxvmError
 from ..runtime.webgpu import get_device, reset_device
 from .base import Backend, CapturedWork, Readback, RecordingContext, Replay
+from .cpu import CpuBackend, CpuContext
 from .numpy import NumpyBackend
 from .tensor import DTYPES, Tensor, as_supported_array, dtype_name, values_for
 from .webgpu import CapturedDispatches, WebGPUBackend, WebGPUContext
@@ -25,11 +27,12 @@ class UnknownBackendError(PxvmError, ValueError):
 
 
 #: Names a backend may be asked for by, and the backend each means.
-ALIASES = {"numpy": "numpy", "cpu": "numpy", "webgpu": "webgpu", "wgpu": "webgpu",
+ALIASES = {"numpy": "numpy", "cpu": "cpu", "webgpu": "webgpu", "wgpu": "webgpu",
            "gpu": "webgpu"}
 NAMES = ("auto", *ALIASES)
 
 _numpy = NumpyBackend()
+_cpu = CpuBackend()
 _webgpu: WebGPUBackend | None = None
 _webgpu_failure: str | None = None  # why no device could be made (until reset_backends)
 _warned_fallback = False
@@ -68,12 +71,12 @@ def get_backend(name: str | Backend = "auto") -> Backend:
         if reason is None:
             return webgpu_backend()
         if not _warned_fallback:
-            log.warning("pxvm: no usable GPU, running on numpy: %s", reason)
+            log.warning("pxvm: no usable GPU, running on the CPU: %s", reason)
             _warned_fallback = True
-        return _numpy
+        return _cpu
     if key not in ALIASES:
         raise UnknownBackendError(f"unknown backend {name!r}; use one of {', '.join(NAMES)}")
-    return _numpy if ALIASES[key] == "numpy" else webgpu_backend()
+    return {"numpy": _numpy, "cpu": _cpu}.get(ALIASES[key]) or webgpu_backend()
 
 
 def reset_backends() -> None:
@@ -87,7 +90,7 @@ def reset_backends() -> None:
 
 __all__ = [
     "ALIASES", "DTYPES", "NAMES", "Backend", "CapturedDispatches", "CapturedWork",
-    "NumpyBackend", "Readback", "RecordingContext", "Replay", "Tensor", "UnknownBackendError",
+    "CpuBackend", "CpuContext", "NumpyBackend", "Readback", "RecordingContext", "Replay", "Tensor", "UnknownBackendError",
     "WebGPUBackend",
     "WebGPUContext", "as_supported_array", "dtype_name", "get_backend", "reset_backends",
     "unavailable_reason", "values_for", "webgpu_backend",

@@ -7,7 +7,7 @@ its op kernels then register under its `name` (pxvm.ops.registry).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar, Protocol
+from typing import Callable, ClassVar, Protocol
 
 import numpy as np
 
@@ -50,6 +50,15 @@ class RecordingContext(ABC):
     methods its kernels use: memory, dispatches) and what a Batch drives."""
 
     backend: "Backend"
+
+    #: True where tensors are host arrays (the fast CPU backend): an op without a kernel
+    #: there records its numpy reference (record_host); elsewhere (a GPU) it fails
+    #: instead of copying in secret.
+    host_arrays: ClassVar[bool] = False
+
+    def record_host(self, label: str, run: Callable[[], object]) -> None:
+        """Record a host function run in order with the kernels (host_arrays only)."""
+        raise NotImplementedError(f"{type(self).__name__} does not run host functions")
 
     @abstractmethod
     def stage(self, tensor: Tensor) -> Readback:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from .reductions import argmax, nonempty, record_flat_argmax
-from .registry import meta, op, require
+from .registry import in_place_on_host, meta, op, require
 
 
 def _infer_greedy(logits, state):
@@ -87,3 +87,7 @@ def sample_step(logits, state, sampler, *, backend="auto"):
     greedy_step.reference(sampled_logits(logits, temperature, int(seed), int(counter)), state)
     sampler[2] += 1
     return state
+
+
+in_place_on_host(greedy_step, "cpu", returns=1)
+in_place_on_host(sample_step, "cpu", returns=1)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..runtime.webgpu.params import KernelParams, kernel_params, u32
-from .registry import meta, op, require
+from .registry import in_place_on_host, meta, op, require
 
 KERNEL = "copy.wgsl"
 
@@ -54,6 +54,9 @@ def write_rows(dst, src, start=0, *, backend="auto"):
     """dst[start:start + len(src)] = src, in place; returns dst."""
     dst[start: start + src.shape[0]] = src
     return dst
+
+
+in_place_on_host(write_rows, "cpu")
 
 
 def _infer_slice(x, start=0, stop=None):

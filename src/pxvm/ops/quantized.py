@@ -97,7 +97,14 @@ def _matmul_quant_webgpu(ctx, x, w, qtype=3, k=0, lanes=None):
     return record_product(ctx, x, w, w.shape[0], qtype, k, lanes=lanes)
 
 
-@op(infer=infer_product, input_dtypes=("f32", "u8"), webgpu=_matmul_quant_webgpu)
+def _matmul_quant_cpu(ctx, x, w, qtype=3, k=0, lanes=None):
+    out = ctx.empty((x.shape[0], w.shape[0]), np.float32)
+    ctx.call("quantized", "matmul_into", x, ctx.packed(w, qtype, k), out)
+    return out
+
+
+@op(infer=infer_product, input_dtypes=("f32", "u8"), webgpu=_matmul_quant_webgpu,
+    cpu=_matmul_quant_cpu)
 def matmul_quant(x, w, qtype=3, k=0, lanes=None, *, backend="auto"):
     """x (M, K) @ W^T for W (N, K) stored as raw GGUF blocks (N, row_bytes) of type qtype
     (a GGML type number, quant_types.QUANT_TYPES). `lanes`: threads per output column
@@ -124,7 +131,14 @@ def _embedding_quant_webgpu(ctx, ids, w, qtype=3, k=0):
     return out
 
 
-@op(infer=_infer_embedding, input_dtypes=("i32", "u8"), webgpu=_embedding_quant_webgpu)
+def _embedding_quant_cpu(ctx, ids, w, qtype=3, k=0):
+    out = ctx.empty((ids.shape[0], k), np.float32)
+    ctx.call("quantized", "embed", w, ids, qtype, k, out)
+    return out
+
+
+@op(infer=_infer_embedding, input_dtypes=("i32", "u8"), webgpu=_embedding_quant_webgpu,
+    cpu=_embedding_quant_cpu)
 def embedding_quant(ids, w, qtype=3, k=0, *, backend="auto"):
     """Rows ids of W (N, K) stored as raw GGUF blocks: (len(ids), K) float32."""
     return dequantize(w, qtype, k)[np.asarray(ids, np.int64)].astype(np.float32)

@@ -13,7 +13,9 @@ else the inputs' own or the best available), moves numpy inputs there, checks th
 operands once for every backend (`infer`, which raises ShapeError) and runs the op:
 the reference on the host arrays where the backend has no recording context (numpy),
 else the backend's kernel, which records into the context (`webgpu=` above;
-`relu.kernel("cuda")` adds one). The reference never sees `backend`.
+`relu.kernel("cuda")` adds one). Where an op has no kernel for a backend whose tensors
+are host arrays (the fast CPU one), its reference is recorded instead; elsewhere that is
+a MissingKernelError. The reference never sees `backend`.
 Inputs are the leading parameters without defaults; the others are parameters.
 """
 
@@ -145,11 +147,24 @@ class Op(Generic[P]):
             out = np.asarray(out, dtype=shape.dtype).reshape(shape.shape)
             return Tensor(out.shape, out.dtype, backend, out)
         kernel = self.kernels.get(backend.name)
+        if kernel is None and context.host_arrays:
+            return self._recorded_reference(context, tensors, params, shape)
         if kernel is None:
             raise MissingKernelError(
                 f"op {self.name} has no {backend.name} kernel yet (it has "
                 f"{', '.join(sorted(self.kernels)) or 'none'}); run it with backend='numpy'")
         return kernel(context, *tensors, **params)
+
+    def _recorded_reference(self, context: RecordingContext, tensors: list[Tensor],
+                            params: dict, shape: Meta) -> Tensor:
+        out = context.empty(shape.shape, shape.dtype)
+        arrays = [t.storage for t in tensors]
+
+        def reference():
+            result = self.reference(*arrays, **params)
+            out.storage[...] = np.asarray(result, shape.dtype).reshape(shape.shape)
+        context.record_host(self.name, reference)
+        return out
 
     def __repr__(self) -> str:
         return f"<pxvm op {self.name}{inspect.signature(self.reference)}>"
@@ -169,6 +184,19 @@ def op(infer: Callable[..., Meta], input_dtypes: tuple | None = None, dtypes: tu
         return made
 
     return declare
+
+
+def in_place_on_host(target: Op, backend_name: str, returns: int = 0) -> None:
+    """Give `target`, an op that writes into its input `returns` and returns it, a kernel
+    on a host-array backend that records its reference and returns that same tensor
+    (the recorded-reference fallback would return a copy)."""
+
+    def kernel(ctx, *tensors, **params):
+        arrays = [t.storage for t in tensors]
+        ctx.record_host(target.name, lambda: target.reference(*arrays, **params))
+        return tensors[returns]
+
+    target.kernel(backend_name)(kernel)
 
 
 def _is_auto(backend) -> bool:

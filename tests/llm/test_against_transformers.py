@@ -1,6 +1,6 @@
 """SmolLM2-135M-Instruct (Q4_1 GGUF) against Hugging Face transformers loading the same
 file (dequantized to float32): last-position logits and 32 greedy tokens, on numpy; and a
-short check of the WebGPU backend."""
+short check of the WebGPU and fast CPU backends."""
 
 from __future__ import annotations
 
@@ -98,11 +98,14 @@ def test_numpy_token_by_token_decoding(hf_results, numpy_model):
     assert tokens == generated[:5]
 
 
-def test_gpu_matches_transformers(hf_results, gpu_device):
+@pytest.mark.parametrize("backend", ["cpu", "webgpu"])
+def test_fast_backends_match_transformers(backend, hf_results, request):
     from pxvm.llm import load_model
 
+    if backend == "webgpu":
+        request.getfixturevalue("gpu_device")
     ids, generated, hf_logits = hf_results[0]
-    model = load_model(backend="webgpu", progress=False, max_context=64)
+    model = load_model(backend=backend, progress=False, max_context=64)
     logits = model.forward(ids)
     assert nmse(logits, hf_logits[len(ids) - 1]) <= NMSE_HF
     tokens = [int(np.argmax(logits))]

@@ -33,7 +33,7 @@ def _greedy_token_by_token(model, prompt, n):
 
 
 @pytest.mark.parametrize("per_submit,launched", [(1, [1] * 12), (5, [5, 5, 2])])
-@pytest.mark.parametrize("backend", ["numpy", "webgpu"])
+@pytest.mark.parametrize("backend", ["numpy", "cpu", "webgpu"])
 def test_decode_greedy_matches_argmax_of_forward_token_by_token(backend, per_submit, launched,
                                                                 tmp_path, rng, request,
                                                                 monkeypatch):
@@ -115,31 +115,39 @@ def test_step_bound_is_the_smallest_span_that_covers_the_position(position, cont
     assert step_bound(position, context) == bound
 
 
+@pytest.mark.parametrize("backend", ["cpu", "webgpu"])
 @pytest.mark.parametrize("prompt_len,bounds", [(58, [64, 256]), (250, [256, 300])])
 def test_greedy_decoding_across_step_bounds_matches_the_numpy_backend(prompt_len, bounds,
-                                                                     tmp_path, rng, gpu_device):
+                                                                     backend, tmp_path, rng,
+                                                                     request):
     # Context 300: positions below 64 take the step whose attention is one key range,
     # those below 256 the step whose four ranges the output projection merges, later
     # ones the step recorded for the whole context; a chained run crosses from one to
     # the next and must choose the tokens the numpy backend chooses token by token.
+    if backend == "webgpu":
+        request.getfixturevalue("gpu_device")
     path = tmp_path / "tiny.gguf"
     write_tiny_gguf(path, TinySpec(context_length=300), rng)
     prompt = rng.integers(0, 101, size=prompt_len).tolist()
-    cpu = load_model(str(path), backend="numpy", progress=False)
-    first, expected = _greedy_token_by_token(cpu, prompt, 12)
-    gpu = load_model(str(path), backend="webgpu", progress=False)
-    gpu.forward(prompt)
-    assert list(gpu.decode_greedy(first, 12)) == expected
-    recorded = gpu.decoder.recorded
+    reference = load_model(str(path), backend="numpy", progress=False)
+    first, expected = _greedy_token_by_token(reference, prompt, 12)
+    model = load_model(str(path), backend=backend, progress=False)
+    model.forward(prompt)
+    assert list(model.decode_greedy(first, 12)) == expected
+    recorded = model.decoder.recorded
     assert sorted(recorded) == bounds
-    assert [recorded[b].dispatches for b in bounds] == [STEP_DISPATCHES] * 2
+    if backend == "webgpu":
+        assert [recorded[b].dispatches for b in bounds] == [STEP_DISPATCHES] * 2
 
 
-def test_sampled_decoding_on_the_gpu_draws_what_the_numpy_backend_draws_token_by_token(
-        tmp_path, rng, gpu_device):
+@pytest.mark.parametrize("backend", ["cpu", "webgpu"])
+def test_sampled_decoding_draws_what_the_numpy_backend_draws_token_by_token(
+        backend, tmp_path, rng, request):
     # A chained run at temperature 100 (the draws made on the device, the counter advanced
     # there, across the 64-key bound) against the numpy model fed one token at a time,
     # each drawn from its logits with the reference's noise for that position.
+    if backend == "webgpu":
+        request.getfixturevalue("gpu_device")
     path = tmp_path / "tiny.gguf"
     write_tiny_gguf(path, TinySpec(context_length=300), rng)
     prompt = rng.integers(0, 101, size=58).tolist()
@@ -156,7 +164,7 @@ def test_sampled_decoding_on_the_gpu_draws_what_the_numpy_backend_draws_token_by
         expected.append(token)
         argmaxes.append(int(np.argmax(logits)))
     assert expected != argmaxes  # the draws are not simply greedy
-    gpu = load_model(str(path), backend="webgpu", progress=False)
-    gpu.forward(prompt)
-    assert list(gpu.decode(first, 12, temperature, seed)) == expected
-    assert gpu.position == len(prompt) + 12
+    model = load_model(str(path), backend=backend, progress=False)
+    model.forward(prompt)
+    assert list(model.decode(first, 12, temperature, seed)) == expected
+    assert model.position == len(prompt) + 12

@@ -129,7 +129,15 @@ def test_gpu_backend_matches_reference_and_numpy(tiny, gpu_device):
     assert nmse(gpu_all, cpu_all) <= NMSE_MODEL
 
 
-@pytest.mark.parametrize("backend", ["numpy", "webgpu"])
+def test_cpu_backend_matches_reference_and_numpy(tiny):
+    model, every = _check_backend("cpu", tiny)
+    assert model.backend_name == "cpu"
+    _, path, _, ids = tiny
+    numpy_all = load_model(path, backend="numpy", progress=False).forward_all(ids)
+    assert nmse(every, numpy_all) <= NMSE_MODEL
+
+
+@pytest.mark.parametrize("backend", ["numpy", "cpu", "webgpu"])
 def test_context_overflow_is_a_clear_error(backend, tmp_path, rng, request):
     if backend == "webgpu":
         request.getfixturevalue("gpu_device")

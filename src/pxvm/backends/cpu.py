@@ -89,16 +89,20 @@ class Packed:
 
 
 class HostReadback:
-    """A copy of an array taken when the recorded work reaches it."""
+    """A copy of an array taken when the recorded work reaches it (of several runs: the
+    copies stacked on a leading axis)."""
 
     def __init__(self):
         self.value: np.ndarray | None = None
+        self.copies = 1
 
     def result(self, dtype, count: int | None = None) -> np.ndarray:
+        """The values (the first `count` of each copy)."""
         if self.value is None:
             raise RuntimeError("read before the work that computes it ran")
-        flat = self.value.reshape(-1).view(dtype) if self.value.dtype != dtype else self.value.reshape(-1)
-        return flat if count is None else flat[:count]
+        arr = self.value.reshape(self.copies, -1).view(np.dtype(dtype))
+        arr = arr if count is None else arr[:, :count]
+        return arr if self.copies > 1 else arr[0]
 
     async def result_async(self, dtype, count: int | None = None) -> np.ndarray:
         return self.result(dtype, count)
@@ -151,7 +155,8 @@ class Replay:
                 for kept, out in zip(copies, self.outputs):
                     kept.append(out.copy())
         for staged, kept in zip(self.staged, copies):
-            staged.value = kept[0] if len(kept) == 1 else np.stack(kept)
+            staged.value = np.stack(kept)
+            staged.copies = len(kept)
         self._seconds = time.perf_counter() - t0
 
     @property
@@ -242,10 +247,25 @@ class CpuBackend(Backend):
         self._derived: dict[int, tuple[weakref.ref, dict]] = {}
 
     def describe(self) -> str:
+        d = self.details()
+        return (f"CPU: numba {d['numba']} kernels on {d['threads']} threads "
+                f"({d['thread_pool']}; {d['cpu']}, {d['simd']})")
+
+    def details(self) -> dict:
+        """What the kernels run on: threads, thread pool, the CPU LLVM compiles for and
+        its widest SIMD, and the BLAS that prompts use."""
         _configure_numba()
         import numba
-        return (f"CPU: numba {numba.__version__} kernels on {_threads} threads "
-                f"({numba.threading_layer() if _numba_ran() else 'threads start on first use'})")
+        from llvmlite import binding
+        from threadpoolctl import threadpool_info
+        features = binding.get_host_cpu_features()
+        simd = next((name for name in ("avx512f", "avx2", "neon", "sse4.2")
+                     if features.get(name)), "no wide SIMD")
+        blas = [f"{i['internal_api']} {i['version']}" for i in threadpool_info()
+                if i["user_api"] == "blas"][:1]
+        return {"numba": numba.__version__, "threads": _threads,
+                "thread_pool": _thread_pool(), "cpu": binding.get_host_cpu_name(),
+                "simd": simd, "blas": blas[0] if blas else "none found"}
 
     def empty(self, shape, dtype) -> Tensor:
         dtype = np.dtype(dtype)
@@ -288,10 +308,18 @@ class CpuBackend(Backend):
         return CpuContext(self, timestamps=timestamps, profile=profile)
 
 
-def _numba_ran() -> bool:
+def _thread_pool() -> str:
+    """numba's thread pool: the one running, else the first of the priority list that
+    loads (numba starts it with the first parallel kernel)."""
+    import numba
     try:
-        import numba
-        numba.threading_layer()
-        return True
-    except ValueError:  # no parallel kernel has run yet
-        return False
+        return numba.threading_layer()
+    except ValueError:
+        pass
+    for layer in numba.config.THREADING_LAYER_PRIORITY:
+        try:
+            importlib.import_module(f"numba.np.ufunc.{'workqueue' if layer == 'workqueue' else layer + 'pool'}")
+            return layer
+        except ImportError:
+            continue
+    return "workqueue"

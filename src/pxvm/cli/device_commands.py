@@ -25,7 +25,8 @@ def info(
     as_json: bool = typer.Option(False, "--json", help="Print machine-readable JSON."),
     all_features: bool = typer.Option(False, "--all-features", help="List every feature."),
 ):
-    """List WebGPU adapters (backend, type, features, limits) and which one auto picks."""
+    """List WebGPU adapters (backend, type, features, limits) and which one auto picks, and
+    what the fast CPU backend runs on (threads, SIMD, BLAS)."""
     try:
         adapters = list_adapters()
     except PxvmError as exc:
@@ -36,8 +37,10 @@ def info(
         chosen, reason = choose_adapter("auto", adapters) if adapters else (None, error or "")
     except PxvmError as exc:
         chosen, reason = None, str(exc)
+    cpu = get_backend("cpu").details()
     if as_json:
         print(json.dumps({
+            "cpu": cpu,
             "adapters": [{
                 "index": a.index, "name": a.name, "vendor": a.vendor, "backend": a.backend,
                 "type": a.adapter_type, "software": a.is_software, "features": a.features,
@@ -46,9 +49,15 @@ def info(
             "reason": reason,
         }, indent=2))
         return
+    table = Table(title="CPU backend (backend='cpu')", title_justify="left", show_header=False)
+    for key, label in (("cpu", "CPU (LLVM's name)"), ("simd", "widest SIMD"),
+                       ("threads", "threads (PXVM_CPU_THREADS)"), ("thread_pool", "thread pool"),
+                       ("numba", "numba"), ("blas", "BLAS (prompts)")):
+        table.add_row(label, str(cpu[key]))
+    console.print(table)
     if not adapters:
         console.print(f"[red]No WebGPU adapter:[/] {error or 'none found'}")
-        console.print("pxvm will run every op on numpy (backend='numpy').")
+        console.print("pxvm will run on the CPU backend (backend='cpu').")
         return
     for a in adapters:
         mark = "[green]auto -> [/]" if chosen is not None and a.index == chosen.index else ""

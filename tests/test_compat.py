@@ -59,18 +59,18 @@ def test_executor_runs_on_the_gpu_with_numpy_in_and_out(gpu_device, rng):
     np.testing.assert_allclose(ex.swish(x), ex.silu(x))
 
 
-def test_executor_falls_back_to_numpy_without_an_adapter(no_adapters, caplog, rng):
+def test_executor_falls_back_to_the_cpu_without_an_adapter(no_adapters, caplog, rng):
     with caplog.at_level("WARNING"):
         ex = GPUExecutor()
     assert not ex.on_gpu and "no WebGPU adapter" in ex.fallback_reason
-    assert ex.backend.name == "numpy"
-    assert "running on numpy" in caplog.text
+    assert ex.backend.name == "cpu"
+    assert "running on the CPU" in caplog.text
     assert not is_gpu_available()
     x = rng.standard_normal(9).astype(np.float32)
     np.testing.assert_allclose(ex.sigmoid(x), 1 / (1 + np.exp(-x)), rtol=1e-6)
 
 
-def test_executor_falls_back_to_numpy_when_wgpu_cannot_be_imported():
+def test_executor_falls_back_to_the_cpu_when_wgpu_cannot_be_imported():
     code = textwrap.dedent("""
         import sys
         sys.modules["wgpu"] = None  # makes `import wgpu` raise ImportError
@@ -86,7 +86,7 @@ def test_executor_falls_back_to_numpy_when_wgpu_cannot_be_imported():
     assert "on_gpu False False" in proc.stdout
     assert "wgpu could not be imported" in proc.stdout and "pip install wgpu" in proc.stdout
     assert "result [4.0, 6.0]" in proc.stdout
-    assert "running on numpy" in proc.stderr
+    assert "running on the CPU" in proc.stderr
 
 
 def test_executor_refuses_to_fall_back_when_told_not_to(no_adapters):
@@ -136,11 +136,11 @@ def test_gpu_device_and_dot_product_of_pixel_llm(gpu_device, rng, capsys):
     assert DotProductGPU().compute([1, 2, 3], [4, 5, 6]) == 32.0
 
 
-def test_gpu_device_describes_the_numpy_fallback(no_adapters):
+def test_gpu_device_describes_the_cpu_fallback(no_adapters):
     from pixel_llm.core.gpu_interface import GPUDevice
 
     device = GPUDevice(verbose=False)
-    assert device.description.startswith("numpy fallback (no WebGPU adapter")
+    assert device.description.startswith("CPU fallback (no WebGPU adapter")
 
 
 def test_executor_converts_the_seeds_float64_and_int64_arrays(gpu_device):

@@ -1,7 +1,7 @@
 """The seeds' entry points, as thin wrappers over pxvm in this one place:
 
 - `pxvm.gpu.executor`: `GPUExecutor` (numpy arrays in and out, a method per op, falling
-  back to numpy with a logged reason) and `is_gpu_available`;
+  back to the fast CPU backend with a logged reason) and `is_gpu_available`;
 - `pixel_llm.core.gpu_interface`: `GPUDevice`, `DotProductGPU`, `is_gpu_available`;
 - `GpuCommandBatch`: a Batch with a method per op (`batch.relu(x)`), as seed 004's
   batch API has it. pxvm's own way is `with batch:` around plain op calls.
@@ -45,8 +45,8 @@ def _seed_array(value):
 
 
 class GPUExecutor:
-    """Runs ops on the GPU, numpy arrays in and out, falling back to numpy (and saying
-    why) when no GPU is usable: `GPUExecutor().matmul(a, b)`, `await ex.matmul_async(a, b)`
+    """Runs ops on the GPU, numpy arrays in and out, falling back to the fast CPU backend
+    (and saying why) when no GPU is usable: `GPUExecutor().matmul(a, b)`, `await ex.matmul_async(a, b)`
     and so on for every op of pxvm.ops. float64 and int64 arrays are converted to f32 and
     i32 (pxvm's own ops refuse them unless asked)."""
 
@@ -58,8 +58,8 @@ class GPUExecutor:
             if not fallback:
                 raise
             self.fallback_reason = str(exc)
-            log.warning("GPUExecutor: running on numpy because %s", exc)
-            self.backend = get_backend("numpy")
+            log.warning("GPUExecutor: running on the CPU because %s", exc)
+            self.backend = get_backend("cpu")
 
     @property
     def on_gpu(self) -> bool:
@@ -105,7 +105,7 @@ class GpuCommandBatch(Batch):
 
 
 class GPUDevice:
-    """The device pxvm runs on (or the numpy fallback), with a printable description."""
+    """The device pxvm runs on (or the CPU fallback), with a printable description."""
 
     def __init__(self, device: str | int | None = None, verbose: bool = True):
         self.executor = GPUExecutor(device)
@@ -116,7 +116,7 @@ class GPUDevice:
     def description(self) -> str:
         if self.executor.on_gpu:
             return self.executor.device_name
-        return f"numpy fallback ({self.executor.fallback_reason})"
+        return f"CPU fallback ({self.executor.fallback_reason})"
 
 
 class DotProductGPU:

@@ -16,7 +16,7 @@ from . import device_commands, llm_commands, vm_commands, web_commands
 app = typer.Typer(
     name="pxvm",
     help="Portable GPU computing for Python: WGSL kernels on any GPU through WebGPU, "
-    "pixel programs (.pxi) and LLM inference, with a numpy fallback.",
+    "pixel programs (.pxi) and LLM inference, with a fast CPU fallback.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,

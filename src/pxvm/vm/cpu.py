@@ -2,15 +2,19 @@
 
 Vectors and matrix elements are read and written a block at a time through views of the
 image (one channel plane, or the pixels as u32 words), never through index arrays, so
-the executor's temporaries stay a few MB whatever the image (and a byte per element of a
-matrix product's operands), and its running time follows the element counts of the work
-budget (protocol.py).
+the executor's temporaries stay a few MB whatever the image (and a byte or two per
+element of a matrix product's operands), and its running time follows the element counts
+of the work budget (protocol.py).
 """
 
 from __future__ import annotations
 
+import sys
+import time
+
 import numpy as np
 
+from ..backends.cpu import kernel as cpu_kernel
 from .protocol import (OP_ADD, OP_ARGMAX_I32, OP_BIAS_I32, OP_DOT_RGB, OP_MATMUL,
                        OP_MATMUL_I8, OP_RELU, OP_RELU_I8, OP_REQUANT, Matrix, Program,
                        validate_program)
@@ -22,6 +26,30 @@ CHUNK = 1 << 16
 MATMUL_BLOCK = 1 << 20
 #: Longest sum of 8-bit products that float32 holds exactly (255 * 255 * 256 < 2^24).
 EXACT_K = 256
+
+
+#: Exact integer products run in float32 BLAS blocks or in pxvm.kernels.cpu.integer
+#: (numba; about twice as fast). numba and its cached kernels take about half a second
+#: to load into a new process, which one program's products never win back: a process
+#: loads them once its products have spent INTEGER_KERNELS_AFTER_SECONDS in BLAS (a
+#: server, a benchmark), or finds them loaded (the CPU backend); then every product and
+#: dot of at least INTEGER_KERNELS_MIN_WORK multiply-adds uses them.
+INTEGER_KERNELS_AFTER_SECONDS = 1.0
+INTEGER_KERNELS_MIN_WORK = 1 << 12
+_blas_seconds = 0.0  # spent in _blas_blocks by this process
+
+
+def _integer_kernel(entry: str, work: int):
+    """Kernel `entry` of pxvm.kernels.cpu.integer for `work` multiply-adds, or None where
+    BLAS should do it (see INTEGER_KERNELS_AFTER_SECONDS) or numba is missing."""
+    if work < INTEGER_KERNELS_MIN_WORK or (
+            "pxvm.kernels.cpu.integer" not in sys.modules
+            and _blas_seconds < INTEGER_KERNELS_AFTER_SECONDS):
+        return None
+    try:
+        return cpu_kernel("integer", entry)
+    except ImportError:
+        return None
 
 
 def _plane(img: np.ndarray, channel: int, dtype=np.uint8) -> np.ndarray:
@@ -93,6 +121,8 @@ def vector_length(img: np.ndarray, row_a: int, row_b: int) -> int:
 
 def _dot(img, ra, rb, n) -> int:
     red = _plane(img, 0)
+    if (dot := _integer_kernel("dot", n)) is not None:
+        return dot(red[ra, :n], red[rb, :n]) & 0xFFFFFFFF
     total = 0
     for x0 in range(0, n, CHUNK):
         x1 = min(n, x0 + CHUNK)
@@ -110,27 +140,37 @@ def _add(img, ra, rb, ro, n) -> None:
 
 
 def _matmul_blocks(img, a: Matrix, b: Matrix, signed: bool):
-    """(first row, block of C's rows as float32 or float64) of A @ B, a few rows at a time.
-
-    BLAS computes it exactly: each float32 product of two 8-bit values is an integer below
-    2^16 and each sum over at most EXACT_K of them stays below float32's 2^24, so every
-    block product is exact; longer sums add those up in float64, where every sum (below
-    2^32) is exact too. Blocks of A and B hold at most MATMUL_BLOCK elements, blocks of C
-    about CHUNK (at least 16 rows, so that converting B's blocks again for each block of
-    C's rows costs little)."""
+    """(first row, block of C's rows) of A @ B, exactly, a few rows at a time: int32 or
+    uint32 from the integer kernels, else float32 or float64 from BLAS. Blocks of A hold at
+    most MATMUL_BLOCK elements, blocks of C about CHUNK; the caller uses each at once."""
     dtype = np.int8 if signed else np.uint8
     red = _plane(img, 0, dtype)
     a8 = _get(red, a).reshape(a.rows, a.cols)
     b8 = _get(red, b).reshape(b.rows, b.cols)
-    k, n = a.cols, b.cols
+    kernel = _integer_kernel("matmul_blocks", a.rows * a.cols * b.cols)
+    if kernel is not None:
+        return kernel(a8, b8, max(1, min(CHUNK // b.cols, MATMUL_BLOCK // a.cols)))
+    return _blas_blocks(a8, b8)
+
+
+def _blas_blocks(a8: np.ndarray, b8: np.ndarray):
+    """_matmul_blocks through float32 BLAS, exactly: each float32 product of two 8-bit
+    values is an integer below 2^16 and each sum over at most EXACT_K of them stays below
+    float32's 2^24, so every block product is exact; longer sums add those up in float64,
+    where every sum (below 2^32) is exact too. Blocks of B hold at most MATMUL_BLOCK
+    elements, blocks of C at least 16 rows, so that converting B's blocks again for each
+    block of C's rows costs little."""
+    global _blas_seconds
+    started = time.perf_counter()
+    (m, k), n = a8.shape, b8.shape[1]
     depth = max(1, min(EXACT_K, MATMUL_BLOCK // n))
     rows = min(max(16, CHUNK // n), MATMUL_BLOCK // depth)
     whole_b = b8.astype(np.float32) if k * n <= MATMUL_BLOCK else None
     # the blocks of C are computed into the same two arrays: the caller uses each at once
-    part = np.empty((min(rows, a.rows), n), np.float32)
+    part = np.empty((min(rows, m), n), np.float32)
     acc = np.empty(part.shape) if k > depth else None
-    for i0 in range(0, a.rows, rows):
-        r = min(rows, a.rows - i0)
+    for i0 in range(0, m, rows):
+        r = min(rows, m - i0)
         for k0 in range(0, k, depth):
             a_block = a8[i0: i0 + r, k0: k0 + depth].astype(np.float32)
             b_block = (whole_b[k0: k0 + depth] if whole_b is not None
@@ -141,7 +181,9 @@ def _matmul_blocks(img, a: Matrix, b: Matrix, signed: bool):
                     acc[:r] = part[:r]
                 else:
                     acc[:r] += part[:r]
+        _blas_seconds += time.perf_counter() - started
         yield i0, (part if acc is None else acc)[:r]
+        started = time.perf_counter()
 
 
 def _write_header(img, m: Matrix) -> None:

@@ -61,3 +61,11 @@ def test_demo_refuses_a_matrix_size_past_8192():
     proc = subprocess.run([sys.executable, "-m", "pxvm", "demo", "--size", "1000000"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "--size" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("value", ["0", "two", "-1"])
+def test_a_bad_thread_count_is_one_clear_line(value):
+    proc = run_pxvm("info", env={**os.environ, "PXVM_CPU_THREADS": value})
+    assert proc.returncode == 1
+    assert "PXVM_CPU_THREADS must be a positive integer" in proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stderr.strip().count("\n") == 0

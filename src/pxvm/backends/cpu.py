@@ -19,12 +19,17 @@ from typing import Callable
 
 import numpy as np
 
+from ..runtime.errors import PxvmError
 from .base import Backend, RecordingContext
 from .tensor import Tensor, as_supported_array, values_for
 
 #: When True (the tests set it), new outputs start as NaN / -1 / 255, so that a kernel
 #: which leaves part of its output unwritten fails the comparison with its reference.
 POISON = False
+
+class CpuThreadsError(PxvmError, ValueError):
+    """PXVM_CPU_THREADS is not a positive integer."""
+
 
 _threads_lock = threading.Lock()
 _threads: int | None = None
@@ -35,7 +40,8 @@ def cpu_threads() -> int:
     asked = os.environ.get("PXVM_CPU_THREADS", "").strip()
     if asked:
         if not asked.isdigit() or int(asked) < 1:
-            raise ValueError(f"PXVM_CPU_THREADS must be a positive integer, got {asked!r}")
+            raise CpuThreadsError(f"PXVM_CPU_THREADS must be a positive integer (threads for "
+                                  f"the CPU backend), got {asked!r}; unset it to use every core")
         return int(asked)
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 
 from .reductions import argmax, nonempty, record_flat_argmax
-from .registry import in_place_on_host, meta, op, require
+from ..backends.cpu import kernel as cpu_kernel
+from .registry import meta, op, require
 
 
 def _infer_greedy(logits, state):
@@ -89,5 +90,24 @@ def sample_step(logits, state, sampler, *, backend="auto"):
     return state
 
 
-in_place_on_host(greedy_step, "cpu", returns=1)
-in_place_on_host(sample_step, "cpu", returns=1)
+def _greedy_cpu(ctx, logits, state):
+    ctx.call("decoding", "greedy_step", logits, state)
+    return state
+
+
+def _sample_cpu(ctx, logits, state, sampler):
+    greedy = cpu_kernel("decoding", "greedy_step")
+    values = logits.storage, state.storage, sampler.storage
+
+    def step():
+        if values[2][0] > 0:
+            sample_step.reference(*values)
+        else:  # temperature 0: the argmax, without the reference's numpy overhead
+            greedy(values[0], values[1])
+            values[2][2] += 1
+    ctx.record_host("sample_step", step)
+    return state
+
+
+greedy_step.kernel("cpu")(_greedy_cpu)
+sample_step.kernel("cpu")(_sample_cpu)

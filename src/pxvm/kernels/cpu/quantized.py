@@ -3,19 +3,29 @@
 A weight is repacked once, when first used, into one of two forms that SIMD code reads
 well, both keeping its integer values:
 
-- `Nibbles` (Q4_0, Q4_1, Q4_K): 4-bit values q in 0..15 with a float32 scale and offset
-  per 32 values of a row (value = scale * q + offset), two values a byte;
-- `Bytes` (Q8_0, Q6_K): 8-bit signed values with a float32 scale per block of a row
-  (32 values for Q8_0, 16 for Q6_K; value = scale * q).
+- `Nibbles` (Q4_0, Q4_1, Q4_K): 4-bit values q in 0..15 with a scale and an offset per
+  32 values of a row (value = scale * q + offset);
+- `Bytes` (Q8_0, Q6_K): 8-bit signed values with a scale per block of a row (32 values
+  for Q8_0, 16 for Q6_K; value = scale * q).
 
-Rows are grouped in tiles of TILE_ROWS, and within a tile a byte of every row at one
-position lies next to the others ([tile, block, byte, row]): the inner loop then runs
-along rows, a SIMD lane each, with the activation broadcast, and never needs a sum
-across lanes. Decoding (one row of activations) reads each weight byte once, on numba's
-threads; prompts split the rows among as many Python threads, each dequantizing its
-tiles to float32 and multiplying them by single-threaded BLAS (the CPU backend holds
-BLAS to one thread while it runs: two thread pools on the same cores slow each other
-down many times over).
+Rows are grouped in tiles of TILE_ROWS, a row a 32-bit SIMD lane: the lanes of a tile
+hold the same few values of every row next to each other ([tile, block, group, row]), so
+that the inner loop runs along rows with the activation broadcast and never needs a sum
+across lanes. A lane holds a pair of neighbouring values in each 16-bit half (or can be
+shifted and masked into such pairs), the form of x86's multiply-adds of int16 pairs.
+
+Decoding (one row of activations) multiplies integers, the activations quantized to
+int16 (see the kernels' comment), on numba's threads. It is memory-bound: each weight
+byte is read once, and there are more of them than the caches hold. So a tile's values
+and scales for a block are one record in memory, a single stream (arrays q, scale and
+offset are views into it), and scales are stored as float16 wherever that is exact (the
+GGUF types store them so, but for Q4_K's and Q6_K's products of two scales): 20 bytes
+per 32 Q4 values, instead of 24 with float32 scales in arrays of their own.
+
+Prompts split the rows among as many Python threads, each dequantizing its tiles to
+float32 (as W^T, rows along the SIMD lanes) and multiplying them by single-threaded BLAS
+(the CPU backend holds BLAS to one thread while it runs: two thread pools on the same
+cores slow each other down many times over).
 
 Every function takes plain numpy arrays; pxvm.ops registers them as kernels of the
 "cpu" backend, and tests compare them with the ops' numpy references.
@@ -32,20 +42,40 @@ import numpy as np
 from gguf import quants
 from gguf.constants import GGMLQuantizationType as T
 
-#: Rows per tile: 64 float32 lanes are four AVX-512 or eight AVX2 registers of sums.
+from .vectors import (
+    dot_pairs,
+    high_byte_pairs,
+    load_floats,
+    load_ints,
+    low_byte_pairs,
+    multiply_add,
+    nibble_pairs,
+    nibbles,
+    signed_bytes,
+    splat,
+    store_floats,
+    zeros,
+)
+
+#: Rows per tile: 64 int32 or float32 lanes are four AVX-512 or eight AVX2 registers of
+#: sums (the kernels spell out its 4 vectors of 16 rows).
 TILE_ROWS = 64
 #: Each prompt thread dequantizes at most this many weight values at a time (a float32
 #: scratch of 4 MiB) before each BLAS product, so a large LM head needs no copy of its own.
 DEQUANTIZE_VALUES = 1 << 20
 
 _F32 = np.float32
+#: The dtype of scales that are float16 values: their bits (numba has no float16 arrays).
+HALF = np.uint16
 
 
 @dataclass(frozen=True)
 class Nibbles:
-    """4-bit values: q (tiles, K / 32, 16, TILE_ROWS) uint8, byte j of a block holding
-    values j (low nibble) and j + 16 (high nibble); scale and offset (tiles, K / 32,
-    TILE_ROWS) float32."""
+    """4-bit values: q (tiles, K / 32, 4, TILE_ROWS) uint32, lane [t, b, g, r] holding
+    values 8g..8g+7 of block b of row r as two 16-bit halves, value 8g + 2i + h in bits
+    4i..4i+3 of half h (so that shifts and masks of the halves give pairs of neighbours);
+    scale and offset (tiles, K / 32, TILE_ROWS), float32 or float16 bits (HALF). All
+    three are views into one buffer, a record per tile and block."""
 
     q: np.ndarray
     scale: np.ndarray
@@ -56,8 +86,11 @@ class Nibbles:
 
 @dataclass(frozen=True)
 class Bytes:
-    """8-bit values: q (tiles, K / block, block, TILE_ROWS) int8; scale (tiles, K / block,
-    TILE_ROWS) float32."""
+    """8-bit values: q (tiles, K / block, block / 4, TILE_ROWS) uint32, lane [t, b, g, r]
+    holding values 4g..4g+3 of block b of row r as int8 in the byte order 0, 2, 1, 3 (so
+    that the low and the high bytes of its 16-bit halves are pairs of neighbours); scale
+    (tiles, K / block, TILE_ROWS), float32 or float16 bits (HALF). Both are views into one
+    buffer, a record per tile and block."""
 
     q: np.ndarray
     scale: np.ndarray
@@ -144,7 +177,37 @@ def _tiled(a: np.ndarray, n: int) -> np.ndarray:
     padded = np.zeros((tiles * TILE_ROWS, *a.shape[1:]), a.dtype)
     padded[:n] = a
     padded = padded.reshape(tiles, TILE_ROWS, *a.shape[1:])
-    return np.ascontiguousarray(np.moveaxis(padded, 1, -1))
+    return np.moveaxis(padded, 1, -1)
+
+
+def _scales(*scales: np.ndarray) -> list[np.ndarray]:
+    """The scales as float16 bits (HALF) when every one of them is a float16, else
+    float32."""
+    scales = [s.astype(_F32) for s in scales]
+    with np.errstate(over="ignore"):  # too large for float16: inf, then not equal
+        halves = [s.astype(np.float16) for s in scales]
+    if all(np.array_equal(h.astype(_F32), s) for h, s in zip(halves, scales)):
+        return [h.view(HALF) for h in halves]
+    return scales
+
+
+def _records(*parts: np.ndarray) -> list[np.ndarray]:
+    """Tiled arrays (tiles, blocks, ...) copied into one buffer, a record per tile and
+    block holding each array's part in turn; their views into it, in order."""
+    tiles, blocks = parts[0].shape[:2]
+    sizes = [a[0, 0].nbytes for a in parts]
+    record = sum(sizes)
+    assert record % 64 == 0  # every record, and so every vector, starts a cache line
+    raw = np.empty(tiles * blocks * record + 64, np.uint8)
+    start = -raw.ctypes.data % 64
+    views, at = [], start
+    for a, size in zip(parts, sizes):
+        view = np.ndarray(a.shape, a.dtype, raw, at,
+                          (blocks * record, record, *np.empty(a.shape[2:], a.dtype).strides))
+        view[...] = a
+        views.append(view)
+        at += size
+    return views
 
 
 def pack(raw: np.ndarray, qtype: int, k: int) -> Nibbles | Bytes | Dense:
@@ -158,111 +221,225 @@ def pack(raw: np.ndarray, qtype: int, k: int) -> Nibbles | Bytes | Dense:
         return Dense(np.ascontiguousarray(values, _F32), n, k)
     if qtype in _NIBBLE_TYPES:
         q, scale, offset = _NIBBLE_TYPES[qtype](raw, n, k)
-        q = q.astype(np.uint8)
-        packed = q[..., :16] | (q[..., 16:] << 4)                       # (N, K/32, 16)
-        return Nibbles(_tiled(packed, n), _tiled(scale.astype(_F32), n),
-                       _tiled(offset.astype(_F32), n), n, k)
+        # value 8g + 2i + h of a block -> bits 4i.. of half h of lane g: the lane's bytes
+        # hold values (0, 2), (4, 6), (1, 3), (5, 7) of the group, low nibble first
+        q = q.astype(np.uint8).reshape(n, k // 32, 4, 8)
+        lanes = q[..., [0, 4, 1, 5]] | (q[..., [2, 6, 3, 7]] << 4)
+        lanes = np.ascontiguousarray(lanes).view(np.uint32)[..., 0]      # (N, K/32, 4)
+        scale, offset = _scales(scale, offset)
+        return Nibbles(*_records(_tiled(lanes, n), _tiled(scale, n), _tiled(offset, n)), n, k)
     if qtype in _BYTE_TYPES:
         q, scale = _BYTE_TYPES[qtype](raw, n, k)
-        return Bytes(_tiled(q, n), _tiled(scale.astype(_F32), n), n, k)
+        blocks, size = q.shape[1:]
+        lanes = q.reshape(n, blocks, size // 4, 4)[..., [0, 2, 1, 3]]
+        lanes = np.ascontiguousarray(lanes).view(np.uint32)[..., 0]      # (N, blocks, size/4)
+        scale, = _scales(scale)
+        return Bytes(*_records(_tiled(lanes, n), _tiled(scale, n)), n, k)
     raise ValueError(f"no CPU kernel for GGML type {qtype.name}")
 
 
 # ---- kernels --------------------------------------------------------------------------
-# fastmath lets LLVM reorder the float sums (as BLAS does) so that it can vectorize them.
-# Nibbles are split in float arithmetic, hi = floor(v / 16): numba widens integer
-# arithmetic to 64 bits, which would halve the SIMD lanes (and quarter them for bytes).
+# Decoding multiplies integers: each int32 lane adds the products of pairs of int16
+# (vectors.dot_pairs: pmaddwd, or vpdpwssd with AVX512-VNNI, 32 multiply-adds an
+# instruction), the weights' values times x quantized a block at a time, and a block's
+# sums become floats once. x is two int16 terms, x ~ scale * (high + low / 2^15): one
+# alone (its error up to 1/65534 of the block's largest |x|) would make products about
+# 1e-5 of their size apart from float ones, the second brings that below float32's own
+# rounding, for twice the multiply-adds but the same unpacking of the weights and the
+# same memory traffic, which is what decoding waits on. No block's sum wraps: |high| <=
+# 32767, |low| <= 16384 and |w| <= 128 over at most 32 values, < 2^28.
 _kernel = numba.njit(parallel=True, fastmath=True, cache=True, nogil=True)
+_serial_kernel = numba.njit(fastmath=True, cache=True, nogil=True)
+_inline = numba.njit(inline="always")
+
+#: |high| of a block's largest value: int16, and never -32768 (a pair of -32768 times
+#: -32768 is the one product of two pairs that would not fit an int32).
+_X_MAX = 32767
+#: low's unit, in units of high.
+_LOW = 1.0 / 32768
+
+
+@_serial_kernel
+def _quantized_activations(x, size):
+    """x in blocks of `size` values, x ~ scale * (high + low * _LOW): high and low as
+    int16, a pair of neighbours in each int32 word (the first in the low half), each
+    block's scale and the sum of its x (a block holding a NaN or an infinity gets the
+    scale NaN, so that its products are NaN as float ones are)."""
+    n = x.shape[0]
+    bits = x.view(np.int32)  # fastmath assumes no NaN: found by their bits instead
+    high = np.empty(n, np.int16)
+    low = np.empty(n, np.int16)
+    scale = np.empty(n // size, _F32)
+    total = np.empty(n // size, _F32)
+    for b in range(n // size):
+        top = _F32(0)
+        s = _F32(0)
+        special = 0
+        for i in range(b * size, (b + 1) * size):
+            top = max(top, abs(x[i]))
+            s += x[i]
+            special |= bits[i] & 0x7F800000 == 0x7F800000
+        total[b] = s
+        scale[b] = top / _F32(_X_MAX) if not special else np.nan
+        # of the float32 scale, in float64 (out of float32's range for a tiny scale)
+        inverse = 1 / np.float64(scale[b]) if not special and scale[b] > 0 else 0.0
+        for i in range(b * size, (b + 1) * size):
+            v = x[i] * inverse
+            h = np.rint(v)
+            high[i] = np.int16(h)
+            low[i] = np.int16(np.rint((v - h) / _LOW))  # v - h in -0.5..0.5
+    return high.view(np.int32), low.view(np.int32), scale, total
+
+
+@_inline
+def _nibbles_dot(s, r, lanes, high, low, w):
+    """(s, r) + the products of a lane's 8 nibbles (4 pairs) with the pairs of x
+    words w..w+3 (high, low)."""
+    pairs = nibble_pairs(lanes, 0)
+    s, r = dot_pairs(s, pairs, high[w]), dot_pairs(r, pairs, low[w])
+    pairs = nibble_pairs(lanes, 4)
+    s, r = dot_pairs(s, pairs, high[w + 1]), dot_pairs(r, pairs, low[w + 1])
+    pairs = nibble_pairs(lanes, 8)
+    s, r = dot_pairs(s, pairs, high[w + 2]), dot_pairs(r, pairs, low[w + 2])
+    pairs = nibble_pairs(lanes, 12)
+    return dot_pairs(s, pairs, high[w + 3]), dot_pairs(r, pairs, low[w + 3])
+
+
+@_inline
+def _bytes_dot(s, r, lanes, high, low, w):
+    """(s, r) + the products of a lane's 4 bytes (2 pairs) with the pairs of x words
+    w, w + 1 (high, low)."""
+    pairs = low_byte_pairs(lanes)
+    s, r = dot_pairs(s, pairs, high[w]), dot_pairs(r, pairs, low[w])
+    pairs = high_byte_pairs(lanes)
+    return dot_pairs(s, pairs, high[w + 1]), dot_pairs(r, pairs, low[w + 1])
+
+
+@_inline
+def _sum(s, r, x_scale):
+    """The sum of products of a block, from the sums with high (s) and low (r)."""
+    return multiply_add(multiply_add(splat(0), s, x_scale), r, x_scale * _F32(_LOW))
+
+
+@_inline
+def _store_tile(a0, a1, a2, a3, t, y):
+    """y[the rows of tile t that y holds] = the sums of its 4 groups of 16 rows."""
+    first = t * TILE_ROWS
+    whole = first + TILE_ROWS <= y.shape[0] and y.strides[0] == 4
+    sums = y if whole else np.empty(TILE_ROWS, _F32)
+    at = first if whole else 0
+    store_floats(sums, (at,), a0)
+    store_floats(sums, (at + 16,), a1)
+    store_floats(sums, (at + 32,), a2)
+    store_floats(sums, (at + 48,), a3)
+    if not whole:
+        for r in range(min(TILE_ROWS, y.shape[0] - first)):
+            y[first + r] = sums[r]
 
 
 @_kernel
 def nibbles_matvec(q, scale, offset, x, y):
     """y[n] = sum_k w[n, k] x[k] for Nibbles (q, scale, offset); y holds the N outputs.
-
-    A byte v = lo + 16 hi holds values j and j + 16, so lo x[j] + hi x[j + 16] =
-    v x[j] + hi (x[j + 16] - 16 x[j]): the low nibble is never split off."""
-    tiles, blocks, _, rows = q.shape
-    n = y.shape[0]
-    xsum = np.empty(blocks, _F32)
-    for b in range(blocks):
-        s = _F32(0)
-        for i in range(32):
-            s += x[b * 32 + i]
-        xsum[b] = s
-    for t in numba.prange(tiles):
-        acc = np.zeros(rows, _F32)
-        part = np.empty(rows, _F32)
+    A tile's rows are 4 vectors of 16 (a row a lane), each with its own sums."""
+    tiles, blocks, groups, _ = q.shape
+    high, low, x_scale, x_sum = _quantized_activations(x, 32)
+    for tile in numba.prange(tiles):
+        t = np.intp(tile)  # prange's index is unsigned
+        a0 = a1 = a2 = a3 = splat(0)
         for b in range(blocks):
-            part[:] = 0
-            base = b * 32
-            for j in range(0, 16, 2):
-                x0 = x[base + j]
-                x1 = x[base + j + 16] - _F32(16) * x0
-                x2 = x[base + j + 1]
-                x3 = x[base + j + 17] - _F32(16) * x2
-                for r in range(rows):
-                    v0 = _F32(q[t, b, j, r])
-                    v1 = _F32(q[t, b, j + 1, r])
-                    part[r] += (v0 * x0 + np.floor(v0 * _F32(0.0625)) * x1
-                                + v1 * x2 + np.floor(v1 * _F32(0.0625)) * x3)
-            for r in range(rows):
-                acc[r] += scale[t, b, r] * part[r] + offset[t, b, r] * xsum[b]
-        for r in range(min(rows, n - t * rows)):
-            y[t * rows + r] = acc[r]
+            s0 = s1 = s2 = s3 = r0 = r1 = r2 = r3 = zeros()
+            for g in range(groups):
+                w = b * 16 + g * 4
+                s0, r0 = _nibbles_dot(s0, r0, load_ints(q, (t, b, g, 0)), high, low, w)
+                s1, r1 = _nibbles_dot(s1, r1, load_ints(q, (t, b, g, 16)), high, low, w)
+                s2, r2 = _nibbles_dot(s2, r2, load_ints(q, (t, b, g, 32)), high, low, w)
+                s3, r3 = _nibbles_dot(s3, r3, load_ints(q, (t, b, g, 48)), high, low, w)
+            f, xs = x_scale[b], x_sum[b]
+            a0 = multiply_add(multiply_add(a0, _sum(s0, r0, f), load_floats(scale, (t, b, 0))),
+                              load_floats(offset, (t, b, 0)), xs)
+            a1 = multiply_add(multiply_add(a1, _sum(s1, r1, f), load_floats(scale, (t, b, 16))),
+                              load_floats(offset, (t, b, 16)), xs)
+            a2 = multiply_add(multiply_add(a2, _sum(s2, r2, f), load_floats(scale, (t, b, 32))),
+                              load_floats(offset, (t, b, 32)), xs)
+            a3 = multiply_add(multiply_add(a3, _sum(s3, r3, f), load_floats(scale, (t, b, 48))),
+                              load_floats(offset, (t, b, 48)), xs)
+        _store_tile(a0, a1, a2, a3, t, y)
 
 
 @_kernel
 def bytes_matvec(q, scale, x, y):
     """y[n] = sum_k w[n, k] x[k] for Bytes (q, scale); y holds the N outputs."""
-    tiles, blocks, size, rows = q.shape
-    n = y.shape[0]
-    for t in numba.prange(tiles):
-        acc = np.zeros(rows, _F32)
-        part = np.empty(rows, _F32)
+    tiles, blocks, groups, _ = q.shape
+    high, low, x_scale, _ = _quantized_activations(x, 4 * groups)
+    for tile in numba.prange(tiles):
+        t = np.intp(tile)
+        a0 = a1 = a2 = a3 = splat(0)
         for b in range(blocks):
-            part[:] = 0
-            base = b * size
-            for j in range(0, size, 2):
-                x0 = x[base + j]
-                x1 = x[base + j + 1]
-                for r in range(rows):
-                    part[r] += _F32(q[t, b, j, r]) * x0 + _F32(q[t, b, j + 1, r]) * x1
-            for r in range(rows):
-                acc[r] += scale[t, b, r] * part[r]
-        for r in range(min(rows, n - t * rows)):
-            y[t * rows + r] = acc[r]
+            s0 = s1 = s2 = s3 = r0 = r1 = r2 = r3 = zeros()
+            for g in range(groups):
+                w = (b * groups + g) * 2
+                s0, r0 = _bytes_dot(s0, r0, load_ints(q, (t, b, g, 0)), high, low, w)
+                s1, r1 = _bytes_dot(s1, r1, load_ints(q, (t, b, g, 16)), high, low, w)
+                s2, r2 = _bytes_dot(s2, r2, load_ints(q, (t, b, g, 32)), high, low, w)
+                s3, r3 = _bytes_dot(s3, r3, load_ints(q, (t, b, g, 48)), high, low, w)
+            f = x_scale[b]
+            a0 = multiply_add(a0, _sum(s0, r0, f), load_floats(scale, (t, b, 0)))
+            a1 = multiply_add(a1, _sum(s1, r1, f), load_floats(scale, (t, b, 16)))
+            a2 = multiply_add(a2, _sum(s2, r2, f), load_floats(scale, (t, b, 32)))
+            a3 = multiply_add(a3, _sum(s3, r3, f), load_floats(scale, (t, b, 48)))
+        _store_tile(a0, a1, a2, a3, t, y)
 
 
-_serial_kernel = numba.njit(fastmath=True, cache=True, nogil=True)
+# Dequantizing runs along rows too, 16 at a time, each value of a lane (a column of out)
+# written as a vector where out's rows are contiguous: the prompt path dequantizes into
+# a (K, rows) scratch, W^T, which BLAS multiplies as well as W.
+@_inline
+def _store_column(out, i, k, values, scratch):
+    """out[i: i + 16, k] = values, as many of them as out holds."""
+    count = out.shape[0] - i
+    if count >= 16 and out.strides[0] == 4:
+        store_floats(out, (i, k), values)
+    else:
+        store_floats(scratch, (0,), values)
+        for r in range(min(count, 16)):
+            out[i + r, k] = scratch[r]
 
 
 @_serial_kernel
 def nibbles_dequantize(q, scale, offset, first_tile, out):
-    """Rows of tiles first_tile.. as float32 into out (rows, K), as many as it holds."""
-    _, blocks, _, rows = q.shape
-    for i in range(out.shape[0]):
-        t = first_tile + i // rows
-        r = i % rows
+    """Rows of tiles first_tile.. as float32 into out (rows, K), as many as it holds
+    (fastest with out's rows contiguous: a Fortran-ordered array, or the .T of one)."""
+    _, blocks, groups, _ = q.shape
+    scratch = np.empty(16, _F32)
+    for i in range(0, out.shape[0], 16):
+        t = first_tile + i // TILE_ROWS
+        r = i % TILE_ROWS
         for b in range(blocks):
-            s = scale[t, b, r]
-            o = offset[t, b, r]
-            for j in range(16):
-                v = q[t, b, j, r]
-                out[i, b * 32 + j] = s * _F32(v & 15) + o
-                out[i, b * 32 + j + 16] = s * _F32(v >> 4) + o
+            s = load_floats(scale, (t, b, r))
+            o = load_floats(offset, (t, b, r))
+            for g in range(groups):
+                lanes = load_ints(q, (t, b, g, r))
+                for j in range(8):  # value j: nibble j // 2 of half j % 2
+                    values = multiply_add(o, nibbles(lanes, (j & 1) * 16 + (j >> 1) * 4), s)
+                    _store_column(out, i, b * 32 + g * 8 + j, values, scratch)
 
 
 @_serial_kernel
 def bytes_dequantize(q, scale, first_tile, out):
-    """Rows of tiles first_tile.. as float32 into out (rows, K), as many as it holds."""
-    _, blocks, size, rows = q.shape
-    for i in range(out.shape[0]):
-        t = first_tile + i // rows
-        r = i % rows
+    """Rows of tiles first_tile.. as float32 into out (rows, K), as many as it holds
+    (fastest with out's rows contiguous: a Fortran-ordered array, or the .T of one)."""
+    _, blocks, groups, _ = q.shape
+    scratch = np.empty(16, _F32)
+    for i in range(0, out.shape[0], 16):
+        t = first_tile + i // TILE_ROWS
+        r = i % TILE_ROWS
         for b in range(blocks):
-            s = scale[t, b, r]
-            for j in range(size):
-                out[i, b * size + j] = s * _F32(q[t, b, j, r])
+            s = load_floats(scale, (t, b, r))
+            for g in range(groups):
+                lanes = load_ints(q, (t, b, g, r))
+                for j in range(4):  # value j: byte (j % 2) * 2 + j // 2 of the lane
+                    values = multiply_add(splat(0), signed_bytes(lanes, (j & 1) * 2 + (j >> 1)), s)
+                    _store_column(out, i, (b * groups + g) * 4 + j, values, scratch)
 
 
 def dequantize_rows(w: Nibbles | Bytes | Dense, first_tile: int, out: np.ndarray) -> None:
@@ -302,12 +479,12 @@ def matmul(x: np.ndarray, w: Nibbles | Bytes | Dense, out: np.ndarray | None = N
 def _product_of_tiles(x, w, first: int, stop: int, out) -> None:
     """out[:, rows of tiles first..stop-1] = x @ those rows^T, a few tiles at a time."""
     step = max(1, DEQUANTIZE_VALUES // (w.k * TILE_ROWS))
-    scratch = np.empty((step * TILE_ROWS, w.k), _F32)
+    scratch = np.empty((w.k, step * TILE_ROWS), _F32)  # W^T: rows contiguous
     for t in range(first, stop, step):
         row = t * TILE_ROWS
         rows = min(min(t + step, stop) * TILE_ROWS, w.n) - row
-        dequantize_rows(w, t, scratch[:rows])
-        np.matmul(x, scratch[:rows].T, out=out[:, row: row + rows])
+        dequantize_rows(w, t, scratch[:, :rows].T)
+        np.matmul(x, scratch[:, :rows], out=out[:, row: row + rows])
 
 
 _pools: dict[int, ThreadPoolExecutor] = {}
@@ -323,9 +500,9 @@ def _pool(threads: int) -> ThreadPoolExecutor:
 
 def dequantize(w: Nibbles | Bytes | Dense) -> np.ndarray:
     """The whole weight as float32 (N, K) (tests compare it with gguf's dequantization)."""
-    out = np.empty((w.n, w.k), _F32)
+    out = np.empty((w.n, w.k), _F32, order="F")
     dequantize_rows(w, 0, out)
-    return out
+    return np.ascontiguousarray(out)
 
 
 def embed(raw: np.ndarray, ids: np.ndarray, qtype: int, k: int, out: np.ndarray) -> None:

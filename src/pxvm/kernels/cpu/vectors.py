@@ -1,0 +1,227 @@
+"""16-lane vectors for numba kernels, written as LLVM vector code (numba `@intrinsic`s).
+
+numba's own loops widen integer arithmetic to 64 bits and do not find the multiply-adds
+of int16 pairs that x86 has (pmaddwd; vpdpwssd with AVX512-VNNI: 32 multiply-adds an
+instruction). These helpers give kernels vectors of 16 int32 or float32 lanes (one
+AVX-512 register, two AVX2 ones) and the few operations quantized.py needs, in the
+generic IR that LLVM turns into those instructions for whatever CPU it compiles for.
+
+An int32 lane often holds a pair of int16 values (low half first): `dot_pairs` multiplies
+two such pairs and adds both products into the lane. Loads and stores take an array and
+a tuple of indices, of the first of 16 elements that lie next to each other in memory
+(any layout; not bounds-checked).
+
+numba's disk cache of a kernel does not notice changes to this file: after editing it,
+delete the cached kernels (__pycache__/quantized*).
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic, models, register_model
+
+LANES = 16
+
+_I16 = ir.IntType(16)
+_I32 = ir.IntType(32)
+_INTS = ir.VectorType(_I32, LANES)
+_FLOATS = ir.VectorType(ir.FloatType(), LANES)
+_PAIRS = ir.VectorType(_I16, 2 * LANES)
+_WIDE = ir.VectorType(_I32, 2 * LANES)
+
+
+class _Ints(types.Type):
+    """16 int32 lanes, kept in a vector register."""
+
+    def __init__(self):
+        super().__init__(name="int32x16")
+
+
+class _Floats(types.Type):
+    """16 float32 lanes, kept in a vector register."""
+
+    def __init__(self):
+        super().__init__(name="float32x16")
+
+
+ints, floats = _Ints(), _Floats()
+
+
+@register_model(_Ints)
+class _IntsModel(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, _INTS)
+
+
+@register_model(_Floats)
+class _FloatsModel(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, _FLOATS)
+
+
+def _address(context, builder, aryty, ary, indexty, index, pointee):
+    """Pointer to ary[index] (a tuple of indices, no wraparound), as a `pointee`*."""
+    indices = [context.cast(builder, v, t, types.intp)
+               for v, t in zip(cgutils.unpack_tuple(builder, index, len(indexty)), indexty)]
+    ptr = cgutils.get_item_pointer(context, builder, aryty, context.make_array(aryty)(
+        context, builder, ary), indices, wraparound=False)
+    return builder.bitcast(ptr, pointee.as_pointer())
+
+
+def _int32(builder, value):
+    """An integer argument (numba passes int64) as an i32."""
+    return builder.trunc(value, _I32) if value.type.width > 32 else value
+
+
+def _splat(builder, value, vector_type):
+    """`value` in every lane."""
+    one = builder.insert_element(ir.Constant(vector_type, None), value, ir.Constant(_I32, 0))
+    mask = ir.Constant(ir.VectorType(_I32, vector_type.count), [0] * vector_type.count)
+    return builder.shuffle_vector(one, one, mask)
+
+
+@intrinsic
+def zeros(typingctx):
+    """16 int32 lanes of 0."""
+    def codegen(context, builder, sig, args):
+        return ir.Constant(_INTS, None)
+    return ints(), codegen
+
+
+@intrinsic
+def load_ints(typingctx, array, index):
+    """array[index: 16 on], a 32-bit integer array, as int32 lanes."""
+    def codegen(context, builder, sig, args):
+        address = _address(context, builder, sig.args[0], args[0], sig.args[1], args[1], _INTS)
+        return builder.load(address, align=4)
+    return ints(array, index), codegen
+
+
+@intrinsic
+def load_floats(typingctx, array, index):
+    """array[index: 16 on] as float32 lanes: a float32 array, or a uint16 one holding the
+    bits of float16 values (converted by vcvtph2ps)."""
+    if array.dtype not in (types.float32, types.uint16):
+        return None
+
+    def codegen(context, builder, sig, args):
+        dtype = sig.args[0].dtype
+        lanes = ir.VectorType(context.get_value_type(dtype), LANES)
+        address = _address(context, builder, sig.args[0], args[0], sig.args[1], args[1], lanes)
+        loaded = builder.load(address, align=dtype.bitwidth // 8)
+        if dtype == types.float32:
+            return loaded
+        return builder.fpext(builder.bitcast(loaded, ir.VectorType(ir.HalfType(), LANES)),
+                             _FLOATS)
+    return floats(array, index), codegen
+
+
+@intrinsic
+def splat(typingctx, value):
+    """`value` (a number) in every float32 lane."""
+    def codegen(context, builder, sig, args):
+        return _splat(builder, context.cast(builder, args[0], sig.args[0], types.float32),
+                      _FLOATS)
+    return floats(value), codegen
+
+
+@intrinsic
+def store_floats(typingctx, array, index, vector):
+    """array[index: 16 on] = vector (a float32 array)."""
+    def codegen(context, builder, sig, args):
+        address = _address(context, builder, sig.args[0], args[0], sig.args[1], args[1], _FLOATS)
+        builder.store(args[2], address, align=4)
+        return context.get_dummy_value()
+    return types.none(array, index, vector), codegen
+
+
+@intrinsic
+def nibbles(typingctx, lanes, shift):
+    """Bits shift..shift+3 of each lane, as int32 in 0..15."""
+    def codegen(context, builder, sig, args):
+        shifted = builder.lshr(args[0], _splat(builder, _int32(builder, args[1]), _INTS))
+        return builder.and_(shifted, ir.Constant(_INTS, [15] * LANES))
+    return ints(lanes, shift), codegen
+
+
+@intrinsic
+def signed_bytes(typingctx, lanes, byte):
+    """Byte `byte` (0..3) of each lane, as int8 sign-extended to int32."""
+    def codegen(context, builder, sig, args):
+        up = builder.sub(ir.Constant(_I32, 24),
+                         builder.mul(_int32(builder, args[1]), ir.Constant(_I32, 8)))
+        shifted = builder.shl(args[0], _splat(builder, up, _INTS))
+        return builder.ashr(shifted, ir.Constant(_INTS, [24] * LANES))
+    return ints(lanes, byte), codegen
+
+
+@intrinsic
+def nibble_pairs(typingctx, lanes, shift):
+    """Bits shift..shift+3 of each 16-bit half of each lane: a pair of int16 in 0..15."""
+    def codegen(context, builder, sig, args):
+        halves = builder.bitcast(args[0], _PAIRS)
+        shift = builder.trunc(args[1], _I16)
+        shifted = builder.lshr(halves, _splat(builder, shift, _PAIRS))
+        return builder.bitcast(builder.and_(shifted, ir.Constant(_PAIRS, [15] * 2 * LANES)),
+                               _INTS)
+    return ints(lanes, shift), codegen
+
+
+def _byte_pairs(high: bool):
+    """Codegen of the high or the low bytes of each 16-bit half, sign-extended."""
+    def codegen(context, builder, sig, args):
+        halves = builder.bitcast(args[0], _PAIRS)
+        eight = ir.Constant(_PAIRS, [8] * 2 * LANES)
+        if not high:
+            halves = builder.shl(halves, eight)
+        return builder.bitcast(builder.ashr(halves, eight), _INTS)
+    return codegen
+
+
+@intrinsic
+def low_byte_pairs(typingctx, lanes):
+    """Bytes 0 and 2 of each lane, sign-extended: a pair of int16 in -128..127."""
+    return ints(lanes), _byte_pairs(high=False)
+
+
+@intrinsic
+def high_byte_pairs(typingctx, lanes):
+    """Bytes 1 and 3 of each lane, sign-extended: a pair of int16 in -128..127."""
+    return ints(lanes), _byte_pairs(high=True)
+
+
+@intrinsic
+def dot_pairs(typingctx, acc, pairs, word):
+    """acc + lo(pairs) * lo(word) + hi(pairs) * hi(word) lane by lane, lo and hi the int16
+    halves of each lane and of the int32 `word` (pmaddwd and an add; vpdpwssd).
+    No sum wraps while no pair is (-32768, -32768) in both."""
+    def codegen(context, builder, sig, args):
+        acc, pairs, word = args
+        broadcast = builder.bitcast(_splat(builder, _int32(builder, word), _INTS), _PAIRS)
+        products = builder.mul(builder.sext(builder.bitcast(pairs, _PAIRS), _WIDE),
+                               builder.sext(broadcast, _WIDE))
+        even, odd = (builder.shuffle_vector(products, products,
+                                            ir.Constant(_INTS, list(range(first, 2 * LANES, 2))))
+                     for first in (0, 1))
+        return builder.add(acc, builder.add(even, odd))
+    return ints(acc, pairs, word), codegen
+
+
+@intrinsic
+def multiply_add(typingctx, acc, a, b):
+    """acc + a * b lane by lane (float32 lanes; int32 lanes of `a` are converted; a float
+    `b` is used in every lane)."""
+    def codegen(context, builder, sig, args):
+        acc, a, b = args
+        if sig.args[1] == ints:
+            a = builder.sitofp(a, _FLOATS)
+        if sig.args[2] != floats:
+            b = _splat(builder, context.cast(builder, b, sig.args[2], types.float32), _FLOATS)
+        # fmuladd: fused where the CPU has FMA, a multiply and an add where not
+        fmuladd = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(_FLOATS, [_FLOATS] * 3), "llvm.fmuladd.v16f32")
+        return builder.call(fmuladd, [a, b, acc])
+    return floats(acc, a, b), codegen
+

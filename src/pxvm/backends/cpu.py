@@ -20,8 +20,9 @@ from typing import Callable
 import numpy as np
 
 from ..runtime.errors import PxvmError
-from .base import Backend, RecordingContext
-from .tensor import Tensor, as_supported_array, values_for
+from .base import RecordingContext
+from .numpy import NumpyBackend
+from .tensor import Tensor
 
 #: When True (the tests set it), new outputs start as NaN / -1 / 255, so that a kernel
 #: which leaves part of its output unwritten fails the comparison with its reference.
@@ -244,7 +245,9 @@ class CpuContext(RecordingContext):
         return self._seconds
 
 
-class CpuBackend(Backend):
+class CpuBackend(NumpyBackend):
+    """Tensors as numpy's (host arrays, copied in and out), ops recorded into contexts."""
+
     name = "cpu"
     compiles_on_first_use = True  # numba compiles each kernel once (then the disk cache)
 
@@ -282,15 +285,8 @@ class CpuBackend(Backend):
             arr = np.empty(shape, dtype)
         return Tensor(arr.shape, dtype, self, arr)
 
-    def from_numpy(self, array) -> Tensor:
-        arr = np.array(as_supported_array(array), copy=True)
-        return Tensor(arr.shape, arr.dtype, self, arr)
-
-    def to_numpy(self, tensor: Tensor) -> np.ndarray:
-        return np.array(tensor.storage, copy=True)
-
     def write(self, tensor: Tensor, array) -> None:
-        tensor.storage[...] = values_for(tensor, array)
+        super().write(tensor, array)
         for key, (ref, _) in list(self._derived.items()):
             if ref() is not None and np.shares_memory(ref(), tensor.storage):
                 del self._derived[key]

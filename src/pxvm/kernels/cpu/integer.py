@@ -20,10 +20,9 @@ Sums wrap modulo 2^32 and are exact in the result's dtype: int32 for int8 operan
 from __future__ import annotations
 
 import numpy as np
-from llvmlite import ir
-from numba import njit, prange, types
-from numba.core import cgutils
-from numba.extending import intrinsic, models, register_model
+from numba import njit, prange
+
+from .vectors import dot_pairs, load_byte_pairs, store_ints, zeros
 
 #: Columns of a panel: two vectors of 16 sums.
 PANEL = 32
@@ -31,88 +30,6 @@ PANEL = 32
 TILE_ROWS = 4
 #: B with fewer columns is multiplied a sum at a time (measured: faster below 12 columns).
 NARROW = 12
-
-_VECTOR = ir.VectorType(ir.IntType(32), 16)
-_PAIRS = ir.VectorType(ir.IntType(16), 32)
-_WIDE = ir.VectorType(ir.IntType(32), 32)
-
-
-class _Vector(types.Type):
-    """16 int32 lanes, kept in a vector register."""
-
-    def __init__(self):
-        super().__init__(name="int32x16")
-
-
-_vector = _Vector()
-
-
-@register_model(_Vector)
-class _VectorModel(models.PrimitiveModel):
-    def __init__(self, dmm, fe_type):
-        super().__init__(dmm, fe_type, _VECTOR)
-
-
-def _address(context, builder, aryty, ary, index_types, indices, pointee):
-    """Pointer to ary[indices] (no wraparound; missing trailing indices are 0), as a
-    `pointee`*."""
-    indices = [context.cast(builder, v, t, types.intp) for v, t in zip(indices, index_types)]
-    indices += [context.get_constant(types.intp, 0)] * (aryty.ndim - len(indices))
-    ptr = cgutils.get_item_pointer(context, builder, aryty, context.make_array(aryty)(
-        context, builder, ary), indices, wraparound=False)
-    return builder.bitcast(ptr, pointee.as_pointer())
-
-
-@intrinsic
-def _zeros(typingctx):
-    """16 lanes of 0."""
-    def codegen(context, builder, sig, args):
-        return ir.Constant(_VECTOR, None)
-    return _vector(), codegen
-
-
-@intrinsic
-def _load_pairs(typingctx, panels, p, q, at):
-    """panels[p, q, at: at + 32]: 16 pairs of 8-bit values widened to int16 (sign-
-    or zero-extended as their dtype is), as 16 int32 words."""
-    def codegen(context, builder, sig, args):
-        raw = ir.VectorType(ir.IntType(8), 32)
-        address = _address(context, builder, sig.args[0], args[0], sig.args[1:], args[1:], raw)
-        loaded = builder.load(address, align=1)
-        widen = builder.sext if sig.args[0].dtype.signed else builder.zext
-        return builder.bitcast(widen(loaded, _PAIRS), _VECTOR)
-    return _vector(panels, p, q, at), codegen
-
-
-@intrinsic
-def _multiply_add(typingctx, acc, pairs, word):
-    """acc + (lo(pairs) * lo(word) + hi(pairs) * hi(word)) lane by lane, lo and hi the
-    int16 halves of each word (pmaddwd; vpdpwssd with the add)."""
-    def codegen(context, builder, sig, args):
-        acc, pairs, word = args
-        word = builder.trunc(word, ir.IntType(32)) if word.type.width > 32 else word
-        broadcast = builder.insert_element(ir.Constant(_VECTOR, None), word,
-                                           ir.Constant(ir.IntType(32), 0))
-        broadcast = builder.shuffle_vector(broadcast, broadcast, ir.Constant(_VECTOR, [0] * 16))
-        products = builder.mul(builder.sext(builder.bitcast(pairs, _PAIRS), _WIDE),
-                               builder.sext(builder.bitcast(broadcast, _PAIRS), _WIDE))
-        even, odd = (builder.shuffle_vector(products, products,
-                                            ir.Constant(_VECTOR, list(range(first, 32, 2))))
-                     for first in (0, 1))
-        return builder.add(acc, builder.add(even, odd))
-    return _vector(acc, pairs, word), codegen
-
-
-@intrinsic
-def _store(typingctx, out, i, j, vector):
-    """out[i, j..j+15] = vector (out: int32 or uint32)."""
-    def codegen(context, builder, sig, args):
-        address = _address(context, builder, sig.args[0], args[0], sig.args[1:3], args[1:3],
-                           _VECTOR)
-        builder.store(args[3], address, align=4)
-        return context.get_dummy_value()
-    return types.none(out, i, j, vector), codegen
-
 
 @njit(parallel=True, cache=True)
 def _multiply(words, panels, out):
@@ -123,25 +40,25 @@ def _multiply(words, panels, out):
     for tile in prange(panels.shape[0] * groups):
         p, g = divmod(np.intp(tile), groups)  # prange's index is unsigned
         i, j = g * TILE_ROWS, p * PANEL
-        s00 = s01 = s10 = s11 = s20 = s21 = s30 = s31 = _zeros()
+        s00 = s01 = s10 = s11 = s20 = s21 = s30 = s31 = zeros()
         for q in range(words.shape[1]):
-            lo, hi = _load_pairs(panels, p, q, 0), _load_pairs(panels, p, q, 32)
+            lo, hi = load_byte_pairs(panels, (p, q, 0)), load_byte_pairs(panels, (p, q, 32))
             x = words[i, q]
-            s00, s01 = _multiply_add(s00, lo, x), _multiply_add(s01, hi, x)
+            s00, s01 = dot_pairs(s00, lo, x), dot_pairs(s01, hi, x)
             x = words[i + 1, q]
-            s10, s11 = _multiply_add(s10, lo, x), _multiply_add(s11, hi, x)
+            s10, s11 = dot_pairs(s10, lo, x), dot_pairs(s11, hi, x)
             x = words[i + 2, q]
-            s20, s21 = _multiply_add(s20, lo, x), _multiply_add(s21, hi, x)
+            s20, s21 = dot_pairs(s20, lo, x), dot_pairs(s21, hi, x)
             x = words[i + 3, q]
-            s30, s31 = _multiply_add(s30, lo, x), _multiply_add(s31, hi, x)
-        _store(out, i, j, s00)
-        _store(out, i, j + 16, s01)
-        _store(out, i + 1, j, s10)
-        _store(out, i + 1, j + 16, s11)
-        _store(out, i + 2, j, s20)
-        _store(out, i + 2, j + 16, s21)
-        _store(out, i + 3, j, s30)
-        _store(out, i + 3, j + 16, s31)
+            s30, s31 = dot_pairs(s30, lo, x), dot_pairs(s31, hi, x)
+        store_ints(out, (i, j), s00)
+        store_ints(out, (i, j + 16), s01)
+        store_ints(out, (i + 1, j), s10)
+        store_ints(out, (i + 1, j + 16), s11)
+        store_ints(out, (i + 2, j), s20)
+        store_ints(out, (i + 2, j + 16), s21)
+        store_ints(out, (i + 3, j), s30)
+        store_ints(out, (i + 3, j + 16), s31)
 
 
 @njit(parallel=True, cache=True)

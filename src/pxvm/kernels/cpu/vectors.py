@@ -12,7 +12,7 @@ a tuple of indices, of the first of 16 elements that lie next to each other in m
 (any layout; not bounds-checked).
 
 numba's disk cache of a kernel does not notice changes to this file: after editing it,
-delete the cached kernels (__pycache__/quantized*).
+delete the cached kernels (__pycache__/quantized*, __pycache__/integer*).
 """
 
 from __future__ import annotations
@@ -128,13 +128,36 @@ def splat(typingctx, value):
 
 
 @intrinsic
-def store_floats(typingctx, array, index, vector):
-    """array[index: 16 on] = vector (a float32 array)."""
+def load_byte_pairs(typingctx, array, index):
+    """array[index: 32 on], an 8-bit array, as 16 pairs of int16 (sign- or zero-extended
+    as the array's dtype is), a pair a lane."""
     def codegen(context, builder, sig, args):
-        address = _address(context, builder, sig.args[0], args[0], sig.args[1], args[1], _FLOATS)
+        raw = ir.VectorType(ir.IntType(8), 2 * LANES)
+        address = _address(context, builder, sig.args[0], args[0], sig.args[1], args[1], raw)
+        widen = builder.sext if sig.args[0].dtype.signed else builder.zext
+        return builder.bitcast(widen(builder.load(address, align=1), _PAIRS), _INTS)
+    return ints(array, index), codegen
+
+
+def _store_codegen(lanes):
+    """Codegen of array[index: 16 on] = vector, for vectors of type `lanes`."""
+    def codegen(context, builder, sig, args):
+        address = _address(context, builder, sig.args[0], args[0], sig.args[1], args[1], lanes)
         builder.store(args[2], address, align=4)
         return context.get_dummy_value()
-    return types.none(array, index, vector), codegen
+    return codegen
+
+
+@intrinsic
+def store_floats(typingctx, array, index, vector):
+    """array[index: 16 on] = vector (a float32 array)."""
+    return types.none(array, index, vector), _store_codegen(_FLOATS)
+
+
+@intrinsic
+def store_ints(typingctx, array, index, vector):
+    """array[index: 16 on] = vector (a 32-bit integer array)."""
+    return types.none(array, index, vector), _store_codegen(_INTS)
 
 
 @intrinsic

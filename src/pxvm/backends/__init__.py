@@ -90,8 +90,8 @@ def reset_backends() -> None:
 
 __all__ = [
     "ALIASES", "DTYPES", "NAMES", "Backend", "CapturedDispatches", "CapturedWork",
-    "CpuBackend", "CpuContext", "NumpyBackend", "Readback", "RecordingContext", "Replay", "Tensor", "UnknownBackendError",
-    "WebGPUBackend",
-    "WebGPUContext", "as_supported_array", "dtype_name", "get_backend", "reset_backends",
-    "unavailable_reason", "values_for", "webgpu_backend",
+    "CpuBackend", "CpuContext", "NumpyBackend", "Readback", "RecordingContext", "Replay",
+    "Tensor", "UnknownBackendError", "WebGPUBackend", "WebGPUContext", "as_supported_array",
+    "dtype_name", "get_backend", "reset_backends", "unavailable_reason", "values_for",
+    "webgpu_backend",
 ]

@@ -279,7 +279,8 @@ class CpuBackend(NumpyBackend):
     def empty(self, shape, dtype) -> Tensor:
         dtype = np.dtype(dtype)
         if POISON:
-            fill = np.nan if dtype.kind == "f" else (-1 if dtype.kind == "i" else np.iinfo(dtype).max)
+            fill = {"f": np.nan, "i": -1}.get(dtype.kind, np.iinfo(dtype).max if
+                                              dtype.kind == "u" else 0)
             arr = np.full(shape, fill, dtype)
         else:
             arr = np.empty(shape, dtype)
@@ -319,8 +320,9 @@ def _thread_pool() -> str:
     except ValueError:
         pass
     for layer in numba.config.THREADING_LAYER_PRIORITY:
+        module = "workqueue" if layer == "workqueue" else f"{layer}pool"
         try:
-            importlib.import_module(f"numba.np.ufunc.{'workqueue' if layer == 'workqueue' else layer + 'pool'}")
+            importlib.import_module(f"numba.np.ufunc.{module}")
             return layer
         except ImportError:
             continue

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .reductions import argmax, nonempty, record_flat_argmax
 from ..backends.cpu import kernel as cpu_kernel
+from .reductions import argmax, nonempty, record_flat_argmax
 from .registry import meta, op, require
 
 

@@ -85,12 +85,21 @@ def _rotate(x, table, pos, neox, out):
             out[2 * i + 1] = a * s + b * c
 
 
+#: Keys per task of attention: a long context's keys are split among the threads (each
+#: range's softmax merged after), which a task per head could not keep busy.
+KEY_RANGE = 128
+
+
 @_parallel
 def attention_cached(qkv, k_cache, v_cache, state, table, n_heads, neox, scale, max_keys, out):
     """Attention of S new tokens at positions pos.. (pos = state[1]) over the caches
     (n_ctx, Hkv, D), which get the new keys (rotated) and values first; queries are
     rotated too and attend causally. Tokens at positions max_keys and beyond get NaN
-    rows, as on the GPU, where the position is read on the device."""
+    rows, as on the GPU, where the position is read on the device.
+
+    A task is a token, a key/value head with all the query heads that share it (each
+    cached row is read once for them) and a range of KEY_RANGE keys; each range's
+    softmax (its maximum, sum and weighted values) is merged with the others after."""
     s_new = qkv.shape[0]
     n_ctx, hkv, d = k_cache.shape
     pos = state[1]
@@ -103,29 +112,60 @@ def attention_cached(qkv, k_cache, v_cache, state, table, n_heads, neox, scale, 
             _rotate(qkv[s, (n_heads + h) * d:(n_heads + h + 1) * d], table, pos + s, neox,
                     k_cache[pos + s, h])
             v_cache[pos + s, h, :] = qkv[s, (n_heads + hkv + h) * d:(n_heads + hkv + h + 1) * d]
-    for task in numba.prange(s_new * n_heads):
-        s = task // n_heads
-        h = task % n_heads
-        kv = h // group
-        q = np.empty(d, _F32)
-        _rotate(qkv[s, h * d:(h + 1) * d], table, pos + s, neox, q)
-        keys = pos + s + 1
-        scores = np.empty(keys, _F32)
-        top = -np.inf
-        for j in range(keys):
-            dot = _F32(0)
+    ranges = (pos + s_new + KEY_RANGE - 1) // KEY_RANGE
+    top = np.zeros((s_new, hkv, ranges, group), _F32)
+    total = np.zeros((s_new, hkv, ranges, group), _F32)
+    acc = np.zeros((s_new, hkv, ranges, group, d), _F32)
+    for task in numba.prange(s_new * hkv * ranges):
+        s = task // (hkv * ranges)
+        kv = task // ranges % hkv
+        r = task % ranges
+        first = r * KEY_RANGE
+        stop = min(first + KEY_RANGE, pos + s + 1)
+        if first >= stop:
+            continue
+        q = np.empty((group, d), _F32)
+        for g in range(group):
+            head = kv * group + g
+            _rotate(qkv[s, head * d:(head + 1) * d], table, pos + s, neox, q[g])
+        scores = np.empty((group, stop - first), _F32)
+        for j in range(first, stop):
+            for g in range(group):
+                dot = _F32(0)
+                for i in range(d):
+                    dot += q[g, i] * k_cache[j, kv, i]
+                scores[g, j - first] = dot * scale
+        for g in range(group):
+            m = scores[g, 0]
+            for j in range(1, stop - first):
+                m = max(m, scores[g, j])
+            sum_p = _F32(0)
+            for j in range(stop - first):
+                scores[g, j] = np.exp(scores[g, j] - m)
+                sum_p += scores[g, j]
+            top[s, kv, r, g] = m
+            total[s, kv, r, g] = sum_p
+        for j in range(first, stop):
+            for g in range(group):
+                p = scores[g, j - first]
+                for i in range(d):
+                    acc[s, kv, r, g, i] += p * v_cache[j, kv, i]
+    for task in numba.prange(s_new * hkv):
+        s = task // hkv
+        kv = task % hkv
+        seen = (pos + s + KEY_RANGE) // KEY_RANGE  # the ranges holding this token's keys
+        weight = np.empty(seen, _F32)
+        for g in range(group):
+            m = top[s, kv, 0, g]
+            for r in range(1, seen):
+                m = max(m, top[s, kv, r, g])
+            norm = _F32(0)
+            for r in range(seen):
+                weight[r] = np.exp(top[s, kv, r, g] - m)
+                norm += total[s, kv, r, g] * weight[r]
+            head = kv * group + g
             for i in range(d):
-                dot += q[i] * k_cache[j, kv, i]
-            scores[j] = dot * scale
-            top = max(top, scores[j])
-        total = _F32(0)
-        for j in range(keys):
-            scores[j] = np.exp(scores[j] - top)
-            total += scores[j]
-        acc = np.zeros(d, _F32)
-        for j in range(keys):
-            p = scores[j]
-            for i in range(d):
-                acc[i] += p * v_cache[j, kv, i]
-        for i in range(d):
-            out[s, h * d + i] = acc[i] / total
+                value = _F32(0)
+                for r in range(seen):
+                    value += acc[s, kv, r, g, i] * weight[r]
+                out[s, head * d + i] = value / norm

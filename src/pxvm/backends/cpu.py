@@ -28,6 +28,7 @@ from .tensor import Tensor
 #: which leaves part of its output unwritten fails the comparison with its reference.
 POISON = False
 
+
 class CpuThreadsError(PxvmError, ValueError):
     """PXVM_CPU_THREADS is not a positive integer."""
 
@@ -49,8 +50,10 @@ def cpu_threads() -> int:
 
 def _configure_numba() -> None:
     """Pick numba's threads once, before its first parallel kernel. A parallel region
-    costs about 2 us with the OpenMP or TBB thread pools and 60 us with numba's own
-    (workqueue); a decoded token runs over a hundred of them, so prefer the first two."""
+    costs about 2 us with the TBB or OpenMP thread pools and 60 us with numba's own
+    (workqueue); a decoded token runs over a hundred of them. TBB first: with another
+    process busy on the same cores, OpenMP's spinning threads slowed a kernel a
+    thousandfold, TBB's did not."""
     global _threads
     with _threads_lock:
         if _threads is not None:
@@ -174,6 +177,8 @@ class Replay:
 class CpuContext(RecordingContext):
     """What CPU kernels record into: new host arrays, and calls run in order at submit."""
 
+    host_arrays = True
+
     def __init__(self, backend: "CpuBackend", timestamps: bool = False, profile: bool = False):
         self.backend = backend
         self.steps: list[Step] = []
@@ -200,8 +205,6 @@ class CpuContext(RecordingContext):
                 *[v.get() if isinstance(v, Packed) else v for v in values])))
         else:
             self.steps.append((f"{module}:{entry}", lambda: fn(*values)))
-
-    host_arrays = True
 
     def record_host(self, label: str, run: Callable[[], object]) -> None:
         self.steps.append((label, run))

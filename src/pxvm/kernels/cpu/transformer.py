@@ -41,6 +41,7 @@ def swiglu(both, out):
 
 @_serial
 def add(a, b, out):
+    """out = a + b (2-D)."""
     m, n = out.shape
     for i in range(m):
         for j in range(n):

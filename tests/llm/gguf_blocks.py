@@ -1,7 +1,7 @@
-"""Test support: numpy quantize / dequantize of GGUF block formats (F32, F16, Q8_0,
-Q4_0, Q4_1; Q4_K and Q6_K dequantize only, plus random valid blocks): the byte layouts
-the WGSL kernels read, written out plainly so tests can check them against the `gguf`
-package's own code and build small model files."""
+"""Test support: numpy quantize / dequantize of GGUF block formats (F32, F16, BF16, Q8_0,
+Q4_0, Q4_1, Q5_0; Q4_K and Q6_K dequantize only, plus random valid blocks): the byte
+layouts the WGSL kernels read, written out plainly so tests can check them against the
+`gguf` package's own code and build small model files."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import numpy as np
 
 # GGML type number -> (name, values per block, bytes per block)
 FORMATS = {0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
-           8: ("Q8_0", 32, 34), 12: ("Q4_K", 256, 144), 14: ("Q6_K", 256, 210)}
+           6: ("Q5_0", 32, 22), 8: ("Q8_0", 32, 34), 12: ("Q4_K", 256, 144),
+           14: ("Q6_K", 256, 210), 30: ("BF16", 1, 2)}
 BY_NAME = {name: qtype for qtype, (name, _, _) in FORMATS.items()}
 
 
@@ -36,12 +37,19 @@ def dequantize(raw: np.ndarray, qtype: int, k: int) -> np.ndarray:
         return raw.view(np.float32).reshape(n, k).copy()
     if qtype == 1:
         return raw.view(np.float16).astype(np.float32).reshape(n, k)
+    if qtype == 30:  # bfloat16: the high 16 bits of a float32
+        return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(n, k)
     b = _blocks(raw, qtype)
     d = b[:, 0:2].copy().view(np.float16).astype(np.float32)
     if qtype == 8:
         vals = d * b[:, 2:].view(np.int8).astype(np.float32)
     elif qtype == 2:
         vals = d * (_nibbles(b[:, 2:]).astype(np.float32) - 8.0)
+    elif qtype == 6:
+        # Q5_0: 4 bytes of fifth bits (bit j of the little-endian word: value j), then
+        # nibbles as Q4_0; w = d * (q - 16)
+        fifth = (b[:, 2:6].copy().view("<u4") >> np.arange(32, dtype=np.uint32)) & 1
+        vals = d * ((_nibbles(b[:, 6:]) | (fifth << 4)).astype(np.float32) - 16.0)
     elif qtype == 3:
         m = b[:, 2:4].copy().view(np.float16).astype(np.float32)
         vals = d * _nibbles(b[:, 4:]).astype(np.float32) + m
@@ -119,6 +127,10 @@ def quantize(x: np.ndarray, qtype: int) -> np.ndarray:
         return x.copy().view(np.uint8).reshape(n, -1)
     if qtype == 1:
         return x.astype(np.float16).view(np.uint8).reshape(n, -1)
+    if qtype == 30:  # round to nearest even on the dropped 16 bits (finite values)
+        bits = x.view(np.uint32).astype(np.uint64)
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        return rounded.astype(np.uint16).view(np.uint8).reshape(n, -1)
     blocks = x.reshape(-1, 32)
     if qtype == 8:
         d = np.abs(blocks).max(axis=1, keepdims=True) / 127.0
@@ -140,6 +152,17 @@ def quantize(x: np.ndarray, qtype: int) -> np.ndarray:
         q = np.minimum(15, np.trunc((blocks - lo) * inv + 0.5)).astype(np.uint8)
         q = q[:, :16] | (q[:, 16:] << 4)
         head = [d.astype(np.float16).view(np.uint8), lo.astype(np.float16).view(np.uint8)]
+    elif qtype == 6:
+        # as ggml: d = the signed extreme / -16, q = trunc(x / d + 16.5) clamped to 31
+        idx = np.abs(blocks).argmax(axis=1)
+        d = blocks[np.arange(len(blocks)), idx][:, None] / -16.0
+        inv = np.divide(1.0, d, out=np.zeros_like(d), where=d != 0)
+        q5 = np.minimum(31, np.trunc(blocks * inv + 16.5)).astype(np.uint32)
+        fifth = ((q5 >> 4) << np.arange(32, dtype=np.uint32)).sum(axis=1, dtype=np.uint32)
+        q = (q5[:, :16] & 15) | ((q5[:, 16:] & 15) << 4)
+        head = [d.astype(np.float16).view(np.uint8),
+                fifth.astype("<u4").view(np.uint8).reshape(-1, 4)]
+        q = q.astype(np.uint8)
     else:
         raise ValueError(f"no quantizer for GGML type {qtype}")
     return np.concatenate(head + [q], axis=1).reshape(n, row_bytes(qtype, k))

@@ -70,6 +70,8 @@ SPECS = {
     # outputs are joined, and gate / up two products joined by silu * mul.
     "q4_k-mixed-gqa-tied": TinySpec(dim=256, ffn_dim=256, matrix_type="Q4_K",
                                     matrix_types={"attn_v": "Q6_K", "ffn_up": "Q6_K"}),
+    "q5_0-bf16-gqa-untied": TinySpec(matrix_type="Q5_0", embedding_type="BF16",
+                                     tied_output=False),
     "f32-gqa-untied": TinySpec(matrix_type="F32", embedding_type="F32", tied_output=False,
                                rope_theta=500000.0),
 }

@@ -1,8 +1,9 @@
 // Matrix products with GGUF-quantized weights, dequantized inside the kernel.
 // The weight W (N rows of K values, the GGUF layout: each row is K/32 blocks) stays in its
 // raw block bytes, read through an array<u32>; blocks are 18, 20 or 34 bytes, so bytes
-// are addressed individually. FORMAT: 0 = F32, 1 = F16, 2 = Q4_0, 3 = Q4_1, 8 = Q8_0,
-// 12 = Q4_K, 14 = Q6_K (GGML's type numbers; the K formats are 256-value super-blocks);
+// are addressed individually. FORMAT: 0 = F32, 1 = F16, 30 = BF16, 2 = Q4_0, 3 = Q4_1,
+// 6 = Q5_0, 8 = Q8_0, 12 = Q4_K, 14 = Q6_K (GGML's type numbers; the K formats are
+// 256-value super-blocks);
 // BLOCK_VALUES and BLOCK_BYTES are its block's size (pxvm/ops/quant_types.py, from the
 // gguf package); only the layout inside a block is written here.
 // `matmul`: y (M, N) = x (M, K) @ W^T. A workgroup owns ROWS_PER_WG output columns n of
@@ -75,6 +76,14 @@ fn dequant(b: u32, j: u32, d: f32, m: f32) -> f32 {
     switch FORMAT {
         case 0u: { return bitcast<f32>(byte_at(b) | (byte_at(b + 1u) << 8u) | (byte_at(b + 2u) << 16u) | (byte_at(b + 3u) << 24u)); }
         case 1u: { return half_at(b); }
+        case 30u: { return bitcast<f32>((byte_at(b) | (byte_at(b + 1u) << 8u)) << 16u); }
+        case 6u: {
+            // Q5_0: f16 d, 4 bytes of fifth bits (bit j of value j), then 16 bytes of
+            // nibbles as Q4_0; w = d * (q - 16).
+            let low = (byte_at(b + 6u + (j & 15u)) >> ((j >> 4u) * 4u)) & 15u;
+            let high = (byte_at(b + 2u + (j >> 3u)) >> (j & 7u)) & 1u;
+            return d * (f32(low | (high << 4u)) - 16.0);
+        }
         case 2u: {
             // Q4_0: f16 d, then 16 bytes; value j < 16 is byte j's low nibble, j >= 16 the
             // high nibble of byte j - 16; w = d * (q - 8).
@@ -126,7 +135,7 @@ fn dequant(b: u32, j: u32, d: f32, m: f32) -> f32 {
 }
 
 fn scale_d(b: u32) -> f32 {
-    if (FORMAT <= 1u) { return 1.0; }
+    if (FORMAT <= 1u || FORMAT == 30u) { return 1.0; }
     if (FORMAT == 14u) { return half_at(b + 208u); }
     return half_at(b);
 }

@@ -5,8 +5,8 @@ well, both keeping its integer values:
 
 - `Nibbles` (Q4_0, Q4_1, Q4_K): 4-bit values q in 0..15 with a scale and an offset per
   32 values of a row (value = scale * q + offset);
-- `Bytes` (Q8_0, Q6_K): 8-bit signed values with a scale per block of a row (32 values
-  for Q8_0, 16 for Q6_K; value = scale * q).
+- `Bytes` (Q5_0, Q8_0, Q6_K): 8-bit signed values with a scale per block of a row (32
+  values for Q5_0 and Q8_0, 16 for Q6_K; value = scale * q).
 
 Rows are grouped in tiles of TILE_ROWS, a row a 32-bit SIMD lane: the lanes of a tile
 hold the same few values of every row next to each other ([tile, block, group, row]), so
@@ -100,7 +100,7 @@ class Bytes:
 
 @dataclass(frozen=True)
 class Dense:
-    """float32 (N, K): F32 and F16 weights, multiplied by BLAS."""
+    """float32 (N, K): F32, F16 and BF16 weights, multiplied by BLAS."""
 
     w: np.ndarray
     n: int
@@ -151,6 +151,14 @@ def _split_q8_0(raw, n, k):
     return np.ascontiguousarray(b[..., 2:]).view(np.int8), _f16(b, 0)
 
 
+def _split_q5_0(raw, n, k):
+    """Q5_0 blocks (f16 d, 32 fifth bits, 16 bytes of nibbles) as values q - 16, scale d."""
+    b = raw.reshape(n, k // 32, 22)
+    fifth = np.unpackbits(b[..., 2:6], axis=-1, bitorder="little")   # bit j: value j
+    q = (_nibbles_of(b[..., 6:]) | (fifth << 4)).astype(np.int16) - 16
+    return q.astype(np.int8), _f16(b, 0)
+
+
 def _split_q6_k(raw, n, k):
     """Q6_K super-blocks (256 values: 128 bytes of low nibbles, 64 of high 2-bit pairs,
     16 int8 scales, f16 d) as 16 blocks of 16 values q - 32 with scale d*scale."""
@@ -166,9 +174,9 @@ def _split_q6_k(raw, n, k):
 
 
 _NIBBLE_TYPES = {T.Q4_0: _split_q4_0, T.Q4_1: _split_q4_1, T.Q4_K: _split_q4_k}
-_BYTE_TYPES = {T.Q8_0: _split_q8_0, T.Q6_K: _split_q6_k}
+_BYTE_TYPES = {T.Q5_0: _split_q5_0, T.Q8_0: _split_q8_0, T.Q6_K: _split_q6_k}
 #: The GGML types this module multiplies by.
-TYPES = (T.F32, T.F16, *_NIBBLE_TYPES, *_BYTE_TYPES)
+TYPES = (T.F32, T.F16, T.BF16, *_NIBBLE_TYPES, *_BYTE_TYPES)
 
 
 def _tiled(a: np.ndarray, n: int) -> np.ndarray:
@@ -219,6 +227,9 @@ def pack(raw: np.ndarray, qtype: int, k: int) -> Nibbles | Bytes | Dense:
     if qtype in (T.F32, T.F16):
         values = raw.view(np.float32 if qtype == T.F32 else np.float16).reshape(n, k)
         return Dense(np.ascontiguousarray(values, _F32), n, k)
+    if qtype == T.BF16:  # the high half of a float32
+        bits = raw.view(np.uint16).reshape(n, k).astype(np.uint32) << 16
+        return Dense(bits.view(_F32), n, k)
     if qtype in _NIBBLE_TYPES:
         q, scale, offset = _NIBBLE_TYPES[qtype](raw, n, k)
         # value 8g + 2i + h of a block -> bits 4i.. of half h of lane g: the lane's bytes

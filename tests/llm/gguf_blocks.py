@@ -1,5 +1,5 @@
 """Test support: numpy quantize / dequantize of GGUF block formats (F32, F16, BF16, Q8_0,
-Q4_0, Q4_1, Q5_0; Q4_K and Q6_K dequantize only, plus random valid blocks): the byte
+Q4_0, Q4_1, Q5_0, Q5_1; Q4_K and Q6_K dequantize only, plus random valid blocks): the byte
 layouts the WGSL kernels read, written out plainly so tests can check them against the
 `gguf` package's own code and build small model files."""
 
@@ -9,7 +9,7 @@ import numpy as np
 
 # GGML type number -> (name, values per block, bytes per block)
 FORMATS = {0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
-           6: ("Q5_0", 32, 22), 8: ("Q8_0", 32, 34), 12: ("Q4_K", 256, 144),
+           6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 12: ("Q4_K", 256, 144),
            14: ("Q6_K", 256, 210), 30: ("BF16", 1, 2)}
 BY_NAME = {name: qtype for qtype, (name, _, _) in FORMATS.items()}
 
@@ -50,6 +50,11 @@ def dequantize(raw: np.ndarray, qtype: int, k: int) -> np.ndarray:
         # nibbles as Q4_0; w = d * (q - 16)
         fifth = (b[:, 2:6].copy().view("<u4") >> np.arange(32, dtype=np.uint32)) & 1
         vals = d * ((_nibbles(b[:, 6:]) | (fifth << 4)).astype(np.float32) - 16.0)
+    elif qtype == 7:
+        # Q5_1: f16 d, f16 m, fifth bits as Q5_0, then nibbles; w = d * q + m
+        m = b[:, 2:4].copy().view(np.float16).astype(np.float32)
+        fifth = (b[:, 4:8].copy().view("<u4") >> np.arange(32, dtype=np.uint32)) & 1
+        vals = d * (_nibbles(b[:, 8:]) | (fifth << 4)).astype(np.float32) + m
     elif qtype == 3:
         m = b[:, 2:4].copy().view(np.float16).astype(np.float32)
         vals = d * _nibbles(b[:, 4:]).astype(np.float32) + m
@@ -163,6 +168,16 @@ def quantize(x: np.ndarray, qtype: int) -> np.ndarray:
         head = [d.astype(np.float16).view(np.uint8),
                 fifth.astype("<u4").view(np.uint8).reshape(-1, 4)]
         q = q.astype(np.uint8)
+    elif qtype == 7:
+        # as ggml: d = (max - min) / 31, q = trunc((x - min) / d + 0.5) clamped to 31
+        lo = blocks.min(axis=1, keepdims=True)
+        d = (blocks.max(axis=1, keepdims=True) - lo) / 31.0
+        inv = np.divide(1.0, d, out=np.zeros_like(d), where=d != 0)
+        q5 = np.minimum(31, np.trunc((blocks - lo) * inv + 0.5)).astype(np.uint32)
+        fifth = ((q5 >> 4) << np.arange(32, dtype=np.uint32)).sum(axis=1, dtype=np.uint32)
+        q = ((q5[:, :16] & 15) | ((q5[:, 16:] & 15) << 4)).astype(np.uint8)
+        head = [d.astype(np.float16).view(np.uint8), lo.astype(np.float16).view(np.uint8),
+                fifth.astype("<u4").view(np.uint8).reshape(-1, 4)]
     else:
         raise ValueError(f"no quantizer for GGML type {qtype}")
     return np.concatenate(head + [q], axis=1).reshape(n, row_bytes(qtype, k))

@@ -82,7 +82,7 @@ def test_unsupported_rope_scaling(tmp_path, rng):
 
 
 def test_unsupported_tensor_type(tiny_file, tmp_path, rng):
-    # rewrite the file with one matrix in Q5_1 (24-byte blocks), which pxvm does not read
+    # rewrite the file with one matrix in Q8_1 (40-byte blocks), which pxvm does not read
     reader = gguf.GGUFReader(str(tiny_file))
     path = tmp_path / "q5.gguf"
     w = gguf.GGUFWriter(str(path), "llama")
@@ -92,8 +92,8 @@ def test_unsupported_tensor_type(tiny_file, tmp_path, rng):
     for t in reader.tensors:
         if t.name == "blk.1.ffn_up.weight":
             n, k = int(t.shape[1]), int(t.shape[0])
-            raw = rng.integers(0, 256, size=(n, k // 32 * 24), dtype=np.uint8)
-            w.add_tensor(t.name, raw, raw_dtype=gguf.GGMLQuantizationType.Q5_1)
+            raw = rng.integers(0, 256, size=(n, k // 32 * 40), dtype=np.uint8)
+            w.add_tensor(t.name, raw, raw_dtype=gguf.GGMLQuantizationType.Q8_1)
         else:
             w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
     w.write_header_to_file()
@@ -102,7 +102,7 @@ def test_unsupported_tensor_type(tiny_file, tmp_path, rng):
     w.close()
     with pytest.raises(ModelFileError) as info:
         load_model(str(path), backend="numpy", progress=False)
-    _one_line_error(info, "blk.1.ffn_up.weight", "Q5_1", "Q4_1")
+    _one_line_error(info, "blk.1.ffn_up.weight", "Q8_1", "Q4_1")
 
 
 def test_weight_over_binding_limit(tiny_file, gpu_device, monkeypatch):

@@ -72,6 +72,7 @@ SPECS = {
                                     matrix_types={"attn_v": "Q6_K", "ffn_up": "Q6_K"}),
     "q5_0-bf16-gqa-untied": TinySpec(matrix_type="Q5_0", embedding_type="BF16",
                                      tied_output=False),
+    "q5_1-mha-tied": TinySpec(matrix_type="Q5_1", embedding_type="Q5_1", n_kv_heads=4),
     "f32-gqa-untied": TinySpec(matrix_type="F32", embedding_type="F32", tied_output=False,
                                rope_theta=500000.0),
 }

@@ -44,7 +44,7 @@ def test_quant_types_take_their_block_sizes_from_gguf():
         assert quant_types.row_bytes(code, 512) == row_bytes(code, 512)
 
 
-@pytest.mark.parametrize("code", [7, 10, 99], ids=["Q5_1", "Q2_K", "unknown"])
+@pytest.mark.parametrize("code", [9, 10, 99], ids=["Q8_1", "Q2_K", "unknown"])
 def test_quant_type_of_an_unsupported_type_names_the_supported_ones(code):
     with pytest.raises(ShapeError, match=f"unsupported weight type {code}; supported: ") as info:
         quant_types.quant_type(code)
@@ -81,7 +81,8 @@ def test_dequantize_matches_gguf(qtype, rng):
     assert not np.isnan(ours).any()
 
 
-@pytest.mark.parametrize("qtype", [2, 3, 6, 8, 30], ids=["Q4_0", "Q4_1", "Q5_0", "Q8_0", "BF16"])
+@pytest.mark.parametrize("qtype", [2, 3, 6, 7, 8, 30],
+                         ids=["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "BF16"])
 def test_quantize_matches_gguf(qtype, rng):
     x = rng.standard_normal((5, 64)).astype(np.float32)
     theirs = gguf.quants.quantize(x, gguf.GGMLQuantizationType(qtype))
@@ -98,8 +99,8 @@ def test_quantization_error_within_one_step(qtype, rng):
     # 16): the far side clamps, up to one step
     amax = np.abs(blocks).max(axis=1)
     # BF16 keeps 8 significant bits: half a step is at most 2^-8 of the block's largest
-    steps = {0: 0.0, 1: 0.0, 2: 2 * amax / 8, 3: span / 15, 6: 2 * amax / 16, 8: amax / 127,
-             30: amax * 2.0 ** -7}[qtype]
+    steps = {0: 0.0, 1: 0.0, 2: 2 * amax / 8, 3: span / 15, 6: 2 * amax / 16, 7: span / 31,
+             8: amax / 127, 30: amax * 2.0 ** -7}[qtype]
     # half a quantization step, plus the f16 rounding of the scale (relative 2^-11) times
     # the largest level, and f16 rounding of the values themselves for F16
     bound = 0.5 * np.asarray(steps) + amax * 2.0 ** -10 * (qtype != 0)

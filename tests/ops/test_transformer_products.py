@@ -205,7 +205,7 @@ def _bad_cases():
         ("rmsnorm_matmul_quant", (x, gain, w[:, :-1]), p, r"Q4_1 weight of K=96 needs \(N, 60\)"),
         ("matmul_quant_add", (x, w, np.ones((3, 37), np.float32)), {"qtype": 3, "k": 100},
          "Q4_1 rows need K divisible by 32, got K=100"),
-        ("rmsnorm_matmul_quant", (x, gain, w), {"qtype": 7, "k": k}, "unsupported weight type 7"),
+        ("rmsnorm_matmul_quant", (x, gain, w), {"qtype": 9, "k": k}, "unsupported weight type 9"),
         ("rmsnorm_matmul_quant", (x, gain, w), {**p, "lanes": 3}, "lanes must be a power of two"),
         ("matmul_quant_add", (x, w, np.ones((3, 36), np.float32)), p,
          r"residual must have shape \(3, 37\), got \(3, 36\)"),

@@ -2,7 +2,7 @@
 // The weight W (N rows of K values, the GGUF layout: each row is K/32 blocks) stays in its
 // raw block bytes, read through an array<u32>; blocks are 18, 20 or 34 bytes, so bytes
 // are addressed individually. FORMAT: 0 = F32, 1 = F16, 30 = BF16, 2 = Q4_0, 3 = Q4_1,
-// 6 = Q5_0, 8 = Q8_0, 12 = Q4_K, 14 = Q6_K (GGML's type numbers; the K formats are
+// 6 = Q5_0, 7 = Q5_1, 8 = Q8_0, 12 = Q4_K, 14 = Q6_K (GGML's type numbers; the K formats are
 // 256-value super-blocks);
 // BLOCK_VALUES and BLOCK_BYTES are its block's size (pxvm/ops/quant_types.py, from the
 // gguf package); only the layout inside a block is written here.
@@ -84,6 +84,12 @@ fn dequant(b: u32, j: u32, d: f32, m: f32) -> f32 {
             let high = (byte_at(b + 2u + (j >> 3u)) >> (j & 7u)) & 1u;
             return d * (f32(low | (high << 4u)) - 16.0);
         }
+        case 7u: {
+            // Q5_1: f16 d, f16 m, 4 bytes of fifth bits, 16 bytes of nibbles; w = d * q + m.
+            let low = (byte_at(b + 8u + (j & 15u)) >> ((j >> 4u) * 4u)) & 15u;
+            let high = (byte_at(b + 4u + (j >> 3u)) >> (j & 7u)) & 1u;
+            return d * f32(low | (high << 4u)) + m;
+        }
         case 2u: {
             // Q4_0: f16 d, then 16 bytes; value j < 16 is byte j's low nibble, j >= 16 the
             // high nibble of byte j - 16; w = d * (q - 8).
@@ -141,7 +147,7 @@ fn scale_d(b: u32) -> f32 {
 }
 
 fn scale_m(b: u32) -> f32 {
-    if (FORMAT == 3u || FORMAT == 12u) { return half_at(b + 2u); }
+    if (FORMAT == 3u || FORMAT == 7u || FORMAT == 12u) { return half_at(b + 2u); }
     return 0.0;
 }
 

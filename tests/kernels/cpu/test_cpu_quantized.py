@@ -94,8 +94,8 @@ def test_embedding_rows_are_gguf_rows(qtype, rng):
 
 
 def test_pack_refuses_a_type_without_a_kernel():
-    with pytest.raises(ValueError, match="no CPU kernel for GGML type Q5_1"):
-        quantized.pack(np.zeros((2, 24), np.uint8), 7, 32)
+    with pytest.raises(ValueError, match="no CPU kernel for GGML type Q8_1"):
+        quantized.pack(np.zeros((2, 40), np.uint8), 9, 32)
 
 
 def _q8_0_rows(values: np.ndarray, d: float) -> np.ndarray:

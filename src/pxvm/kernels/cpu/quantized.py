@@ -5,8 +5,9 @@ well, both keeping its integer values:
 
 - `Nibbles` (Q4_0, Q4_1, Q4_K): 4-bit values q in 0..15 with a scale and an offset per
   32 values of a row (value = scale * q + offset);
-- `Bytes` (Q5_0, Q8_0, Q6_K): 8-bit signed values with a scale per block of a row (32
-  values for Q5_0 and Q8_0, 16 for Q6_K; value = scale * q).
+- `Bytes` (Q5_0, Q5_1, Q8_0, Q6_K): 8-bit signed values with a scale per block of a row
+  (32 values, 16 for Q6_K; value = scale * q), and an offset for Q5_1 (value = scale * q
+  + offset).
 
 Rows are grouped in tiles of TILE_ROWS, a row a 32-bit SIMD lane: the lanes of a tile
 hold the same few values of every row next to each other ([tile, block, group, row]), so
@@ -89,11 +90,12 @@ class Bytes:
     """8-bit values: q (tiles, K / block, block / 4, TILE_ROWS) uint32, lane [t, b, g, r]
     holding values 4g..4g+3 of block b of row r as int8 in the byte order 0, 2, 1, 3 (so
     that the low and the high bytes of its 16-bit halves are pairs of neighbours); scale
-    (tiles, K / block, TILE_ROWS), float32 or float16 bits (HALF). Both are views into one
-    buffer, a record per tile and block."""
+    and, for types with one, offset (tiles, K / block, TILE_ROWS), float32 or float16 bits
+    (HALF). All are views into one buffer, a record per tile and block."""
 
     q: np.ndarray
     scale: np.ndarray
+    offset: np.ndarray | None
     n: int
     k: int
 
@@ -159,6 +161,14 @@ def _split_q5_0(raw, n, k):
     return q.astype(np.int8), _f16(b, 0)
 
 
+def _split_q5_1(raw, n, k):
+    """Q5_1 blocks (f16 d, f16 m, 32 fifth bits, 16 bytes of nibbles) as values q, scale
+    d and offset m."""
+    b = raw.reshape(n, k // 32, 24)
+    fifth = np.unpackbits(b[..., 4:8], axis=-1, bitorder="little")
+    return (_nibbles_of(b[..., 8:]) | (fifth << 4)).astype(np.int8), _f16(b, 0), _f16(b, 2)
+
+
 def _split_q6_k(raw, n, k):
     """Q6_K super-blocks (256 values: 128 bytes of low nibbles, 64 of high 2-bit pairs,
     16 int8 scales, f16 d) as 16 blocks of 16 values q - 32 with scale d*scale."""
@@ -174,7 +184,8 @@ def _split_q6_k(raw, n, k):
 
 
 _NIBBLE_TYPES = {T.Q4_0: _split_q4_0, T.Q4_1: _split_q4_1, T.Q4_K: _split_q4_k}
-_BYTE_TYPES = {T.Q5_0: _split_q5_0, T.Q8_0: _split_q8_0, T.Q6_K: _split_q6_k}
+_BYTE_TYPES = {T.Q5_0: _split_q5_0, T.Q5_1: _split_q5_1, T.Q8_0: _split_q8_0,
+               T.Q6_K: _split_q6_k}
 #: The GGML types this module multiplies by.
 TYPES = (T.F32, T.F16, T.BF16, *_NIBBLE_TYPES, *_BYTE_TYPES)
 
@@ -240,12 +251,12 @@ def pack(raw: np.ndarray, qtype: int, k: int) -> Nibbles | Bytes | Dense:
         scale, offset = _scales(scale, offset)
         return Nibbles(*_records(_tiled(lanes, n), _tiled(scale, n), _tiled(offset, n)), n, k)
     if qtype in _BYTE_TYPES:
-        q, scale = _BYTE_TYPES[qtype](raw, n, k)
+        q, *scales = _BYTE_TYPES[qtype](raw, n, k)
         blocks, size = q.shape[1:]
         lanes = q.reshape(n, blocks, size // 4, 4)[..., [0, 2, 1, 3]]
         lanes = np.ascontiguousarray(lanes).view(np.uint32)[..., 0]      # (N, blocks, size/4)
-        scale, = _scales(scale)
-        return Bytes(*_records(_tiled(lanes, n), _tiled(scale, n)), n, k)
+        parts = _records(_tiled(lanes, n), *(_tiled(part, n) for part in _scales(*scales)))
+        return Bytes(parts[0], parts[1], parts[2] if len(parts) > 2 else None, n, k)
     raise ValueError(f"no CPU kernel for GGML type {qtype.name}")
 
 
@@ -378,10 +389,11 @@ def nibbles_matvec(q, scale, offset, x, y):
 
 
 @_kernel
-def bytes_matvec(q, scale, x, y):
-    """y[n] = sum_k w[n, k] x[k] for Bytes (q, scale); y holds the N outputs."""
+def bytes_matvec(q, scale, offset, x, y):
+    """y[n] = sum_k w[n, k] x[k] for Bytes (q, scale, offset or None); y holds the N
+    outputs."""
     tiles, blocks, groups, _ = q.shape
-    high, low, x_scale, _ = _quantized_activations(x, 4 * groups)
+    high, low, x_scale, x_sum = _quantized_activations(x, 4 * groups)
     for tile in numba.prange(tiles):
         t = np.intp(tile)
         a0 = a1 = a2 = a3 = splat(0)
@@ -398,6 +410,12 @@ def bytes_matvec(q, scale, x, y):
             a1 = multiply_add(a1, _sum(s1, r1, f), load_floats(scale, (t, b, 16)))
             a2 = multiply_add(a2, _sum(s2, r2, f), load_floats(scale, (t, b, 32)))
             a3 = multiply_add(a3, _sum(s3, r3, f), load_floats(scale, (t, b, 48)))
+            if offset is not None:  # None compiles without this branch
+                xs = x_sum[b]
+                a0 = multiply_add(a0, load_floats(offset, (t, b, 0)), xs)
+                a1 = multiply_add(a1, load_floats(offset, (t, b, 16)), xs)
+                a2 = multiply_add(a2, load_floats(offset, (t, b, 32)), xs)
+                a3 = multiply_add(a3, load_floats(offset, (t, b, 48)), xs)
         _store_tile(a0, a1, a2, a3, t, y)
 
 
@@ -436,7 +454,7 @@ def nibbles_dequantize(q, scale, offset, first_tile, out):
 
 
 @_serial_kernel
-def bytes_dequantize(q, scale, first_tile, out):
+def bytes_dequantize(q, scale, offset, first_tile, out):
     """Rows of tiles first_tile.. as float32 into out (rows, K), as many as it holds
     (fastest with out's rows contiguous: a Fortran-ordered array, or the .T of one)."""
     _, blocks, groups, _ = q.shape
@@ -446,10 +464,11 @@ def bytes_dequantize(q, scale, first_tile, out):
         r = i % TILE_ROWS
         for b in range(blocks):
             s = load_floats(scale, (t, b, r))
+            o = splat(0) if offset is None else load_floats(offset, (t, b, r))
             for g in range(groups):
                 lanes = load_ints(q, (t, b, g, r))
                 for j in range(4):  # value j: byte (j % 2) * 2 + j // 2 of the lane
-                    values = multiply_add(splat(0), signed_bytes(lanes, (j & 1) * 2 + (j >> 1)), s)
+                    values = multiply_add(o, signed_bytes(lanes, (j & 1) * 2 + (j >> 1)), s)
                     _store_column(out, i, (b * groups + g) * 4 + j, values, scratch)
 
 
@@ -458,7 +477,7 @@ def dequantize_rows(w: Nibbles | Bytes | Dense, first_tile: int, out: np.ndarray
     if isinstance(w, Nibbles):
         nibbles_dequantize(w.q, w.scale, w.offset, first_tile, out)
     elif isinstance(w, Bytes):
-        bytes_dequantize(w.q, w.scale, first_tile, out)
+        bytes_dequantize(w.q, w.scale, w.offset, first_tile, out)
     else:
         out[...] = w.w[first_tile * TILE_ROWS: first_tile * TILE_ROWS + out.shape[0]]
 
@@ -475,7 +494,7 @@ def matmul(x: np.ndarray, w: Nibbles | Bytes | Dense, out: np.ndarray | None = N
         if isinstance(w, Nibbles):
             nibbles_matvec(w.q, w.scale, w.offset, x[0], out[0])
         else:
-            bytes_matvec(w.q, w.scale, x[0], out[0])
+            bytes_matvec(w.q, w.scale, w.offset, x[0], out[0])
         return out
     tiles = -(-w.n // TILE_ROWS)
     threads = min(numba.get_num_threads(), tiles)

@@ -1,5 +1,5 @@
 """Test support: numpy quantize / dequantize of GGUF block formats (F32, F16, BF16, Q8_0,
-Q4_0, Q4_1, Q5_0, Q5_1; Q4_K and Q6_K dequantize only, plus random valid blocks): the byte
+Q4_0, Q4_1, Q5_0, Q5_1; Q4_K, Q5_K and Q6_K dequantize only, plus random valid blocks): the byte
 layouts the WGSL kernels read, written out plainly so tests can check them against the
 `gguf` package's own code and build small model files."""
 
@@ -10,7 +10,7 @@ import numpy as np
 # GGML type number -> (name, values per block, bytes per block)
 FORMATS = {0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
            6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 12: ("Q4_K", 256, 144),
-           14: ("Q6_K", 256, 210), 30: ("BF16", 1, 2)}
+           13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210), 30: ("BF16", 1, 2)}
 BY_NAME = {name: qtype for qtype, (name, _, _) in FORMATS.items()}
 
 
@@ -60,6 +60,8 @@ def dequantize(raw: np.ndarray, qtype: int, k: int) -> np.ndarray:
         vals = d * _nibbles(b[:, 4:]).astype(np.float32) + m
     elif qtype == 12:
         vals = _dequantize_q4_k(b)
+    elif qtype == 13:
+        vals = _dequantize_q5_k(b)
     elif qtype == 14:
         vals = _dequantize_q6_k(b)
     else:
@@ -101,6 +103,21 @@ def _dequantize_q6_k(b: np.ndarray) -> np.ndarray:
     return d * np.repeat(scales, 16, axis=1) * q
 
 
+def _dequantize_q5_k(b: np.ndarray) -> np.ndarray:
+    """Q5_K super-block (256 values): Q4_K's fields with 32 bytes of fifth bits between the
+    scales and the nibbles (bit i of byte l: value 32 i + l); w = d * scale * q - dmin * min
+    with q = nibble + 16 * fifth bit."""
+    d = b[:, 0:2].copy().view(np.float16).astype(np.float32)
+    dmin = b[:, 2:4].copy().view(np.float16).astype(np.float32)
+    scale, mins = _k_scales(b[:, 4:16])
+    qh = b[:, 16:48]
+    qs = b[:, 48:176].reshape(-1, 4, 32)
+    low = np.stack([qs & 15, qs >> 4], axis=2).reshape(-1, 256)          # value 64c + 32h + l
+    fifth = np.stack([(qh >> i) & 1 for i in range(8)], axis=1).reshape(-1, 256)
+    q = (low | (fifth << 4)).astype(np.float32)
+    return d * np.repeat(scale, 32, axis=1) * q - dmin * np.repeat(mins, 32, axis=1)
+
+
 def random_blocks(n: int, k: int, qtype: int, rng: np.random.Generator,
                   scale: float = 1.0) -> np.ndarray:
     """Valid raw rows (N, row_bytes) of random quants whose values are about `scale` in size
@@ -113,13 +130,14 @@ def random_blocks(n: int, k: int, qtype: int, rng: np.random.Generator,
         return values.astype(np.float16).view(np.uint8)
 
     # divisors bring (6-bit or int8 sub-scale) x (quant level) back to about `scale`
-    if qtype == 12:
-        raw[:, 0:2] = f16_field(15 * 40)   # d: times sub-scale <= 63, times q <= 15
-        raw[:, 2:4] = f16_field(40)        # dmin: times min <= 63
+    if qtype in (12, 13):
+        levels = 15 if qtype == 12 else 31
+        raw[:, 0:2] = f16_field(levels * 40)   # d: times sub-scale <= 63, times q
+        raw[:, 2:4] = f16_field(40)            # dmin: times min <= 63
     elif qtype == 14:
         raw[:, 208:210] = f16_field(32 * 128)  # d: times int8 scale, times q - 32
     else:
-        raise ValueError(f"random_blocks is for Q4_K / Q6_K, not GGML type {qtype}")
+        raise ValueError(f"random_blocks is for Q4_K / Q5_K / Q6_K, not GGML type {qtype}")
     return raw.reshape(n, row_bytes(qtype, k))
 
 

@@ -73,6 +73,8 @@ SPECS = {
     "q5_0-bf16-gqa-untied": TinySpec(matrix_type="Q5_0", embedding_type="BF16",
                                      tied_output=False),
     "q5_1-mha-tied": TinySpec(matrix_type="Q5_1", embedding_type="Q5_1", n_kv_heads=4),
+    "q5_k-gqa-untied": TinySpec(dim=256, ffn_dim=256, matrix_type="Q5_K",
+                                embedding_type="Q5_K", tied_output=False),
     "f32-gqa-untied": TinySpec(matrix_type="F32", embedding_type="F32", tied_output=False,
                                rope_theta=500000.0),
 }

@@ -2,8 +2,8 @@
 // The weight W (N rows of K values, the GGUF layout: each row is K/32 blocks) stays in its
 // raw block bytes, read through an array<u32>; blocks are 18, 20 or 34 bytes, so bytes
 // are addressed individually. FORMAT: 0 = F32, 1 = F16, 30 = BF16, 2 = Q4_0, 3 = Q4_1,
-// 6 = Q5_0, 7 = Q5_1, 8 = Q8_0, 12 = Q4_K, 14 = Q6_K (GGML's type numbers; the K formats are
-// 256-value super-blocks);
+// 6 = Q5_0, 7 = Q5_1, 8 = Q8_0, 12 = Q4_K, 13 = Q5_K, 14 = Q6_K (GGML's type numbers; the
+// K formats are 256-value super-blocks);
 // BLOCK_VALUES and BLOCK_BYTES are its block's size (pxvm/ops/quant_types.py, from the
 // gguf package); only the layout inside a block is written here.
 // `matmul`: y (M, N) = x (M, K) @ W^T. A workgroup owns ROWS_PER_WG output columns n of
@@ -71,6 +71,18 @@ fn half_at(i: u32) -> f32 {
     return unpack2x16float(byte_at(i) | (byte_at(i + 1u) << 8u)).x;
 }
 
+// Q4_K's and Q5_K's 6-bit (scale, min) of 32-value sub-block `sub` of the super-block at
+// byte `b` (12 bytes from b + 4: the low 6 bits of the first 8 hold sub-blocks 0..3, the
+// last 4 bytes and the top bits of the first 8 sub-blocks 4..7).
+fn k_scale_min(b: u32, sub: u32) -> vec2<u32> {
+    if (sub < 4u) {
+        return vec2<u32>(byte_at(b + 4u + sub) & 63u, byte_at(b + 8u + sub) & 63u);
+    }
+    let hi = byte_at(b + 8u + sub);
+    return vec2<u32>((hi & 15u) | ((byte_at(b + sub) >> 6u) << 4u),
+                     (hi >> 4u) | ((byte_at(b + 4u + sub) >> 6u) << 4u));
+}
+
 // Value j (0..31) of the block starting at byte `b`, given the block's scale terms.
 fn dequant(b: u32, j: u32, d: f32, m: f32) -> f32 {
     switch FORMAT {
@@ -105,19 +117,17 @@ fn dequant(b: u32, j: u32, d: f32, m: f32) -> f32 {
             // Q4_K: f16 d, f16 dmin, 12 bytes of 6-bit (scale, min) pairs for the eight
             // 32-value sub-blocks, then 128 bytes: each 64 values share 32 bytes, the first
             // 32 in the low nibbles; w = d * scale * q - dmin * min.
-            let sub = j >> 5u;
             let q = (byte_at(b + 16u + (j >> 6u) * 32u + (j & 31u)) >> (((j >> 5u) & 1u) * 4u)) & 15u;
-            var sc: u32;
-            var mn: u32;
-            if (sub < 4u) {
-                sc = byte_at(b + 4u + sub) & 63u;
-                mn = byte_at(b + 8u + sub) & 63u;
-            } else {
-                let hi = byte_at(b + 8u + sub);
-                sc = (hi & 15u) | ((byte_at(b + sub) >> 6u) << 4u);
-                mn = (hi >> 4u) | ((byte_at(b + 4u + sub) >> 6u) << 4u);
-            }
-            return d * f32(sc) * f32(q) - m * f32(mn);
+            let sm = k_scale_min(b, j >> 5u);
+            return d * f32(sm.x) * f32(q) - m * f32(sm.y);
+        }
+        case 13u: {
+            // Q5_K: Q4_K's, with 32 bytes of fifth bits before the 128 bytes of nibbles:
+            // bit i of byte l belongs to value 32 i + l.
+            let low = (byte_at(b + 48u + (j >> 6u) * 32u + (j & 31u)) >> (((j >> 5u) & 1u) * 4u)) & 15u;
+            let high = (byte_at(b + 16u + (j & 31u)) >> (j >> 5u)) & 1u;
+            let sm = k_scale_min(b, j >> 5u);
+            return d * f32(sm.x) * f32(low | (high << 4u)) - m * f32(sm.y);
         }
         case 14u: {
             // Q6_K: 128 bytes of low nibbles, 64 bytes of 2-bit high parts, 16 int8 scales
@@ -147,7 +157,7 @@ fn scale_d(b: u32) -> f32 {
 }
 
 fn scale_m(b: u32) -> f32 {
-    if (FORMAT == 3u || FORMAT == 7u || FORMAT == 12u) { return half_at(b + 2u); }
+    if (FORMAT == 3u || FORMAT == 7u || FORMAT == 12u || FORMAT == 13u) { return half_at(b + 2u); }
     return 0.0;
 }
 

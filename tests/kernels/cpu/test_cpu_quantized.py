@@ -24,7 +24,7 @@ from gguf_blocks import FORMATS, quantize, random_blocks  # noqa: E402
 
 TYPES = sorted(FORMATS)
 IDS = [FORMATS[t][0] for t in TYPES]
-K_TYPES = (12, 14)
+K_TYPES = (12, 13, 14)
 
 
 def _weight(qtype, n, k, rng):
@@ -128,7 +128,8 @@ def test_rows_dequantize_from_any_tile_into_any_layout(order, rng):
         np.testing.assert_array_equal(out, expected[64:])
 
 
-@pytest.mark.parametrize("qtype", [2, 3, 8, 12, 14], ids=["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("qtype", [2, 3, 6, 7, 8, 12, 13, 14],
+                         ids=["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
 def test_decoding_keeps_float32_precision_beside_outliers(qtype, rng):
     # one value of each block 1000 times the others: quantized to one int16 term with the
     # block's scale, the others would keep only their top few bits (NMSE about 1e-4 here)

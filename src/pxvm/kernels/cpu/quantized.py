@@ -5,9 +5,9 @@ well, both keeping its integer values:
 
 - `Nibbles` (Q4_0, Q4_1, Q4_K): 4-bit values q in 0..15 with a scale and an offset per
   32 values of a row (value = scale * q + offset);
-- `Bytes` (Q5_0, Q5_1, Q8_0, Q6_K): 8-bit signed values with a scale per block of a row
-  (32 values, 16 for Q6_K; value = scale * q), and an offset for Q5_1 (value = scale * q
-  + offset).
+- `Bytes` (Q5_0, Q5_1, Q8_0, Q5_K, Q6_K): 8-bit signed values with a scale per block of
+  a row (32 values, 16 for Q6_K; value = scale * q), and an offset for Q5_1 and Q5_K
+  (value = scale * q + offset).
 
 Rows are grouped in tiles of TILE_ROWS, a row a 32-bit SIMD lane: the lanes of a tile
 hold the same few values of every row next to each other ([tile, block, group, row]), so
@@ -131,21 +131,41 @@ def _split_q4_1(raw, n, k):
     return _nibbles_of(b[..., 4:]), _f16(b, 0), _f16(b, 2)
 
 
-def _split_q4_k(raw, n, k):
-    """Q4_K super-blocks (256 values: f16 d and dmin, 12 bytes of 6-bit scales and mins,
-    128 bytes of nibbles) as 8 blocks of 32 values with scale d*sc and offset -dmin*m."""
-    b = raw.reshape(n, k // 256, 144)
+def _k_scales(b):
+    """The (scale, offset) of each 32-value block of Q4_K / Q5_K super-blocks `b` (f16 d
+    and dmin, then 12 bytes of 6-bit scales and mins): d * sc and -dmin * m."""
     d, dmin = _f16(b, 0), _f16(b, 2)
     s = b[..., 4:16].astype(np.uint8)
     lo, hi, mix = s[..., 0:4], s[..., 4:8], s[..., 8:12]
     sc = np.concatenate([lo & 63, (mix & 15) | ((lo >> 6) << 4)], axis=-1).astype(_F32)
     mn = np.concatenate([hi & 63, (mix >> 4) | ((hi >> 6) << 4)], axis=-1).astype(_F32)
-    # each 32 bytes of nibbles hold 64 values: 32 in the low nibbles, then 32 in the high
-    qs = b[..., 16:].reshape(n, k // 256, 4, 1, 32)
-    q = np.concatenate([qs & 15, qs >> 4], axis=3).reshape(n, k // 32, 32)
-    scale = (d[..., None] * sc).reshape(n, k // 32)
-    offset = (-dmin[..., None] * mn).reshape(n, k // 32)
-    return q, scale, offset
+    n = b.shape[0]
+    return (d[..., None] * sc).reshape(n, -1), (-dmin[..., None] * mn).reshape(n, -1)
+
+
+def _k_nibbles(qs, n, k):
+    """Q4_K / Q5_K's 128 bytes of nibbles a super-block as 8 blocks of 32 values: each 32
+    bytes hold 64 values, 32 in the low nibbles, then 32 in the high."""
+    qs = qs.reshape(n, k // 256, 4, 1, 32)
+    return np.concatenate([qs & 15, qs >> 4], axis=3).reshape(n, k // 32, 32)
+
+
+def _split_q4_k(raw, n, k):
+    """Q4_K super-blocks (256 values: f16 d and dmin, 12 bytes of 6-bit scales and mins,
+    128 bytes of nibbles) as 8 blocks of 32 values with scale d*sc and offset -dmin*m."""
+    b = raw.reshape(n, k // 256, 144)
+    return (_k_nibbles(b[..., 16:], n, k), *_k_scales(b))
+
+
+def _split_q5_k(raw, n, k):
+    """Q5_K super-blocks (Q4_K's, with 32 bytes of fifth bits before the nibbles: bit i
+    of byte l belongs to value 32 i + l) as Q4_K's blocks of values 0..31."""
+    b = raw.reshape(n, k // 256, 176)
+    fifth = np.unpackbits(b[..., 16:48].reshape(n, k // 256, 32, 1), axis=-1,
+                          bitorder="little")                      # (.., byte l, bit i)
+    fifth = np.swapaxes(fifth, -1, -2).reshape(n, k // 32, 32)     # value 32 i + l
+    q = _k_nibbles(b[..., 48:], n, k) | (fifth << 4)
+    return (q.astype(np.int8), *_k_scales(b))
 
 
 def _split_q8_0(raw, n, k):
@@ -185,7 +205,7 @@ def _split_q6_k(raw, n, k):
 
 _NIBBLE_TYPES = {T.Q4_0: _split_q4_0, T.Q4_1: _split_q4_1, T.Q4_K: _split_q4_k}
 _BYTE_TYPES = {T.Q5_0: _split_q5_0, T.Q5_1: _split_q5_1, T.Q8_0: _split_q8_0,
-               T.Q6_K: _split_q6_k}
+               T.Q5_K: _split_q5_k, T.Q6_K: _split_q6_k}
 #: The GGML types this module multiplies by.
 TYPES = (T.F32, T.F16, T.BF16, *_NIBBLE_TYPES, *_BYTE_TYPES)
 

@@ -1,5 +1,5 @@
 """Test support: numpy quantize / dequantize of GGUF block formats (F32, F16, BF16, Q8_0,
-Q4_0, Q4_1, Q5_0, Q5_1; Q4_K, Q5_K and Q6_K dequantize only, plus random valid blocks): the byte
+Q4_0, Q4_1, Q5_0, Q5_1; the K formats dequantize only, plus random valid blocks): the byte
 layouts the WGSL kernels read, written out plainly so tests can check them against the
 `gguf` package's own code and build small model files."""
 
@@ -9,8 +9,9 @@ import numpy as np
 
 # GGML type number -> (name, values per block, bytes per block)
 FORMATS = {0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
-           6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 12: ("Q4_K", 256, 144),
-           13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210), 30: ("BF16", 1, 2)}
+           6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 10: ("Q2_K", 256, 84),
+           11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176),
+           14: ("Q6_K", 256, 210), 30: ("BF16", 1, 2)}
 BY_NAME = {name: qtype for qtype, (name, _, _) in FORMATS.items()}
 
 
@@ -58,6 +59,10 @@ def dequantize(raw: np.ndarray, qtype: int, k: int) -> np.ndarray:
     elif qtype == 3:
         m = b[:, 2:4].copy().view(np.float16).astype(np.float32)
         vals = d * _nibbles(b[:, 4:]).astype(np.float32) + m
+    elif qtype == 10:
+        vals = _dequantize_q2_k(b)
+    elif qtype == 11:
+        vals = _dequantize_q3_k(b)
     elif qtype == 12:
         vals = _dequantize_q4_k(b)
     elif qtype == 13:
@@ -103,6 +108,39 @@ def _dequantize_q6_k(b: np.ndarray) -> np.ndarray:
     return d * np.repeat(scales, 16, axis=1) * q
 
 
+def _two_bit_values(qs: np.ndarray) -> np.ndarray:
+    """Q2_K / Q3_K's 64 bytes of 2-bit values -> 256: each 128 values take 32 bytes, the
+    bit pairs 0-1 of them first, then 2-3, 4-5, 6-7."""
+    qs = qs.reshape(-1, 2, 32)
+    return np.stack([(qs >> s) & 3 for s in (0, 2, 4, 6)], axis=2).reshape(-1, 256)
+
+
+def _dequantize_q2_k(b: np.ndarray) -> np.ndarray:
+    """Q2_K super-block (256 values): 16 bytes of (4-bit scale, 4-bit min) per 16 values,
+    64 bytes of 2-bit values, f16 d, f16 dmin; w = d * scale * q - dmin * min."""
+    d = b[:, 80:82].copy().view(np.float16).astype(np.float32)
+    dmin = b[:, 82:84].copy().view(np.float16).astype(np.float32)
+    scale = np.repeat((b[:, 0:16] & 15).astype(np.float32), 16, axis=1)
+    mins = np.repeat((b[:, 0:16] >> 4).astype(np.float32), 16, axis=1)
+    return d * scale * _two_bit_values(b[:, 16:80]).astype(np.float32) - dmin * mins
+
+
+def _dequantize_q3_k(b: np.ndarray) -> np.ndarray:
+    """Q3_K super-block (256 values): 32 bytes of high bits (bit i of byte l: value 32 i
+    + l), 64 bytes of 2-bit values as Q2_K, 12 bytes of 6-bit scales, f16 d; w = d *
+    (scale - 32) * (q - 4 where the high bit is clear)."""
+    d = b[:, 108:110].copy().view(np.float16).astype(np.float32)
+    high = np.stack([(b[:, 0:32] >> i) & 1 for i in range(8)], axis=1).reshape(-1, 256)
+    q = _two_bit_values(b[:, 32:96]).astype(np.float32) - 4.0 * (1 - high)
+    sc = b[:, 96:108]
+    # scale i: its low 4 bits from byte i % 8 (high nibble for i >= 8), its top 2 bits
+    # from byte 8 + i % 4 (bit pair i // 4)
+    low = np.concatenate([sc[:, 0:8] & 15, sc[:, 0:8] >> 4], axis=1)
+    top = np.concatenate([(sc[:, 8:12] >> s) & 3 for s in (0, 2, 4, 6)], axis=1)
+    scales = (low | (top << 4)).astype(np.float32) - 32.0
+    return d * np.repeat(scales, 16, axis=1) * q
+
+
 def _dequantize_q5_k(b: np.ndarray) -> np.ndarray:
     """Q5_K super-block (256 values): Q4_K's fields with 32 bytes of fifth bits between the
     scales and the nibbles (bit i of byte l: value 32 i + l); w = d * scale * q - dmin * min
@@ -134,10 +172,15 @@ def random_blocks(n: int, k: int, qtype: int, rng: np.random.Generator,
         levels = 15 if qtype == 12 else 31
         raw[:, 0:2] = f16_field(levels * 40)   # d: times sub-scale <= 63, times q
         raw[:, 2:4] = f16_field(40)            # dmin: times min <= 63
+    elif qtype == 10:
+        raw[:, 80:82] = f16_field(3 * 15)      # d: times scale <= 15, times q <= 3
+        raw[:, 82:84] = f16_field(15)          # dmin: times min <= 15
+    elif qtype == 11:
+        raw[:, 108:110] = f16_field(32 * 4)    # d: times scale - 32, times q - 4
     elif qtype == 14:
         raw[:, 208:210] = f16_field(32 * 128)  # d: times int8 scale, times q - 32
     else:
-        raise ValueError(f"random_blocks is for Q4_K / Q5_K / Q6_K, not GGML type {qtype}")
+        raise ValueError(f"random_blocks is for the K formats, not GGML type {qtype}")
     return raw.reshape(n, row_bytes(qtype, k))
 
 

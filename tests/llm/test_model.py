@@ -75,6 +75,11 @@ SPECS = {
     "q5_1-mha-tied": TinySpec(matrix_type="Q5_1", embedding_type="Q5_1", n_kv_heads=4),
     "q5_k-gqa-untied": TinySpec(dim=256, ffn_dim=256, matrix_type="Q5_K",
                                 embedding_type="Q5_K", tied_output=False),
+    # Q2_K / Q3_K_M-style files: Q2_K or Q3_K matrices beside Q4_K ones
+    "q2_k-q3_k-gqa-untied": TinySpec(dim=256, ffn_dim=256, matrix_type="Q3_K",
+                                     matrix_types={"attn_q": "Q2_K", "ffn_up": "Q2_K",
+                                                   "attn_v": "Q4_K"},
+                                     embedding_type="Q2_K", tied_output=False),
     "f32-gqa-untied": TinySpec(matrix_type="F32", embedding_type="F32", tied_output=False,
                                rope_theta=500000.0),
 }

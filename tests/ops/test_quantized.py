@@ -22,7 +22,7 @@ from gguf_blocks import FORMATS, dequantize, quantize, random_blocks, row_bytes 
 
 TYPES = sorted(FORMATS)
 IDS = [FORMATS[t][0] for t in TYPES]
-K_TYPES = [12, 13, 14]  # 256-value super-blocks, no quantizer: tested on random valid blocks
+K_TYPES = [10, 11, 12, 13, 14]  # 256-value super-blocks, no quantizer: tested on random valid blocks
 SIMPLE = [t for t in TYPES if t not in K_TYPES]
 SIMPLE_IDS = [FORMATS[t][0] for t in SIMPLE]
 
@@ -44,7 +44,7 @@ def test_quant_types_take_their_block_sizes_from_gguf():
         assert quant_types.row_bytes(code, 512) == row_bytes(code, 512)
 
 
-@pytest.mark.parametrize("code", [9, 10, 99], ids=["Q8_1", "Q2_K", "unknown"])
+@pytest.mark.parametrize("code", [9, 16, 99], ids=["Q8_1", "IQ2_XXS", "unknown"])
 def test_quant_type_of_an_unsupported_type_names_the_supported_ones(code):
     with pytest.raises(ShapeError, match=f"unsupported weight type {code}; supported: ") as info:
         quant_types.quant_type(code)
@@ -61,7 +61,7 @@ def test_quant_types_dequantize_matches_the_plain_layouts(qtype, rng):
     np.testing.assert_array_equal(quant_types.dequantize(w, qtype, k), dequantize(w, qtype, k))
 
 
-@pytest.mark.parametrize("qtype", K_TYPES, ids=["Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("qtype", K_TYPES, ids=["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"])
 def test_k_dequantize_matches_gguf(qtype, rng):
     raw = random_blocks(5, 512, qtype, rng, scale=rng.uniform(0.01, 10))
     ours = dequantize(raw, qtype, 512)

@@ -20,9 +20,9 @@ from pxvm.runtime import ShapeError
 sys.path.insert(0, str(Path(__file__).parent.parent / "llm"))
 from gguf_blocks import FORMATS, dequantize, quantize, random_blocks, row_bytes  # noqa: E402
 
-QTYPES = [0, 1, 30, 2, 3, 6, 7, 8, 12, 13, 14]
+QTYPES = [0, 1, 30, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14]
 QTYPE_IDS = [FORMATS[t][0] for t in QTYPES]
-K_TYPES = (12, 13, 14)
+K_TYPES = (10, 11, 12, 13, 14)
 EPS = 1e-5
 # The products are f32 sums of the same dequantized weights the float64 expectation uses:
 # their error is f32 rounding (about 1e-12 measured), so the tightest threshold applies:

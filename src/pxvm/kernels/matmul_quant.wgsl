@@ -2,8 +2,8 @@
 // The weight W (N rows of K values, the GGUF layout: each row is K/32 blocks) stays in its
 // raw block bytes, read through an array<u32>; blocks are 18, 20 or 34 bytes, so bytes
 // are addressed individually. FORMAT: 0 = F32, 1 = F16, 30 = BF16, 2 = Q4_0, 3 = Q4_1,
-// 6 = Q5_0, 7 = Q5_1, 8 = Q8_0, 12 = Q4_K, 13 = Q5_K, 14 = Q6_K (GGML's type numbers; the
-// K formats are 256-value super-blocks);
+// 6 = Q5_0, 7 = Q5_1, 8 = Q8_0, 10 = Q2_K, 11 = Q3_K, 12 = Q4_K, 13 = Q5_K, 14 = Q6_K
+// (GGML's type numbers; the K formats are 256-value super-blocks);
 // BLOCK_VALUES and BLOCK_BYTES are its block's size (pxvm/ops/quant_types.py, from the
 // gguf package); only the layout inside a block is written here.
 // `matmul`: y (M, N) = x (M, K) @ W^T. A workgroup owns ROWS_PER_WG output columns n of
@@ -113,6 +113,26 @@ fn dequant(b: u32, j: u32, d: f32, m: f32) -> f32 {
             let q = (byte_at(b + 4u + (j & 15u)) >> ((j >> 4u) * 4u)) & 15u;
             return d * f32(q) + m;
         }
+        case 10u: {
+            // Q2_K: 16 bytes of (4-bit scale, 4-bit min) per 16 values, 64 bytes of 2-bit
+            // values (value j: bits 2 ((j >> 5) & 3) of byte 32 (j >> 7) + (j & 31)), f16 d,
+            // f16 dmin; w = d * scale * q - dmin * min.
+            let sm = byte_at(b + (j >> 4u));
+            let q = (byte_at(b + 16u + (j >> 7u) * 32u + (j & 31u)) >> (((j >> 5u) & 3u) * 2u)) & 3u;
+            return d * f32(sm & 15u) * f32(q) - m * f32(sm >> 4u);
+        }
+        case 11u: {
+            // Q3_K: 32 bytes of high bits (bit j >> 5 of byte j & 31), 64 bytes of 2-bit
+            // values as Q2_K, 12 bytes of 6-bit scales (the low 4 bits of scale i in byte
+            // i & 7 from bit 4 (i >> 3), the top 2 in byte 8 + (i & 3) from bit 2 (i >> 2)),
+            // f16 d; w = d * (scale - 32) * (q - 4 when the high bit is clear, else q).
+            let i = j >> 4u;
+            let sc = ((byte_at(b + 96u + (i & 7u)) >> ((i >> 3u) * 4u)) & 15u)
+                | (((byte_at(b + 104u + (i & 3u)) >> ((i >> 2u) * 2u)) & 3u) << 4u);
+            let q = (byte_at(b + 32u + (j >> 7u) * 32u + (j & 31u)) >> (((j >> 5u) & 3u) * 2u)) & 3u;
+            let high = (byte_at(b + (j & 31u)) >> (j >> 5u)) & 1u;
+            return d * (f32(sc) - 32.0) * (f32(q) - select(4.0, 0.0, high == 1u));
+        }
         case 12u: {
             // Q4_K: f16 d, f16 dmin, 12 bytes of 6-bit (scale, min) pairs for the eight
             // 32-value sub-blocks, then 128 bytes: each 64 values share 32 bytes, the first
@@ -153,11 +173,14 @@ fn dequant(b: u32, j: u32, d: f32, m: f32) -> f32 {
 fn scale_d(b: u32) -> f32 {
     if (FORMAT <= 1u || FORMAT == 30u) { return 1.0; }
     if (FORMAT == 14u) { return half_at(b + 208u); }
+    if (FORMAT == 10u) { return half_at(b + 80u); }
+    if (FORMAT == 11u) { return half_at(b + 108u); }
     return half_at(b);
 }
 
 fn scale_m(b: u32) -> f32 {
     if (FORMAT == 3u || FORMAT == 7u || FORMAT == 12u || FORMAT == 13u) { return half_at(b + 2u); }
+    if (FORMAT == 10u) { return half_at(b + 82u); }
     return 0.0;
 }
 

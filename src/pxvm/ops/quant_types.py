@@ -42,8 +42,9 @@ QUANT_TYPES: dict[int, QuantType] = {
     int(t): QuantType(t, *GGML_QUANT_SIZES[t]) for t in (
         GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16,
         GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q5_0,
-        GGMLQuantizationType.Q5_1, GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_K,
-        GGMLQuantizationType.Q5_K, GGMLQuantizationType.Q6_K)}
+        GGMLQuantizationType.Q5_1, GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q2_K,
+        GGMLQuantizationType.Q3_K, GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K,
+        GGMLQuantizationType.Q6_K)}
 
 
 def supported_names() -> str:

@@ -24,7 +24,7 @@ from gguf_blocks import FORMATS, quantize, random_blocks  # noqa: E402
 
 TYPES = sorted(FORMATS)
 IDS = [FORMATS[t][0] for t in TYPES]
-K_TYPES = (12, 13, 14)
+K_TYPES = (10, 11, 12, 13, 14)
 
 
 def _weight(qtype, n, k, rng):

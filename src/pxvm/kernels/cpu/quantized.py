@@ -5,9 +5,9 @@ well, both keeping its integer values:
 
 - `Nibbles` (Q4_0, Q4_1, Q4_K): 4-bit values q in 0..15 with a scale and an offset per
   32 values of a row (value = scale * q + offset);
-- `Bytes` (Q5_0, Q5_1, Q8_0, Q5_K, Q6_K): 8-bit signed values with a scale per block of
-  a row (32 values, 16 for Q6_K; value = scale * q), and an offset for Q5_1 and Q5_K
-  (value = scale * q + offset).
+- `Bytes` (Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q5_K, Q6_K): 8-bit signed values with a scale
+  per block of a row (32 values, 16 for Q2_K, Q3_K and Q6_K; value = scale * q), and an
+  offset for Q5_1, Q2_K and Q5_K (value = scale * q + offset).
 
 Rows are grouped in tiles of TILE_ROWS, a row a 32-bit SIMD lane: the lanes of a tile
 hold the same few values of every row next to each other ([tile, block, group, row]), so
@@ -189,6 +189,40 @@ def _split_q5_1(raw, n, k):
     return (_nibbles_of(b[..., 8:]) | (fifth << 4)).astype(np.int8), _f16(b, 0), _f16(b, 2)
 
 
+def _k_crumbs(qs, n, k):
+    """Q2_K / Q3_K's 64 bytes of 2-bit values a super-block, in order: value v is bits
+    2 ((v >> 5) & 3).. of byte 32 (v >> 7) + (v & 31)."""
+    qs = qs.reshape(n, k // 256, 2, 1, 32)
+    return np.concatenate([(qs >> s) & 3 for s in (0, 2, 4, 6)], axis=3).reshape(n, k // 16, 16)
+
+
+def _split_q2_k(raw, n, k):
+    """Q2_K super-blocks (16 bytes of 4-bit scale and min pairs, 64 bytes of 2-bit values,
+    f16 d and dmin) as 16 blocks of 16 values q with scale d*sc and offset -dmin*m."""
+    b = raw.reshape(n, k // 256, 84)
+    d, dmin = _f16(b, 80)[..., None], _f16(b, 82)[..., None]
+    scale = (d * (b[..., 0:16] & 15)).reshape(n, k // 16)
+    offset = (-dmin * (b[..., 0:16] >> 4)).reshape(n, k // 16)
+    return _k_crumbs(b[..., 16:80], n, k).astype(np.int8), scale, offset
+
+
+def _split_q3_k(raw, n, k):
+    """Q3_K super-blocks (32 bytes of high bits, 64 bytes of 2-bit values, 12 bytes of
+    6-bit scales, f16 d) as 16 blocks of 16 values q - 4 (the high bit clear: - 4) with
+    scale d * (scale - 32)."""
+    b = raw.reshape(n, k // 256, 110)
+    high = np.unpackbits(b[..., 0:32].reshape(n, k // 256, 32, 1), axis=-1,
+                         bitorder="little")
+    high = np.swapaxes(high, -1, -2).reshape(n, k // 16, 16)      # bit i of byte l: 32 i + l
+    q = _k_crumbs(b[..., 32:96], n, k).astype(np.int16) - 4 * (1 - high.astype(np.int16))
+    packed = b[..., 96:108]
+    i = np.arange(16)
+    low4 = (packed[..., i & 7] >> (4 * (i >> 3))) & 15
+    high2 = (packed[..., 8 + (i & 3)] >> (2 * (i >> 2))) & 3
+    sc = (low4 | (high2 << 4)).astype(_F32) - 32
+    return q.astype(np.int8), (_f16(b, 108)[..., None] * sc).reshape(n, k // 16)
+
+
 def _split_q6_k(raw, n, k):
     """Q6_K super-blocks (256 values: 128 bytes of low nibbles, 64 of high 2-bit pairs,
     16 int8 scales, f16 d) as 16 blocks of 16 values q - 32 with scale d*scale."""
@@ -205,7 +239,8 @@ def _split_q6_k(raw, n, k):
 
 _NIBBLE_TYPES = {T.Q4_0: _split_q4_0, T.Q4_1: _split_q4_1, T.Q4_K: _split_q4_k}
 _BYTE_TYPES = {T.Q5_0: _split_q5_0, T.Q5_1: _split_q5_1, T.Q8_0: _split_q8_0,
-               T.Q5_K: _split_q5_k, T.Q6_K: _split_q6_k}
+               T.Q2_K: _split_q2_k, T.Q3_K: _split_q3_k, T.Q5_K: _split_q5_k,
+               T.Q6_K: _split_q6_k}
 #: The GGML types this module multiplies by.
 TYPES = (T.F32, T.F16, T.BF16, *_NIBBLE_TYPES, *_BYTE_TYPES)
 

@@ -99,7 +99,7 @@ def _matmul_quant_webgpu(ctx, x, w, qtype=3, k=0, lanes=None):
 
 def _matmul_quant_cpu(ctx, x, w, qtype=3, k=0, lanes=None):
     out = ctx.empty((x.shape[0], w.shape[0]), np.float32)
-    ctx.call("quantized", "matmul_into", x, ctx.packed(w, qtype, k), out)
+    ctx.call("quantized", "matmul", x, ctx.packed(w, qtype, k), out)
     return out
 
 

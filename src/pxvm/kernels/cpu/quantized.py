@@ -594,7 +594,3 @@ def embed(raw: np.ndarray, ids: np.ndarray, qtype: int, k: int, out: np.ndarray)
     """out = rows `ids` of the raw GGUF weight, dequantized (by gguf: only those rows)."""
     rows = raw[np.asarray(ids, np.int64)]
     out[...] = np.asarray(quants.dequantize(rows, T(qtype)), _F32).reshape(len(rows), k)
-
-
-def matmul_into(x: np.ndarray, w: Nibbles | Bytes | Dense, out: np.ndarray) -> None:
-    matmul(x, w, out)

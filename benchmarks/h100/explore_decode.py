@@ -19,7 +19,7 @@ m = load_model(sys.argv[1], backend="webgpu", progress=False)
 print(m.device_name, sorted(m.backend.device.features), flush=True)
 ids = np.random.default_rng(0).integers(0, m.config.vocab_size, 512).tolist()
 # the model's products (prefill's and decoding's), whose `lanes` a setting forces
-PRODUCTS = ("rmsnorm_matmul_quant", "rmsnorm_swiglu_quant", "matmul_quant_add",
+PRODUCTS = ("rmsnorm_matmul_quant", "rmsnorm_glu_quant", "matmul_quant_add",
             "attention_cached_matmul_quant_add")
 
 

@@ -29,13 +29,16 @@ from gguf_blocks import dequantize, quantize  # noqa: E402
 TOL = NMSE_ELEMENTWISE
 
 
-def _rotate(x, positions, theta, style):
-    """Rotary embedding in float64 of x (S, H, D) at the given positions."""
+def _rotate(x, positions, theta, style, freq_factors=None, attn_factor=1.0):
+    """Rotary embedding in float64 of x (S, H, D) at the given positions; pair i turns
+    freq_factors[i] times slower, and the result is scaled by attn_factor."""
     x = np.asarray(x, np.float64)
     d = x.shape[-1]
     inv_freq = theta ** (-np.arange(0, d, 2, dtype=np.float64) / d)
+    if freq_factors is not None:
+        inv_freq = inv_freq / np.asarray(freq_factors, np.float64)
     ang = np.asarray(positions, np.float64)[:, None, None] * inv_freq[None, None, :]
-    c, s = np.cos(ang), np.sin(ang)
+    c, s = np.cos(ang) * attn_factor, np.sin(ang) * attn_factor
     if style == "neox":
         a, b = x[..., : d // 2], x[..., d // 2:]
         return np.concatenate([a * c - b * s, a * s + b * c], axis=-1)
@@ -46,7 +49,7 @@ def _rotate(x, positions, theta, style):
 
 
 def expected_step(qkv, k_cache, v_cache, pos, hq, theta=10000.0, style="interleaved",
-                  scale=None):
+                  scale=None, freq_factors=None, attn_factor=1.0, softcap=0.0, window=0):
     """(output (S, Hq*D), new k cache, new v cache) in float64, written out plainly."""
     s = qkv.shape[0]
     n_ctx, hkv, d = k_cache.shape
@@ -56,19 +59,22 @@ def expected_step(qkv, k_cache, v_cache, pos, hq, theta=10000.0, style="interlea
     k = qkv[:, hq * d: (hq + hkv) * d].reshape(s, hkv, d)
     v = qkv[:, (hq + hkv) * d:].reshape(s, hkv, d)
     positions = np.arange(pos, pos + s)
-    q = _rotate(q, positions, theta, style)
+    q = _rotate(q, positions, theta, style, freq_factors, attn_factor)
     k_new = np.asarray(k_cache, np.float64).copy()
     v_new = np.asarray(v_cache, np.float64).copy()
-    k_new[pos: pos + s] = _rotate(k, positions, theta, style)
+    k_new[pos: pos + s] = _rotate(k, positions, theta, style, freq_factors, attn_factor)
     v_new[pos: pos + s] = v
     out = np.empty((s, hq, d))
     for i in range(s):
         seen = pos + i + 1  # token i sees cache rows 0 ..= its own position
+        first = max(0, seen - window) if window else 0  # .. its last `window` of them
         for h in range(hq):
             kvh = h // (hq // hkv)
-            scores = k_new[:seen, kvh] @ q[i, h] * scale
+            scores = k_new[first:seen, kvh] @ q[i, h] * scale
+            if softcap:
+                scores = softcap * np.tanh(scores / softcap)
             p = np.exp(scores - scores.max())
-            out[i, h] = (p / p.sum()) @ v_new[:seen, kvh]
+            out[i, h] = (p / p.sum()) @ v_new[first:seen, kvh]
     return out.reshape(s, hq * d), k_new, v_new
 
 
@@ -188,6 +194,55 @@ def test_attention_cached_uses_theta_and_scale(s, rng, gpu_device):
     assert np.abs(got[0] - default).max() > 1e-2  # the parameters really changed it
 
 
+# Windows ending inside a chunk, on a chunk's edge, covering whole ranges before the
+# token's own; prompts whose first tokens see more keys than the window
+WINDOW_CASES = [  # (hq, hkv, d, n_ctx, pos, s, window)
+    (4, 2, 16, 320, 300, 1, 5),
+    (4, 2, 16, 320, 300, 1, 64),
+    (4, 2, 16, 320, 300, 1, 237),
+    (4, 2, 16, 320, 200, 1, 400),     # wider than the context: every key
+    (3, 1, 32, 160, 7, 30, 9),        # a prompt after a prefix
+    (2, 2, 8, 160, 0, 140, 70),       # a long prompt from 0
+]
+
+
+@pytest.mark.parametrize("backend", ["gpu", "cpu", "numpy"])
+@pytest.mark.parametrize("kernels", ["one range", "ranges"])
+@pytest.mark.parametrize("hq,hkv,d,n_ctx,pos,s,window", WINDOW_CASES)
+def test_attention_cached_sliding_window_softcap_and_scaled_rope_match_float64(
+        backend, kernels, hq, hkv, d, n_ctx, pos, s, window, rng, monkeypatch, request):
+    if backend == "gpu":
+        request.getfixturevalue("gpu_device")
+    elif kernels == "ranges":
+        pytest.skip("the host backends have one path")
+    _take(kernels, monkeypatch)
+    qkv, kc, vc = _case(rng, hq, hkv, d, n_ctx, s)
+    qkv *= 3.0  # scores large enough for the cap to matter
+    params = {"freq_factors": tuple(1.0 + 7.0 * rng.random(d // 2)),
+              "attn_factor": 1.15, "softcap": 4.0, "window": window}
+    got = _run(backend, qkv, kc, vc, _state(rng, pos), n_heads=hq, style="neox", **params)
+    expected = expected_step(qkv, kc, vc, pos, hq, style="neox", **params)
+    _check(got, kc, vc, expected, pos, s)
+    plain = expected_step(qkv, kc, vc, pos, hq, style="neox")[0]
+    assert np.abs(got[0] - plain).max() > 1e-2  # the parameters really changed it
+
+
+@pytest.mark.parametrize("backend", ["gpu", "cpu"])
+@pytest.mark.parametrize("pos,s,window", [(290, 1, 40), (290, 1, 200), (5, 2, 3)])
+def test_attention_cached_matmul_quant_add_takes_the_window_and_cap(backend, pos, s, window,
+                                                                     rng, request):
+    if backend == "gpu":
+        request.getfixturevalue("gpu_device")
+    hq, hkv, d, n_ctx = 4, 2, 16, 300
+    inputs, _ = _projected(rng, hq, hkv, d, n_ctx, pos, s, 8)
+    params = {"n_heads": hq, "qtype": 8, "k": hq * d, "softcap": 3.0, "window": window}
+    got = _run_projected(backend, inputs, **params)
+    expected = _run_projected("numpy", inputs, **params)
+    assert_close(got[0], expected[0], NMSE_ELEMENTWISE * 10)
+    plain = _run_projected("numpy", inputs, n_heads=hq, qtype=8, k=hq * d)
+    assert np.abs(got[0] - plain[0]).max() > 1e-2
+
+
 @pytest.mark.parametrize("style", ["interleaved", "neox"])
 @pytest.mark.parametrize("hq,hkv,pos,s", [(6, 2, 40, 1), (3, 3, 9, 5)])
 def test_attention_cached_equals_rope_write_rows_and_attention(hq, hkv, pos, s, style, rng,
@@ -252,7 +307,7 @@ def _bad_operands():
         ((qkv, kc, vc, st.astype(np.float32)), {}, "attention_cached: input state has dtype "
                                                    "float32, expected int32"),
         ((qkv, kc, vc, st[:1]), {}, "state must be an int32 tensor"),
-        ((qkv, kc, vc, st), {"style": "gptj"}, "unknown rope style 'gptj'"),
+        ((qkv, kc, vc, st), {"style": "gptj"}, "rope style must be one of .*got 'gptj'"),
         ((qkv, kc, vc, st), {"max_keys": 21}, "max_keys must be in 2..20, got 21"),
         ((qkv, kc, vc, st), {"max_keys": 1}, "max_keys must be in 2..20, got 1"),
         ((qkv.astype(np.int32), kc, vc, st), {}, "attention_cached: input qkv has dtype "

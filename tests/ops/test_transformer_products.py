@@ -1,5 +1,5 @@
 """The fused products of pxvm.ops.transformer (rmsnorm_matmul_quant, matmul_quant_add,
-rmsnorm_swiglu_quant): the GPU against an independent float64 numpy computation for
+rmsnorm_glu_quant): the GPU against an independent float64 numpy computation for
 every weight format and both lane counts, equality with the unfused ops they replace,
 and clear errors for bad operands. The attention ops are in
 test_transformer_attention.py."""
@@ -70,8 +70,13 @@ def _silu64(v):
     return v / (1.0 + np.exp(-v))
 
 
-def _case(name, rng, qtype, m, n, k=None):
-    """(args, params, float64 expectation) of op `name` for an (M, K) x and N outputs."""
+def _gelu_tanh64(v):
+    return 0.5 * v * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (v + 0.044715 * v**3)))
+
+
+def _case(name, rng, qtype, m, n, k=None, activation="silu"):
+    """(args, params, float64 expectation) of op `name` for an (M, K) x and N outputs
+    (`activation`: rmsnorm_glu_quant's)."""
     k = k or _k_for(qtype)
     x = _x(rng, m, k)
     params = {"qtype": qtype, "k": k}
@@ -87,10 +92,12 @@ def _case(name, rng, qtype, m, n, k=None):
         return (x, gain, w), params, _product64(h, w, qtype, k)
     w = _weight(rng, qtype, 2 * n, k)  # gate rows, then up rows
     both = _product64(h, w, qtype, k)
-    return (x, gain, w), params, _silu64(both[:, :n]) * both[:, n:]
+    params["activation"] = activation
+    act = _silu64 if activation == "silu" else _gelu_tanh64
+    return (x, gain, w), params, act(both[:, :n]) * both[:, n:]
 
 
-FUSED = ("rmsnorm_matmul_quant", "matmul_quant_add", "rmsnorm_swiglu_quant")
+FUSED = ("rmsnorm_matmul_quant", "matmul_quant_add", "rmsnorm_glu_quant")
 
 
 @pytest.mark.parametrize("lanes", [1, 32])
@@ -161,24 +168,38 @@ def test_matmul_quant_add_equals_matmul_quant_then_add(qtype, lanes, rng, gpu_de
 
 @pytest.mark.parametrize("lanes", [1, 32])
 @pytest.mark.parametrize("qtype", [2, 12], ids=["Q4_0", "Q4_K"])
-def test_rmsnorm_swiglu_quant_equals_norm_two_products_silu_and_mul(qtype, lanes, rng,
+def test_rmsnorm_glu_quant_equals_norm_two_products_silu_and_mul(qtype, lanes, rng,
                                                                     gpu_device):
-    (x, gain, w), params, _ = _case("rmsnorm_swiglu_quant", rng, qtype, m=3, n=37)
+    (x, gain, w), params, _ = _case("rmsnorm_glu_quant", rng, qtype, m=3, n=37)
     ops, k = pxvm.ops, params["k"]
     h = ops.rmsnorm(x, gain, eps=EPS, backend="gpu")
     gate = ops.matmul_quant(h, np.ascontiguousarray(w[:37]), lanes=lanes, qtype=qtype, k=k)
     up = ops.matmul_quant(h, np.ascontiguousarray(w[37:]), lanes=lanes, qtype=qtype, k=k)
     unfused = ops.mul(ops.silu(gate), up).numpy()
-    fused = transformer.rmsnorm_swiglu_quant(x, gain, w, lanes=lanes, backend="gpu",
+    fused = transformer.rmsnorm_glu_quant(x, gain, w, lanes=lanes, backend="gpu",
                                              **params).numpy()
     assert_close(fused, unfused, REORDERED)
 
 
-def test_rmsnorm_swiglu_quant_takes_gate_rows_first(rng, gpu_device):
+@pytest.mark.parametrize("backend", ["gpu", "cpu", "numpy"])
+@pytest.mark.parametrize("qtype", [8, 12], ids=["Q8_0", "Q4_K"])
+def test_rmsnorm_glu_quant_with_gelu_matches_float64_geglu(qtype, backend, rng, request):
+    if backend == "gpu":
+        request.getfixturevalue("gpu_device")
+    args, params, expected = _case("rmsnorm_glu_quant", rng, qtype, m=3, n=37,
+                                   activation="gelu_tanh")
+    got = transformer.rmsnorm_glu_quant(*args, backend=backend, **params).numpy()
+    assert_close(got, expected, TOLERANCE)
+    silu_got = transformer.rmsnorm_glu_quant(*args, backend=backend,
+                                             **{**params, "activation": "silu"}).numpy()
+    assert np.abs(got - silu_got).max() > 1e-2  # the activation really changed it
+
+
+def test_rmsnorm_glu_quant_takes_gate_rows_first(rng, gpu_device):
     # Swapping the gate and up halves of W must change the result (silu is not symmetric).
-    (x, gain, w), params, expected = _case("rmsnorm_swiglu_quant", rng, 8, m=2, n=5)
+    (x, gain, w), params, expected = _case("rmsnorm_glu_quant", rng, 8, m=2, n=5)
     swapped = np.concatenate([w[5:], w[:5]])
-    got = transformer.rmsnorm_swiglu_quant(x, gain, swapped, backend="gpu", **params).numpy()
+    got = transformer.rmsnorm_glu_quant(x, gain, swapped, backend="gpu", **params).numpy()
     assert np.abs(got - expected).max() > 1e-3
 
 
@@ -210,17 +231,17 @@ def _bad_cases():
         ("matmul_quant_add", (x, w, np.ones((3, 36), np.float32)), p,
          r"residual must have shape \(3, 37\), got \(3, 36\)"),
         ("matmul_quant_add", (x, w, np.ones((37,), np.float32)), p, "residual must have shape"),
-        ("rmsnorm_swiglu_quant", (x, gain, w), p, "even row count.*got 37 rows"),
-        ("rmsnorm_swiglu_quant", (x, gain[:50], w_even), p, r"gain must have shape \(96,\)"),
-        ("rmsnorm_swiglu_quant", (x.astype(np.int32), gain, w_even), p,
-         "rmsnorm_swiglu_quant: input x has dtype int32"),
+        ("rmsnorm_glu_quant", (x, gain, w), p, "even row count.*got 37 rows"),
+        ("rmsnorm_glu_quant", (x, gain[:50], w_even), p, r"gain must have shape \(96,\)"),
+        ("rmsnorm_glu_quant", (x.astype(np.int32), gain, w_even), p,
+         "rmsnorm_glu_quant: input x has dtype int32"),
         # Each input is checked against its own role, not against every allowed dtype.
         ("rmsnorm_matmul_quant", (x, gain, w.astype(np.float32)), p,
          "rmsnorm_matmul_quant: input w has dtype float32, expected uint8"),
         ("matmul_quant_add", (x, w, np.ones((3, 37), np.uint8)), p,
          "matmul_quant_add: input residual has dtype uint8, expected float32"),
-        ("rmsnorm_swiglu_quant", (x, gain.astype(np.uint8), w_even), p,
-         "rmsnorm_swiglu_quant: input gain has dtype uint8"),
+        ("rmsnorm_glu_quant", (x, gain.astype(np.uint8), w_even), p,
+         "rmsnorm_glu_quant: input gain has dtype uint8"),
         ("matmul_quant", (x, w.astype(np.float32)), p, "matmul_quant: input w has dtype float32"),
     ]
 

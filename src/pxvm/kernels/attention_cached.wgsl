@@ -46,6 +46,8 @@ struct Params {
     range_len: u32, // keys per range, a multiple of CHUNK
     max_keys: u32,  // the bound the grid was recorded for (at most n_ctx)
     scale: f32,
+    softcap: f32,   // scores become softcap * tanh(score / softcap); 0: not capped
+    window: u32,    // a token sees its last `window` keys (itself included); 0: all
 }
 
 @group(0) @binding(0) var<storage, read> qkv: array<f32>;
@@ -152,6 +154,12 @@ fn split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) li
     let begin = r * p.range_len;
     if (begin > at) { return; }        // the same for the whole workgroup
     let end = min(begin + p.range_len, at + 1u);
+    // Sliding-window attention: keys below `lowest` are out of sight. Whole chunks of them
+    // are skipped (a range entirely below it leaves an empty partial: max EMPTY, sum 0),
+    // the rest of the first chunk is masked.
+    var lowest = 0u;
+    if (p.window > 0u && at + 1u > p.window) { lowest = at + 1u - p.window; }
+    let start = begin + (max(lowest, begin) - begin) / CHUNK * CHUNK;
     let group = p.hq / p.hkv;
     let kvh = h / group;
     let k_off = p.hq * HEAD_DIM + kvh * HEAD_DIM;
@@ -174,7 +182,7 @@ fn split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) li
     var m_run = EMPTY;   // the range's max score so far
     var l_run = 0.0;     // thread lid's key's exps so far, relative to m_run
     var acc = 0.0;       // element lid % HEAD_DIM of value group g's sum, relative to m_run
-    for (var c0 = begin; c0 < end; c0 = c0 + CHUNK) {
+    for (var c0 = start; c0 < end; c0 = c0 + CHUNK) {
         let n_keys = min(CHUNK, end - c0);
         // Partial scores of keys c0 + slot and c0 + slot + SLOTS (both from the cache
         // when they are in it: sixteen loads in flight).
@@ -193,14 +201,17 @@ fn split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) li
         }
         workgroupBarrier();
         var sc = EMPTY;
-        if (lid < n_keys) {
+        if (lid < n_keys && c0 + lid >= lowest) {
             sc = 0.0;
             for (var u = 0u; u < KEY_LANES; u = u + 1u) { sc = sc + key_parts[lid * KEY_LANES + u]; }
+            // tanh of a clamped argument: some drivers compute it as a ratio of exps, NaN
+            // for large ones (tanh(15) is 1 in f32 already).
+            if (p.softcap > 0.0) { sc = p.softcap * tanh(clamp(sc / p.softcap, -15.0, 15.0)); }
         }
         // Online softmax: the chunk's max joins the range's, earlier sums are rescaled.
         let m = max(m_run, reduce(lid, sc, true, CHUNK));
         let rescale = exp(m_run - m);  // 0 for the first chunk (m_run = EMPTY)
-        let e = select(0.0, exp(sc - m), lid < n_keys);
+        let e = select(0.0, exp(sc - m), lid < n_keys && c0 + lid >= lowest);
         exps[lid] = e;
         l_run = l_run * rescale + e;
         m_run = m;

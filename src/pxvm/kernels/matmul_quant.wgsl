@@ -12,7 +12,8 @@
 // Fusions for a transformer layer, chosen by constants so that one dispatch replaces
 // several small ones: NORM RMS-normalises each x row and scales it by `gain` before the
 // product; EPILOGUE 1 adds `res` (a residual), EPILOGUE 2 is SwiGLU: W holds the gate
-// rows then the up rows (2N rows) and y = silu(x Wg^T) * (x Wu^T).
+// rows then the up rows (2N rows) and y = silu(x Wg^T) * (x Wu^T); 3 is GeGLU, the same
+// with GELU (tanh form) for silu.
 // ATTENTION_PARTS: x holds attention_cached.wgsl's per-range partial results, records of
 // PART_STRIDE floats laid out as pxvm/ops/layouts.py's AttentionPartials says (head_dim
 // unnormalised sums, the max score at PART_MAX, the sum of exponentials at PART_SUM),
@@ -271,7 +272,7 @@ fn lane_dot_blocks32(m: u32, n: u32, lane: u32) -> vec3<f32> {
     let tasks_per_block = words / span;
     let row_base = n * p.row_bytes;
     let up_base = (n + p.N) * p.row_bytes;
-    let both = EPILOGUE == 2u;
+    let both = EPILOGUE >= 2u;
     var acc = vec2<f32>(0.0);   // gate (or the only row), up
     var sq = 0.0;
     for (var task = lane; task < n_blocks * tasks_per_block; task = task + LANES) {
@@ -328,7 +329,7 @@ fn lane_dot(m: u32, n: u32, lane: u32) -> vec3<f32> {
             sq = sq + v * v;
             let xg = v * gain_at(k0 + j);
             acc.x = acc.x + dequant(b, j, d.x, mm.x) * xg;
-            if (EPILOGUE == 2u) { acc.y = acc.y + dequant(bu, j, d.y, mm.y) * xg; }
+            if (EPILOGUE >= 2u) { acc.y = acc.y + dequant(bu, j, d.y, mm.y) * xg; }
         }
     }
     return vec3<f32>(acc, sq);
@@ -392,7 +393,7 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l
         workgroupBarrier();
         if (lane < s) {
             partial[lid] = partial[lid] + partial[lid + s];
-            if (EPILOGUE == 2u) { partial_up[lid] = partial_up[lid] + partial_up[lid + s]; }
+            if (EPILOGUE >= 2u) { partial_up[lid] = partial_up[lid] + partial_up[lid + s]; }
             if (NORM) { squares[lid] = squares[lid] + squares[lid + s]; }
         }
     }
@@ -404,6 +405,11 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l
         switch EPILOGUE {
             case 1u: { y[i] = res[i] + v; }
             case 2u: { y[i] = v / (1.0 + exp(-v)) * partial_up[lid] * scale; }
+            case 3u: {
+                // GELU's tanh form as v * sigmoid(2u): no tanh of a large argument
+                let u = 0.7978845608028654 * (v + 0.044715 * v * v * v);
+                y[i] = v / (1.0 + exp(-2.0 * u)) * partial_up[lid] * scale;
+            }
             default: { y[i] = v; }
         }
     }

@@ -198,7 +198,7 @@ class Model:
         """silu(h @ Wgate^T) * (h @ Wup^T) for h = rmsnorm(x, ffn_norm)."""
         if len(w.w_gate_up) == 1:
             m = w.w_gate_up[0]
-            return transformer.rmsnorm_swiglu_quant(x, w.ffn_norm, m.tensor, qtype=m.qtype,
+            return transformer.rmsnorm_glu_quant(x, w.ffn_norm, m.tensor, qtype=m.qtype,
                                                     k=m.k, eps=self.config.norm_eps)
         gate, up = (self.normed_product(x, w.ffn_norm, [m]) for m in w.w_gate_up)
         return ops.mul(ops.silu(gate), up)

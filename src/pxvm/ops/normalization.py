@@ -3,6 +3,7 @@ layer_norm (norm.wgsl), and rotary position embedding (rope.wgsl)."""
 
 from __future__ import annotations
 
+import math
 import weakref
 
 import numpy as np
@@ -68,10 +69,25 @@ def _infer_layer_norm(x, weight, bias, eps=1e-5):
     return meta(x.shape, np.float32)
 
 
-def _infer_rope(x, pos_offset=0, theta=10000.0, style="interleaved"):
+def check_rope(head_dim, style, freq_factors, attn_factor) -> None:
+    """The rotary embedding's parameters, checked for a head of `head_dim`."""
+    require(style in ROPE_STYLES, f"rope style must be one of {ROPE_STYLES}, got {style!r}")
+    if freq_factors is not None:
+        factors = np.asarray(freq_factors, np.float64)
+        require(factors.shape == (head_dim // 2,),
+                f"rope freq_factors must hold head_dim / 2 = {head_dim // 2} values, got "
+                f"{factors.shape[0] if factors.ndim == 1 else factors.shape}")
+        require(bool(np.all(np.isfinite(factors) & (factors > 0))),
+                "rope freq_factors must be finite and above 0")
+    require(math.isfinite(attn_factor) and attn_factor > 0,
+            f"rope attn_factor must be finite and above 0, got {attn_factor}")
+
+
+def _infer_rope(x, pos_offset=0, theta=10000.0, style="interleaved", freq_factors=None,
+                attn_factor=1.0):
     require(len(x.shape) == 3, f"rope takes x of shape (seq, heads, head_dim), got {tuple(x.shape)}")
     require(x.shape[2] % 2 == 0, f"rope needs an even head_dim, got {x.shape[2]}")
-    require(style in ROPE_STYLES, f"rope style must be one of {ROPE_STYLES}, got {style!r}")
+    check_rope(x.shape[2], style, freq_factors, attn_factor)
     require(int(pos_offset) >= 0, f"pos_offset must be >= 0, got {pos_offset}")
     return meta(x.shape, np.float32)
 
@@ -103,29 +119,33 @@ def _layer_norm_webgpu(ctx, x, weight, bias, eps=1e-5):
     return out
 
 
-# (backend) -> {(theta, head_dim): (table tensor, positions covered)}; tables stay resident.
+# (backend) -> {(theta, head_dim, factors, attn_factor): (table tensor, positions covered)};
+# tables stay resident.
 _rope_tables: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def rope_table(ctx, theta, head_dim, needed):
+def rope_table(ctx, theta, head_dim, needed, freq_factors=None, attn_factor=1.0):
     """The resident (positions, head_dim/2, [cos, sin]) f32 table of this backend covering
-    at least `needed` positions, computed in float64 on the host."""
+    at least `needed` positions, computed in float64 on the host: rope_angles' angles,
+    cos and sin times `attn_factor`."""
     tables = _rope_tables.setdefault(ctx.backend, {})
-    key = (float(theta), int(head_dim))
+    factors = None if freq_factors is None else tuple(float(f) for f in freq_factors)
+    key = (float(theta), int(head_dim), factors, float(attn_factor))
     found = tables.get(key)
     if found is None or found[1] < needed:
         n = max(1024, 1 << (int(needed) - 1).bit_length())
-        ang = rope_angles(n, head_dim, theta)
-        table = np.stack([np.cos(ang), np.sin(ang)], axis=-1).astype(np.float32)
+        ang = rope_angles(n, head_dim, theta, freq_factors=factors)
+        table = (np.stack([np.cos(ang), np.sin(ang)], axis=-1) * attn_factor).astype(np.float32)
         found = (ctx.tensor(table), n)
         tables[key] = found
     return found[0]
 
 
-def _rope_webgpu(ctx, x, pos_offset=0, theta=10000.0, style="interleaved"):
+def _rope_webgpu(ctx, x, pos_offset=0, theta=10000.0, style="interleaved", freq_factors=None,
+                 attn_factor=1.0):
     seq, heads, d = x.shape
     out = ctx.empty(x.shape, np.float32)
-    table = rope_table(ctx, theta, d, int(pos_offset) + seq)
+    table = rope_table(ctx, theta, d, int(pos_offset) + seq, freq_factors, attn_factor)
     pairs = seq * heads * (d // 2)
     if pairs:
         ctx.dispatch("rope.wgsl", "main", [x, table, out],
@@ -169,20 +189,28 @@ def layer_norm(x, weight, bias, eps=1e-5, *, backend="auto"):
     return out.astype(np.float32)
 
 
-def rope_angles(n_positions: int, head_dim: int, theta: float, start: int = 0) -> np.ndarray:
-    """Angles (positions, head_dim/2) in float64: pos * theta^(-2i/head_dim)."""
+def rope_angles(n_positions: int, head_dim: int, theta: float, start: int = 0,
+                freq_factors=None) -> np.ndarray:
+    """Angles (positions, head_dim/2) in float64: pos * theta^(-2i/head_dim) / factor_i,
+    the factors (1 by default) being how Llama 3's frequency scaling, Phi-3's LongRoPE and
+    linear scaling slow the pairs' rotation down."""
     inv_freq = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    if freq_factors is not None:
+        inv_freq = inv_freq / np.asarray(freq_factors, np.float64)
     return np.arange(start, start + n_positions, dtype=np.float64)[:, None] * inv_freq[None, :]
 
 
 @op(infer=_infer_rope, webgpu=_rope_webgpu)
-def rope(x, pos_offset=0, theta=10000.0, style="interleaved", *, backend="auto"):
+def rope(x, pos_offset=0, theta=10000.0, style="interleaved", freq_factors=None,
+         attn_factor=1.0, *, backend="auto"):
     """Rotary embedding of x (seq, heads, head_dim) at positions pos_offset + row;
-    style "interleaved" rotates (x[2i], x[2i+1]), "neox" rotates (x[i], x[i + d/2])."""
+    style "interleaved" rotates (x[2i], x[2i+1]), "neox" rotates (x[i], x[i + d/2]).
+    Pair i's frequency is divided by freq_factors[i] (default 1) and the result scaled
+    by `attn_factor` (LongRoPE's, default 1)."""
     x = np.asarray(x, np.float64)
     seq, _, d = x.shape
-    ang = rope_angles(seq, d, theta, pos_offset)[:, None, :]
-    c, s = np.cos(ang), np.sin(ang)
+    ang = rope_angles(seq, d, theta, pos_offset, freq_factors)[:, None, :]
+    c, s = np.cos(ang) * attn_factor, np.sin(ang) * attn_factor
     if style == "neox":
         x0, x1 = x[..., : d // 2], x[..., d // 2:]
     else:

@@ -71,7 +71,7 @@ def _lanes(ctx, lanes, m, n):
 def record_product(ctx, x, w, n, qtype, k, *, gain=None, residual=None, eps=0.0, lanes=None,
                    epilogue=0, rows=None, merge: tuple | None = None):
     """Record matmul_quant.wgsl's `matmul`: y (rows, n), rows = x's (default). `gain`
-    makes it norm-fused, `epilogue` 1 adds `residual`, 2 is SwiGLU. `merge` = (state,
+    makes it norm-fused, `epilogue` 1 adds `residual`, 2 is SwiGLU, 3 GeGLU. `merge` = (state,
     AttentionPartials) says that x holds attention_cached's per-range partial results,
     which the product merges (ATTENTION_PARTS) for the tokens at the state's position."""
     m = x.shape[0] if rows is None else rows

@@ -2,8 +2,8 @@
 several, each named for what it computes.
 
 - `rmsnorm_matmul_quant`: rmsnorm(x) @ W^T (the norm, then the Q/K/V or LM-head product)
-- `rmsnorm_swiglu_quant`: silu(h Wg^T) * (h Wu^T) with h = rmsnorm(x) (the feed-forward's
-  first half)
+- `rmsnorm_glu_quant`: act(h Wg^T) * (h Wu^T) with h = rmsnorm(x), act silu or GELU (the
+  feed-forward's first half: SwiGLU or GeGLU)
 - `matmul_quant_add`: residual + x @ W^T (the down projection with its residual)
 - `attention_cached`: RoPE, appending the new keys and values to the KV cache, and
   causal attention over it, at a position read from a state tensor on the device, so a
@@ -23,9 +23,9 @@ import numpy as np
 
 from ..runtime.webgpu.params import KernelParams, f32, kernel_params, u32
 from .attention import MAX_HEAD_DIM, attention
-from .elementwise import silu
+from .elementwise import gelu_tanh, silu
 from .layouts import AttentionPartials
-from .normalization import rmsnorm, rope, rope_table
+from .normalization import check_rope, rmsnorm, rope, rope_table
 from .quantized import MAX_MERGED, infer_product, matmul_quant, record_product
 from .registry import meta, op, require
 
@@ -82,32 +82,45 @@ def matmul_quant_add(x, w, residual, qtype=3, k=0, lanes=None, *, backend="auto"
                       np.float32)
 
 
-def _infer_swiglu(x, gain, w, qtype=3, k=0, eps=1e-6, lanes=None):
+#: The gated feed-forwards' activations (applied to the gate): SwiGLU's and GeGLU's,
+#: each with its matmul_quant.wgsl EPILOGUE.
+GLU_ACTIVATIONS = {"silu": 2, "gelu_tanh": 3}
+
+
+def _infer_glu(x, gain, w, qtype=3, k=0, eps=1e-6, lanes=None, activation="silu"):
     m = _infer_norm_product(x, gain, w, qtype, k, eps, lanes)
-    require(w.shape[0] % 2 == 0, f"rmsnorm_swiglu_quant: W must stack the gate and up rows "
+    require(w.shape[0] % 2 == 0, f"rmsnorm_glu_quant: W must stack the gate and up rows "
             f"(an even row count), got {w.shape[0]} rows")
+    require(activation in GLU_ACTIVATIONS, f"rmsnorm_glu_quant: activation must be one of "
+            f"{', '.join(GLU_ACTIVATIONS)}, got {activation!r}")
     return meta((m.shape[0], m.shape[1] // 2), np.float32)
 
 
-def _rmsnorm_swiglu_quant_webgpu(ctx, x, gain, w, qtype=3, k=0, eps=1e-6, lanes=None):
+def _rmsnorm_glu_quant_webgpu(ctx, x, gain, w, qtype=3, k=0, eps=1e-6, lanes=None,
+                              activation="silu"):
     return record_product(ctx, x, w, w.shape[0] // 2, qtype, k, gain=gain, eps=eps,
-                          lanes=lanes, epilogue=2)
+                          lanes=lanes, epilogue=GLU_ACTIVATIONS[activation])
 
 
-def _rmsnorm_swiglu_quant_cpu(ctx, x, gain, w, qtype=3, k=0, eps=1e-6, lanes=None):
+def _rmsnorm_glu_quant_cpu(ctx, x, gain, w, qtype=3, k=0, eps=1e-6, lanes=None,
+                           activation="silu"):
     out = ctx.empty((x.shape[0], w.shape[0] // 2), np.float32)
-    ctx.call("transformer", "norm_swiglu", x, gain, float(eps), ctx.packed(w, qtype, k), out)
+    ctx.call("transformer", "norm_glu", x, gain, float(eps), ctx.packed(w, qtype, k),
+             activation == "gelu_tanh", out)
     return out
 
 
-@op(infer=_infer_swiglu, input_dtypes=WEIGHT_INPUTS, webgpu=_rmsnorm_swiglu_quant_webgpu,
-    cpu=_rmsnorm_swiglu_quant_cpu)
-def rmsnorm_swiglu_quant(x, gain, w, qtype=3, k=0, eps=1e-6, lanes=None, *, backend="auto"):
-    """silu(h @ Wg^T) * (h @ Wu^T), h = rmsnorm(x, gain, eps), for W = [Wg; Wu] (2F rows
-    of raw GGUF blocks: the gate's F rows, then the up projection's F rows)."""
+@op(infer=_infer_glu, input_dtypes=WEIGHT_INPUTS, webgpu=_rmsnorm_glu_quant_webgpu,
+    cpu=_rmsnorm_glu_quant_cpu)
+def rmsnorm_glu_quant(x, gain, w, qtype=3, k=0, eps=1e-6, lanes=None, activation="silu", *,
+                      backend="auto"):
+    """act(h @ Wg^T) * (h @ Wu^T), h = rmsnorm(x, gain, eps), for W = [Wg; Wu] (2F rows
+    of raw GGUF blocks: the gate's F rows, then the up projection's F rows); act is silu
+    (SwiGLU) or gelu_tanh (GeGLU)."""
     both = matmul_quant.reference(rmsnorm.reference(x, gain, eps), w, qtype, k)
     f = w.shape[0] // 2
-    return np.asarray(silu.reference(both[:, :f]) * both[:, f:], np.float32)
+    act = silu if activation == "silu" else gelu_tanh
+    return np.asarray(act.reference(both[:, :f]) * both[:, f:], np.float32)
 
 
 # ---- attention over a KV cache --------------------------------------------------------
@@ -136,6 +149,8 @@ class CachedAttentionParams(KernelParams):
     range_len: u32  # keys per range, a multiple of CACHED_CHUNK
     max_keys: u32   # the bound the grid was recorded for (at most n_ctx)
     scale: f32
+    softcap: f32    # scores become softcap * tanh(score / softcap); 0: not capped
+    window: u32     # a token sees its last `window` keys (itself included); 0: all
 
 
 def cached_key_ranges(bound: int) -> tuple[int, int]:
@@ -150,7 +165,8 @@ def cached_key_ranges(bound: int) -> tuple[int, int]:
 
 
 def _infer_cached(qkv, k_cache, v_cache, state, n_heads=1, theta=10000.0,
-                  style="interleaved", scale=None, max_keys=None):
+                  style="interleaved", scale=None, max_keys=None, freq_factors=None,
+                  attn_factor=1.0, softcap=0.0, window=0):
     require(len(k_cache.shape) == 3 and tuple(k_cache.shape) == tuple(v_cache.shape),
             f"attention_cached: caches must both be (n_ctx, Hkv, D), got {tuple(k_cache.shape)} "
             f"and {tuple(v_cache.shape)}")
@@ -164,13 +180,18 @@ def _infer_cached(qkv, k_cache, v_cache, state, n_heads=1, theta=10000.0,
             f"heads and {hkv} key/value heads of {d}, got {tuple(qkv.shape)}")
     require(np.dtype(state.dtype) == np.int32 and state.size >= 2,
             "attention_cached: state must be an int32 tensor [token, position, ...]")
-    require(style in ("interleaved", "neox"), f"unknown rope style {style!r}")
+    check_rope(d, style, freq_factors, attn_factor)
+    require(math.isfinite(softcap) and softcap >= 0,
+            f"attention softcap must be finite and at least 0 (0: none), got {softcap}")
+    require(isinstance(window, (int, np.integer)) and 0 <= window < 2**32,
+            f"attention window must be a count of keys (0: all), got {window!r}")
     require(max_keys is None or qkv.shape[0] <= max_keys <= n_ctx,
             f"max_keys must be in {qkv.shape[0]}..{n_ctx}, got {max_keys}")
     return meta((qkv.shape[0], n_heads * d), np.float32)
 
 
-def _attend(ctx, qkv, k_cache, v_cache, state, n_heads, theta, style, scale, bound):
+def _attend(ctx, qkv, k_cache, v_cache, state, bound, n_heads, theta, style, scale,
+            freq_factors, attn_factor, softcap, window):
     """Record `split` over the keys below `bound`. With one range: (the attention output,
     None, None). Else (the ranges' partial results, their AttentionPartials, a function
     recording `combine`, which merges them and returns the output), leaving the merge to
@@ -180,12 +201,13 @@ def _attend(ctx, qkv, k_cache, v_cache, state, n_heads, theta, style, scale, bou
     n_ranges, range_len = cached_key_ranges(bound)
     partials = AttentionPartials(d, n_ranges, range_len, bound)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    table = rope_table(ctx, theta, d, n_ctx)
+    table = rope_table(ctx, theta, d, n_ctx, freq_factors, attn_factor)
     part = ctx.empty((1 if n_ranges == 1 else s * n_heads * n_ranges, partials.stride),
                      np.float32, "attention partial sums")
     out = ctx.empty((s, n_heads * d), np.float32)
     tensors = [qkv, k_cache, v_cache, state, table, part, out]
-    params = CachedAttentionParams(s, n_heads, hkv, n_ctx, n_ranges, range_len, bound, scale)
+    params = CachedAttentionParams(s, n_heads, hkv, n_ctx, n_ranges, range_len, bound, scale,
+                                   float(softcap), int(window))
     constants = {"NEOX": int(style == "neox"), "HEAD_DIM": d, **partials.constants()}
     ctx.dispatch(CACHED_KERNEL, "split", tensors, params, (n_ranges, n_heads, s), constants)
     if n_ranges == 1:
@@ -199,19 +221,23 @@ def _attend(ctx, qkv, k_cache, v_cache, state, n_heads, theta, style, scale, bou
 
 
 def _attention_cached_webgpu(ctx, qkv, k_cache, v_cache, state, n_heads=1, theta=10000.0,
-                             style="interleaved", scale=None, max_keys=None):
-    result, _, combine = _attend(ctx, qkv, k_cache, v_cache, state, n_heads, theta, style,
-                                 scale, max_keys or k_cache.shape[0])
+                             style="interleaved", scale=None, max_keys=None, freq_factors=None,
+                             attn_factor=1.0, softcap=0.0, window=0):
+    result, _, combine = _attend(ctx, qkv, k_cache, v_cache, state,
+                                 max_keys or k_cache.shape[0], n_heads, theta, style, scale,
+                                 freq_factors, attn_factor, softcap, window)
     return result if combine is None else combine()
 
 
 def _attention_cached_cpu(ctx, qkv, k_cache, v_cache, state, n_heads=1, theta=10000.0,
-                          style="interleaved", scale=None, max_keys=None):
+                          style="interleaved", scale=None, max_keys=None, freq_factors=None,
+                          attn_factor=1.0, softcap=0.0, window=0):
     n_ctx, _, d = k_cache.shape
     out = ctx.empty((qkv.shape[0], n_heads * d), np.float32)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     ctx.call("transformer", "attention_cached", qkv, k_cache, v_cache, state,
-             rope_table(ctx, theta, d, n_ctx), n_heads, style == "neox", np.float32(scale),
+             rope_table(ctx, theta, d, n_ctx, freq_factors, attn_factor), n_heads,
+             style == "neox", np.float32(scale), np.float32(softcap), int(window),
              max_keys or n_ctx, out)
     return out
 
@@ -219,14 +245,17 @@ def _attention_cached_cpu(ctx, qkv, k_cache, v_cache, state, n_heads=1, theta=10
 @op(infer=_infer_cached, input_dtypes=("f32", "f32", "f32", "i32"),
     webgpu=_attention_cached_webgpu, cpu=_attention_cached_cpu)
 def attention_cached(qkv, k_cache, v_cache, state, n_heads=1, theta=10000.0,
-                     style="interleaved", scale=None, max_keys=None, *, backend="auto"):
+                     style="interleaved", scale=None, max_keys=None, freq_factors=None,
+                     attn_factor=1.0, softcap=0.0, window=0, *, backend="auto"):
     """Attention of S new tokens at positions pos.. (pos = state[1]) over a KV cache.
 
     qkv (S, (n_heads + 2 Hkv) D) holds each token's query heads, key heads and value
     heads; caches are (n_ctx, Hkv, D). Queries and keys get the rotary embedding at their
     positions, the new keys and values are written into the caches at rows pos..pos+S-1
-    (in place), and each query attends causally to cache rows 0..its own position.
-    Returns (S, n_heads * D).
+    (in place), and each query attends causally to cache rows 0..its own position (its
+    last `window` rows when window > 0: sliding-window attention). Scores are q.k * scale
+    (default 1/sqrt(D)), capped to softcap * tanh(score / softcap) when softcap > 0;
+    freq_factors and attn_factor change the rotation as in `rope`. Returns (S, n_heads * D).
 
     `max_keys` (default n_ctx) bounds the GPU's grid, so positions must keep
     pos + S <= max_keys. Here that is checked; the GPU reads pos on the device, where no
@@ -242,18 +271,39 @@ def attention_cached(qkv, k_cache, v_cache, state, n_heads=1, theta=10000.0,
             f"attention_cached: positions {pos}..{pos + s - 1} reach beyond max_keys="
             f"{max_keys}; record with a larger max_keys")
     q, k, v = np.split(np.asarray(qkv, np.float32), [n_heads * d, (n_heads + hkv) * d], axis=1)
-    q = rope.reference(q.reshape(s, n_heads, d), pos, theta, style)
-    k_cache[pos: pos + s] = rope.reference(k.reshape(s, hkv, d), pos, theta, style)
+    turn = dict(theta=theta, style=style, freq_factors=freq_factors, attn_factor=attn_factor)
+    q = rope.reference(q.reshape(s, n_heads, d), pos, **turn)
+    k_cache[pos: pos + s] = rope.reference(k.reshape(s, hkv, d), pos, **turn)
     v_cache[pos: pos + s] = v.reshape(s, hkv, d)
-    out = attention.reference(q, k_cache[: pos + s], v_cache[: pos + s], causal=True,
-                              scale=scale)
-    return out.reshape(s, n_heads * d)
+    if not softcap and not window:
+        out = attention.reference(q, k_cache[: pos + s], v_cache[: pos + s], causal=True,
+                                  scale=scale)
+        return out.reshape(s, n_heads * d)
+    # float64 attention with the cap and the window, per query head
+    keys = np.asarray(k_cache[: pos + s], np.float64)
+    values = np.asarray(v_cache[: pos + s], np.float64)
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    at = pos + np.arange(s)[:, None]
+    seen = np.arange(pos + s)[None, :] <= at
+    if window:
+        seen &= np.arange(pos + s)[None, :] > at - window
+    out = np.empty((s, n_heads, d))
+    for h in range(n_heads):
+        scores = np.asarray(q[:, h], np.float64) @ keys[:, h * hkv // n_heads].T * scale
+        if softcap:
+            scores = softcap * np.tanh(scores / softcap)
+        scores = np.where(seen, scores, -np.inf)
+        p = np.exp(scores - scores.max(axis=1, keepdims=True))
+        out[:, h] = (p / p.sum(axis=1, keepdims=True)) @ values[:, h * hkv // n_heads]
+    return out.reshape(s, n_heads * d).astype(np.float32)
 
 
 def _infer_cached_product(qkv, k_cache, v_cache, state, w, residual, n_heads=1, theta=10000.0,
                           style="interleaved", scale=None, max_keys=None, qtype=3, k=0,
-                          lanes=None):
-    att = _infer_cached(qkv, k_cache, v_cache, state, n_heads, theta, style, scale, max_keys)
+                          lanes=None, freq_factors=None, attn_factor=1.0, softcap=0.0,
+                          window=0):
+    att = _infer_cached(qkv, k_cache, v_cache, state, n_heads, theta, style, scale, max_keys,
+                        freq_factors, attn_factor, softcap, window)
     require(k == att.shape[1], f"attention_cached_matmul_quant_add: the output projection "
             f"takes the attention output, K = n_heads * head dim = {att.shape[1]}; got k={k}")
     return matmul_quant_add.infer([att, w, residual], {"qtype": qtype, "k": k, "lanes": lanes})
@@ -262,10 +312,12 @@ def _infer_cached_product(qkv, k_cache, v_cache, state, w, residual, n_heads=1, 
 def _attention_cached_matmul_quant_add_webgpu(ctx, qkv, k_cache, v_cache, state, w, residual,
                                               n_heads=1, theta=10000.0, style="interleaved",
                                               scale=None, max_keys=None, qtype=3, k=0,
-                                              lanes=None):
+                                              lanes=None, freq_factors=None, attn_factor=1.0,
+                                              softcap=0.0, window=0):
     n_ctx, _, d = k_cache.shape
-    result, partials, combine = _attend(ctx, qkv, k_cache, v_cache, state, n_heads, theta,
-                                        style, scale, max_keys or n_ctx)
+    result, partials, combine = _attend(ctx, qkv, k_cache, v_cache, state, max_keys or n_ctx,
+                                        n_heads, theta, style, scale, freq_factors,
+                                        attn_factor, softcap, window)
     tokens = qkv.shape[0]
     if combine is None or tokens > PRODUCT_MERGES_MAX_TOKENS or n_heads * d > MAX_MERGED:
         attended = result if combine is None else combine()
@@ -278,9 +330,11 @@ def _attention_cached_matmul_quant_add_webgpu(ctx, qkv, k_cache, v_cache, state,
 def _attention_cached_matmul_quant_add_cpu(ctx, qkv, k_cache, v_cache, state, w, residual,
                                            n_heads=1, theta=10000.0, style="interleaved",
                                            scale=None, max_keys=None, qtype=3, k=0,
-                                           lanes=None):
+                                           lanes=None, freq_factors=None, attn_factor=1.0,
+                                           softcap=0.0, window=0):
     attended = _attention_cached_cpu(ctx, qkv, k_cache, v_cache, state, n_heads, theta, style,
-                                     scale, max_keys)
+                                     scale, max_keys, freq_factors, attn_factor, softcap,
+                                     window)
     return _matmul_quant_add_cpu(ctx, attended, w, residual, qtype, k)
 
 
@@ -288,10 +342,12 @@ def _attention_cached_matmul_quant_add_cpu(ctx, qkv, k_cache, v_cache, state, w,
     webgpu=_attention_cached_matmul_quant_add_webgpu, cpu=_attention_cached_matmul_quant_add_cpu)
 def attention_cached_matmul_quant_add(qkv, k_cache, v_cache, state, w, residual, n_heads=1,
                                       theta=10000.0, style="interleaved", scale=None,
-                                      max_keys=None, qtype=3, k=0, lanes=None, *,
-                                      backend="auto"):
+                                      max_keys=None, qtype=3, k=0, lanes=None,
+                                      freq_factors=None, attn_factor=1.0, softcap=0.0,
+                                      window=0, *, backend="auto"):
     """residual + attention_cached(qkv, caches, state, ...) @ W^T, W raw GGUF blocks: a
     layer's attention with its output projection (the caches are written in place)."""
     att = attention_cached.reference(qkv, k_cache, v_cache, state, n_heads, theta, style,
-                                     scale, max_keys)
+                                     scale, max_keys, freq_factors, attn_factor, softcap,
+                                     window)
     return matmul_quant_add.reference(att, w, residual, qtype, k)

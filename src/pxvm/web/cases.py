@@ -152,7 +152,7 @@ CASES.update({
                         for q in (3, 8)],
     "rmsnorm_matmul_quant": [Case(_with_gain(_quantized_matmul(q)), {"qtype": q, "k": 64},
                                   threshold=NMSE_LONG) for q in (3, 8)],
-    "rmsnorm_swiglu_quant": [Case(_with_gain(_quantized_matmul(q, 26)), {"qtype": q, "k": 64},
+    "rmsnorm_glu_quant": [Case(_with_gain(_quantized_matmul(q, 26)), {"qtype": q, "k": 64},
                                   threshold=NMSE_LONG) for q in (3, 8)],
     "matmul_quant_add": [Case(lambda rng: [*_quantized_matmul(3)(rng),
                                            rng.standard_normal((3, 13)).astype(np.float32)],

@@ -27,7 +27,7 @@ def test_rmsnorm_matches_the_reference(rng):
 def test_swiglu_matches_the_reference(rng):
     both = (rng.standard_normal((3, 2 * 45)) * 4).astype(np.float32)
     out = np.full((3, 45), np.nan, np.float32)
-    transformer.swiglu(both, out)
+    transformer.glu(both, False, out)
     expected = silu.reference(both[:, :45]) * both[:, 45:]
     assert nmse(out, expected) <= NMSE_ELEMENTWISE
 
@@ -51,7 +51,8 @@ def test_attention_over_the_cache_matches_the_reference(style, hq, hkv, s, pos, 
     k_cache, v_cache = earlier.copy(), earlier[::-1].copy()
     out = np.full((s, hq * d), np.nan, np.float32)
     transformer.attention_cached(qkv, k_cache, v_cache, state, _rope_table(theta, d, n_ctx), hq,
-                                 style == "neox", np.float32(1 / math.sqrt(d)), n_ctx, out)
+                                 style == "neox", np.float32(1 / math.sqrt(d)), np.float32(0), 0,
+                                 n_ctx, out)
     assert nmse(out, expected) <= NMSE_LONG / 50
     # the new keys (rotated) and values were written where the reference writes them
     assert nmse(k_cache[: pos + s], ref_k[: pos + s]) <= NMSE_ELEMENTWISE
@@ -65,6 +66,6 @@ def test_attention_past_its_bound_answers_nan_rows(pos, max_keys, rng):
     cache = np.zeros((64, hkv, d), np.float32)
     out = np.zeros((s, hq * d), np.float32)
     transformer.attention_cached(qkv, cache, cache.copy(), np.array([0, pos], np.int32),
-                                 _rope_table(1e4, d, 64), hq, False, np.float32(0.3), max_keys,
-                                 out)
+                                 _rope_table(1e4, d, 64), hq, False, np.float32(0.3),
+                                 np.float32(0), 0, max_keys, out)
     assert np.isnan(out).all()

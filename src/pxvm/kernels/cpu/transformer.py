@@ -1,4 +1,4 @@
-"""A transformer layer's kernels on the CPU: rmsnorm, SwiGLU, and attention over a KV
+"""A transformer layer's kernels on the CPU: rmsnorm, SwiGLU / GeGLU, and attention over a KV
 cache with the rotary embedding (the CPU forms of pxvm.ops.transformer's fused ops,
 whose numpy references they are tested against). Products are quantized.py's."""
 
@@ -30,13 +30,19 @@ def rmsnorm(x, gain, eps, out):
 
 
 @_serial
-def swiglu(both, out):
-    """out = silu(gate) * up for both = [gate | up] (M, 2F)."""
+def glu(both, gelu, out):
+    """out = act(gate) * up for both = [gate | up] (M, 2F): act silu, or GELU (its tanh
+    form, written x * sigmoid(2u) as the reference does) when `gelu`."""
     m, f = out.shape
     for i in range(m):
         for j in range(f):
             g = both[i, j]
-            out[i, j] = g / (_F32(1) + np.exp(-g)) * both[i, f + j]
+            if gelu:
+                u = _F32(0.7978845608028654) * (g + _F32(0.044715) * g * g * g)
+                act = g / (_F32(1) + np.exp(-2 * u))
+            else:
+                act = g / (_F32(1) + np.exp(-g))
+            out[i, j] = act * both[i, f + j]
 
 
 @_serial
@@ -61,12 +67,12 @@ def matmul_add(x, w, residual, out):
     add(out, residual, out)
 
 
-def norm_swiglu(x, gain, eps, w, out):
-    """out = silu(h Wg^T) * (h Wu^T), h = rmsnorm(x, gain), W = [Wg; Wu]."""
+def norm_glu(x, gain, eps, w, gelu, out):
+    """out = act(h Wg^T) * (h Wu^T), h = rmsnorm(x, gain), W = [Wg; Wu] (glu's act)."""
     normed = np.empty_like(x)
     rmsnorm(x, gain, eps, normed)
     both = quantized.matmul(normed, w)
-    swiglu(both, out)
+    glu(both, gelu, out)
 
 
 @_serial
@@ -92,11 +98,14 @@ KEY_RANGE = 128
 
 
 @_parallel
-def attention_cached(qkv, k_cache, v_cache, state, table, n_heads, neox, scale, max_keys, out):
+def attention_cached(qkv, k_cache, v_cache, state, table, n_heads, neox, scale, softcap, window,
+                     max_keys, out):
     """Attention of S new tokens at positions pos.. (pos = state[1]) over the caches
     (n_ctx, Hkv, D), which get the new keys (rotated) and values first; queries are
-    rotated too and attend causally. Tokens at positions max_keys and beyond get NaN
-    rows, as on the GPU, where the position is read on the device.
+    rotated too and attend causally (to their last `window` keys when window > 0), scores
+    capped to softcap * tanh(score / softcap) when softcap > 0. Tokens at positions
+    max_keys and beyond get NaN rows, as on the GPU, where the position is read on the
+    device.
 
     A task is a token, a key/value head with all the query heads that share it (each
     cached row is read once for them) and a range of KEY_RANGE keys; each range's
@@ -114,7 +123,7 @@ def attention_cached(qkv, k_cache, v_cache, state, table, n_heads, neox, scale, 
                     k_cache[pos + s, h])
             v_cache[pos + s, h, :] = qkv[s, (n_heads + hkv + h) * d:(n_heads + hkv + h + 1) * d]
     ranges = (pos + s_new + KEY_RANGE - 1) // KEY_RANGE
-    top = np.zeros((s_new, hkv, ranges, group), _F32)
+    top = np.full((s_new, hkv, ranges, group), _F32(-3.0e38))  # empty ranges weigh 0
     total = np.zeros((s_new, hkv, ranges, group), _F32)
     acc = np.zeros((s_new, hkv, ranges, group, d), _F32)
     for task in numba.prange(s_new * hkv * ranges):
@@ -122,7 +131,9 @@ def attention_cached(qkv, k_cache, v_cache, state, table, n_heads, neox, scale, 
         kv = task // ranges % hkv
         r = task % ranges
         first = r * KEY_RANGE
-        stop = min(first + KEY_RANGE, pos + s + 1)
+        if window > 0:
+            first = max(first, pos + s + 1 - window)
+        stop = min(r * KEY_RANGE + KEY_RANGE, pos + s + 1)
         if first >= stop:
             continue
         q = np.empty((group, d), _F32)
@@ -135,7 +146,10 @@ def attention_cached(qkv, k_cache, v_cache, state, table, n_heads, neox, scale, 
                 dot = _F32(0)
                 for i in range(d):
                     dot += q[g, i] * k_cache[j, kv, i]
-                scores[g, j - first] = dot * scale
+                dot *= scale
+                if softcap > 0:
+                    dot = softcap * np.tanh(dot / softcap)
+                scores[g, j - first] = dot
         for g in range(group):
             m = scores[g, 0]
             for j in range(1, stop - first):

@@ -1,6 +1,7 @@
-"""Writes tiny random-weight llama GGUF files with gguf.GGUFWriter, for model tests on
-every tensor type; also returns the float weights actually stored (after quantization),
-so tests can run an independent float64 forward pass on them."""
+"""Writes tiny random-weight GGUF files with gguf.GGUFWriter, for model tests on every
+tensor type and family (the tensors and metadata keys each architecture's files carry,
+as llama.cpp's converter writes them); also returns the float weights actually stored
+(after quantization), so tests can run an independent float64 forward pass on them."""
 
 from __future__ import annotations
 
@@ -30,12 +31,46 @@ class TinySpec:
     rope_scaling: str | None = None  # written as {arch}.rope.scaling.type when set
     #: per-matrix type overrides, e.g. {"attn_v": "Q6_K"} as in Q4_K_M files
     matrix_types: dict | None = None
+    name: str = "tiny"                 # general.name (HF reads Mistral from it)
+    head_dim: int | None = None        # written as attention.key_length / value_length
+    #: further metadata, keys without the "{arch}." prefix, e.g. {"attention.sliding_window": 8}
+    extra: dict | None = None
+    #: extra F32 tensors, e.g. {"rope_freqs.weight": factors}
+    extra_tensors: dict | None = None
+
+
+# The tensors each architecture's layers carry besides attn_norm, attn_output, ffn_norm
+# and ffn_down (gguf's MODEL_TENSORS; llama.cpp's converter)
+_SEPARATE_QKV = ("attn_q", "attn_k", "attn_v")
+_LAYER_TENSORS = {
+    "llama": {"qkv": _SEPARATE_QKV, "gate": True},
+    "qwen2": {"qkv": _SEPARATE_QKV, "gate": True, "bias": True},
+    "qwen3": {"qkv": _SEPARATE_QKV, "gate": True, "qk_norm": True},
+    "gemma2": {"qkv": _SEPARATE_QKV, "gate": True, "post_norms": True},
+    "gemma3": {"qkv": _SEPARATE_QKV, "gate": True, "post_norms": True, "qk_norm": True},
+    "phi3": {"qkv": ("attn_qkv",), "gate": False},
+}
 
 
 def write_tiny_gguf(path, spec: TinySpec, rng: np.random.Generator) -> dict:
     """Write the file; returns {tensor name: float32 array as stored}, 2-D ones as (N, K)."""
-    head_dim = spec.dim // spec.n_heads
+    head_dim = spec.head_dim or spec.dim // spec.n_heads
+    layout = _LAYER_TENSORS.get(spec.arch, _LAYER_TENSORS["llama"])
     w = gguf.GGUFWriter(str(path), spec.arch)
+    w.add_name(spec.name)
+    if spec.head_dim:
+        w.add_key_length(spec.head_dim)
+        w.add_value_length(spec.head_dim)
+    for key, value in (spec.extra or {}).items():
+        key = f"{spec.arch}.{key}"
+        if isinstance(value, bool) or isinstance(value, list):
+            w.add_bool(key, value) if isinstance(value, bool) else w.add_array(key, value)
+        elif isinstance(value, int):
+            w.add_uint32(key, value)
+        elif isinstance(value, float):
+            w.add_float32(key, value)
+        else:
+            w.add_string(key, value)
     w.add_block_count(spec.n_layers)
     w.add_embedding_length(spec.dim)
     w.add_feed_forward_length(spec.ffn_dim)
@@ -63,25 +98,41 @@ def write_tiny_gguf(path, spec: TinySpec, rng: np.random.Generator) -> dict:
         w.add_tensor(name, raw, raw_dtype=gguf.GGMLQuantizationType(qtype))
         stored[name] = dequantize(raw, qtype, k)
 
-    def norm(name, k):
+    def norm(name, k, spread=0.2):
         # near 1 so activations keep their size through many layers, but not all equal
-        values = (1.0 + 0.2 * rng.standard_normal(k)).astype(np.float32)
+        values = (1.0 + spread * rng.standard_normal(k)).astype(np.float32)
         w.add_tensor(name, values)
         stored[name] = values
 
-    d, kv = spec.dim, spec.n_kv_heads * head_dim
+    d, q, kv = spec.dim, spec.n_heads * head_dim, spec.n_kv_heads * head_dim
     matrix("token_embd.weight", spec.vocab_size, d, spec.embedding_type, 1.0)
+    for name, values in (spec.extra_tensors or {}).items():
+        w.add_tensor(name, np.asarray(values, np.float32))
     for i in range(spec.n_layers):
         p = f"blk.{i}."
         norm(p + "attn_norm.weight", d)
-        matrix(p + "attn_q.weight", d, d, spec.matrix_type, d ** -0.5)
-        matrix(p + "attn_k.weight", kv, d, spec.matrix_type, d ** -0.5)
-        matrix(p + "attn_v.weight", kv, d, spec.matrix_type, d ** -0.5)
-        matrix(p + "attn_output.weight", d, d, spec.matrix_type, d ** -0.5)
+        if layout["qkv"] == _SEPARATE_QKV:
+            for part, rows in zip(_SEPARATE_QKV, (q, kv, kv)):
+                matrix(p + part + ".weight", rows, d, spec.matrix_type, d ** -0.5)
+                if layout.get("bias"):
+                    norm(p + part + ".bias", rows, spread=0.5)
+        else:
+            matrix(p + "attn_qkv.weight", q + 2 * kv, d, spec.matrix_type, d ** -0.5)
+        if layout.get("qk_norm"):
+            norm(p + "attn_q_norm.weight", head_dim)
+            norm(p + "attn_k_norm.weight", head_dim)
+        matrix(p + "attn_output.weight", d, q, spec.matrix_type, q ** -0.5)
+        if layout.get("post_norms"):
+            norm(p + "post_attention_norm.weight", d)
         norm(p + "ffn_norm.weight", d)
-        matrix(p + "ffn_gate.weight", spec.ffn_dim, d, spec.matrix_type, d ** -0.5)
-        matrix(p + "ffn_up.weight", spec.ffn_dim, d, spec.matrix_type, d ** -0.5)
+        if layout["gate"]:
+            matrix(p + "ffn_gate.weight", spec.ffn_dim, d, spec.matrix_type, d ** -0.5)
+            matrix(p + "ffn_up.weight", spec.ffn_dim, d, spec.matrix_type, d ** -0.5)
+        else:  # the gate's rows, then the up projection's
+            matrix(p + "ffn_up.weight", 2 * spec.ffn_dim, d, spec.matrix_type, d ** -0.5)
         matrix(p + "ffn_down.weight", d, spec.ffn_dim, spec.matrix_type, spec.ffn_dim ** -0.5)
+        if layout.get("post_norms"):
+            norm(p + "post_ffw_norm.weight", d)
     norm("output_norm.weight", d)
     if not spec.tied_output:
         matrix("output.weight", spec.vocab_size, d, spec.embedding_type, d ** -0.5)

@@ -72,3 +72,33 @@ fn layer_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
         y[base + i] = (x[base + i] - mean) * scale * weight[i] + bias[i];
     }
 }
+
+// `qk_norm`: the rows are the heads of a layer's projected qkv (S tokens x (Q_HEADS +
+// 2 KV_HEADS) heads of row_len values): query heads are RMS-normalised and scaled by
+// `weight`, key heads by `bias` (the key heads' gain), value heads copied (Qwen3's and
+// Gemma 3's QK norm, before RoPE).
+override Q_HEADS: u32 = 1u;
+override KV_HEADS: u32 = 1u;
+
+@compute @workgroup_size(WG)
+fn qk_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid3: vec3<u32>,
+           @builtin(num_workgroups) nwg: vec3<u32>) {
+    let row = row_index(wid, nwg);
+    if (row >= p.rows) { return; }
+    let lid = lid3.x;
+    let base = row * p.row_len;
+    let head = row % (Q_HEADS + 2u * KV_HEADS);
+    if (head >= Q_HEADS + KV_HEADS) {  // a value head (the whole workgroup)
+        for (var i = lid; i < p.row_len; i = i + WG) { y[base + i] = x[base + i]; }
+        return;
+    }
+    var ss = 0.0;
+    for (var i = lid; i < p.row_len; i = i + WG) {
+        let v = x[base + i];
+        ss = ss + v * v;
+    }
+    let scale = inverseSqrt(reduce_sum(lid, ss) / f32(p.row_len) + p.eps);
+    for (var i = lid; i < p.row_len; i = i + WG) {
+        y[base + i] = x[base + i] * scale * select(bias[i], weight[i], head < Q_HEADS);
+    }
+}

@@ -15,9 +15,10 @@ from gguf import GGMLQuantizationType, GGUFValueType
 
 from ..ops.attention import MAX_HEAD_DIM
 from ..ops.quant_types import QUANT_TYPES, supported_names
+from .families import FAMILIES, Family
 from .gguf_scan import GGUF_MAGIC, ModelFileError, TensorInfo, scan
 
-SUPPORTED_ARCHITECTURES = ("llama",)
+SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
 _GGML_TYPE_NUMBERS = {int(t) for t in GGMLQuantizationType}
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -34,6 +35,10 @@ MAX_CONTEXT_LENGTH = 1 << 24
 MAX_NORM_EPS = 1.0
 #: Norm vectors are read as floats; quantized ones would be read as raw bytes.
 NORM_TYPES = (0, 1)  # F32, F16
+#: Soft-caps are ~30-50; RoPE scaling factors up to ~100 (Llama 3.1's 8, Phi-3's LongRoPE
+#: up to ~60): bounds far above them.
+MAX_SOFTCAP = 1e4
+MAX_ROPE_FACTOR = 1e6
 
 
 def default_model_path() -> str:
@@ -62,6 +67,38 @@ class Config:
     rope_theta: float
     norm_eps: float
     tied_output: bool
+    family: Family = FAMILIES["llama"]
+    #: RoPE of the global layers: each pair's frequency divided by its factor (Llama 3's
+    #: rope_freqs, Phi-3's rope_factors_short, linear scaling), cos and sin times
+    #: rope_attn_factor; rope_factors_long (Phi-3's) replace the short ones when the KV
+    #: cache holds more than rope_original_context positions.
+    rope_factors: tuple | None = None
+    rope_attn_factor: float = 1.0
+    rope_factors_long: tuple | None = None
+    rope_original_context: int = 0
+    #: sliding-window attention: `window` keys (0: none) in the layers that are local
+    local_layers: tuple = ()
+    window: int = 0
+    #: the local layers' own RoPE base, their RoPE unscaled (Gemma 3); None: as global ones
+    local_rope_theta: float | None = None
+    attention_scale: float = 0.0          # 0: 1 / sqrt(head_dim)
+    attn_softcap: float = 0.0             # 0: scores not capped
+    final_softcap: float = 0.0            # 0: logits not capped
+    embedding_scale: float = 1.0
+
+    def attention(self, layer: int, positions: int) -> dict:
+        """Layer `layer`'s attention parameters (attention_cached's) with a KV cache of
+        `positions`."""
+        local = layer in self.local_layers
+        factors = self.rope_factors
+        if self.rope_factors_long is not None and positions > self.rope_original_context:
+            factors = self.rope_factors_long
+        rope = dict(theta=self.rope_theta, freq_factors=factors,
+                    attn_factor=self.rope_attn_factor)
+        if local and self.local_rope_theta is not None:
+            rope = dict(theta=self.local_rope_theta, freq_factors=None, attn_factor=1.0)
+        return dict(style=self.family.rope_style, scale=self.attention_scale or None,
+                    softcap=self.attn_softcap, window=self.window if local else 0, **rope)
 
 
 @dataclass
@@ -152,38 +189,25 @@ class GGUFModelFile:
         return vocab
 
     def _config(self, arch) -> Config:
-        g = lambda k, d=None, r=True: self._get(f"{arch}.{k}", d, r)  # noqa: E731
+        family = FAMILIES[arch]
+        has = lambda key: f"{arch}.{key}" in self.metadata  # noqa: E731
         n_layers = self._integer(f"{arch}.block_count", 1, MAX_LAYERS)
         dim = self._integer(f"{arch}.embedding_length", 1, MAX_EMBEDDING)
         heads_key = f"{arch}.attention.head_count"
         n_heads = self._integer(heads_key, 1, dim)
-        if dim % n_heads:
-            self._fail(f"metadata '{arch}.embedding_length' ({dim:,}) is not divisible by "
-                       f"{heads_key!r} ({n_heads:,})")
-        head_dim = dim // n_heads
-        if head_dim % 2 or head_dim > MAX_HEAD_DIM:
-            self._fail(f"the head size (embedding_length {dim:,} / head_count {n_heads:,}) is "
-                       f"{head_dim:,}; pxvm's attention needs an even head size of at most "
-                       f"{MAX_HEAD_DIM}")
+        head_dim = self._head_dim(arch, dim, n_heads)
         kv_key = f"{arch}.attention.head_count_kv"
         n_kv_heads = self._integer(kv_key, 1, n_heads, default=n_heads)
         if n_heads % n_kv_heads:
             self._fail(f"metadata {heads_key!r} ({n_heads:,}) is not divisible by {kv_key!r} "
                        f"({n_kv_heads:,})")
-        # Variants whose numbers this model code would silently get wrong
-        key_length = g("attention.key_length", None, False)
-        rope_dims = g("rope.dimension_count", None, False)
-        scaling = g("rope.scaling.type", None, False)
-        for what, bad in (
-                (f"attention.key_length {_short(key_length)} != embedding_length / "
-                 f"head_count ({head_dim})", key_length is not None and key_length != head_dim),
-                (f"partial RoPE (rope.dimension_count {_short(rope_dims)} of head size "
-                 f"{head_dim})", rope_dims is not None and rope_dims != head_dim),
-                (f"RoPE scaling {_short(scaling)}", scaling not in (None, "none")),
-                ("RoPE frequency factors (rope_freqs.weight)", "rope_freqs.weight" in self.tensors)):
-            if bad:
-                raise ModelFileError(f"{self.path}: {what} is not supported yet; use a plain "
-                                     "llama-architecture model")
+        context = self._integer(f"{arch}.context_length", 1, MAX_CONTEXT_LENGTH, default=2048)
+        rope_theta = self._positive(f"{arch}.rope.freq_base", 10000.0)
+        factors, factors_long, attn_factor, original = self._rope_scaling(arch, head_dim,
+                                                                          context)
+        window = self._integer(f"{arch}.attention.sliding_window", 0, MAX_CONTEXT_LENGTH,
+                               default=0)
+        local = tuple(i for i in range(n_layers) if self._is_local(arch, family, i, n_layers))
         return Config(
             n_layers=n_layers,
             dim=dim,
@@ -192,13 +216,114 @@ class GGUFModelFile:
             head_dim=head_dim,
             ffn_dim=self._integer(f"{arch}.feed_forward_length", 1, MAX_FEED_FORWARD),
             vocab_size=self._vocab_size(arch),
-            context_length=self._integer(f"{arch}.context_length", 1, MAX_CONTEXT_LENGTH,
-                                         default=2048),
-            rope_theta=self._positive(f"{arch}.rope.freq_base", 10000.0),
+            context_length=context,
+            rope_theta=rope_theta,
             norm_eps=self._positive(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5,
                                     below=MAX_NORM_EPS),
             tied_output="output.weight" not in self.tensors,
+            family=family,
+            rope_factors=factors,
+            rope_attn_factor=attn_factor,
+            rope_factors_long=factors_long,
+            rope_original_context=original,
+            local_layers=local if window else (),
+            window=window,
+            local_rope_theta=(self._positive(f"{arch}.rope.freq_base_swa",
+                                             family.local_rope_base)
+                              if family.local_rope_base or has("rope.freq_base_swa") else None),
+            attention_scale=(self._positive(f"{arch}.attention.scale", None)
+                             if has("attention.scale") else
+                             family.attention_scale(dim, n_heads, head_dim, n_layers)),
+            attn_softcap=(self._positive(f"{arch}.attn_logit_softcapping", None,
+                                         below=MAX_SOFTCAP)
+                          if has("attn_logit_softcapping") else 0.0),
+            final_softcap=(self._positive(f"{arch}.final_logit_softcapping", None,
+                                          below=MAX_SOFTCAP)
+                           if has("final_logit_softcapping") else 0.0),
+            embedding_scale=math.sqrt(dim) if family.embedding_scaled else 1.0,
         )
+
+    def _head_dim(self, arch: str, dim: int, n_heads: int) -> int:
+        """The head size: attention.key_length where the file gives it (Qwen3 and Gemma
+        heads need not split the width), else embedding_length / head_count."""
+        key = f"{arch}.attention.key_length"
+        if key in self.metadata:
+            head_dim = self._integer(key, 1, MAX_HEAD_DIM)
+            value_key = f"{arch}.attention.value_length"
+            if self.metadata.get(value_key, head_dim) != head_dim:
+                self._fail(f"metadata {value_key!r} ({_short(self.metadata[value_key])}) "
+                           f"differs from {key!r} ({head_dim}); pxvm needs keys and values "
+                           "of one size")
+            what = f"metadata {key!r} is {head_dim:,}"
+        else:
+            if dim % n_heads:
+                self._fail(f"metadata '{arch}.embedding_length' ({dim:,}) is not divisible by "
+                           f"'{arch}.attention.head_count' ({n_heads:,})")
+            head_dim = dim // n_heads
+            what = (f"the head size (embedding_length {dim:,} / head_count {n_heads:,}) is "
+                    f"{head_dim:,}")
+        if head_dim % 2 or head_dim > MAX_HEAD_DIM:
+            self._fail(f"{what}; pxvm's attention needs an even head size of at most "
+                       f"{MAX_HEAD_DIM}")
+        rope_dims = self.metadata.get(f"{arch}.rope.dimension_count")
+        if rope_dims is not None and rope_dims != head_dim:
+            self._fail(f"partial RoPE (rope.dimension_count {_short(rope_dims)} of head size "
+                       f"{head_dim}) is not supported yet; use a model that rotates whole heads")
+        return head_dim
+
+    def _rope_scaling(self, arch: str, head_dim: int, context: int):
+        """(frequency factors, long-context factors, attention factor, original context):
+        linear scaling (every pair slowed by rope.scaling.factor), Llama 3's rope_freqs
+        tensor and Phi-3's LongRoPE tensors; other kinds of scaling are refused."""
+        scaling = self.metadata.get(f"{arch}.rope.scaling.type")
+        factors = np.ones(head_dim // 2)
+        if scaling == "linear":
+            factors *= self._positive(f"{arch}.rope.scaling.factor", None, MAX_ROPE_FACTOR)
+        elif scaling not in (None, "none"):
+            self._fail(f"RoPE scaling {_short(scaling)} is not supported yet (pxvm reads linear "
+                       "scaling, Llama 3's rope_freqs and Phi-3's LongRoPE factors); use a "
+                       "model without it")
+        if "rope_freqs.weight" in self.tensors:
+            factors *= self._factors("rope_freqs.weight", head_dim // 2)
+        long = None
+        if "rope_factors_short.weight" in self.tensors or "rope_factors_long.weight" in self.tensors:
+            long = tuple(float(f) for f in
+                         factors * self._factors("rope_factors_long.weight", head_dim // 2))
+            factors = factors * self._factors("rope_factors_short.weight", head_dim // 2)
+        attn_factor = self._positive(f"{arch}.rope.scaling.attn_factor", 1.0, MAX_ROPE_FACTOR)
+        original = self._integer(f"{arch}.rope.scaling.original_context_length", 1,
+                                 MAX_CONTEXT_LENGTH, default=context)
+        plain = bool(np.all(factors == 1.0)) and long is None
+        return (None if plain else tuple(float(f) for f in factors)), long, attn_factor, original
+
+    def _factors(self, name: str, n: int) -> np.ndarray:
+        """RoPE factors tensor `name`: F32, n finite values in (0, MAX_ROPE_FACTOR]."""
+        t = self.tensors.get(name)
+        if t is None:
+            self._fail(f"tensor {name!r} is missing")
+        if t.ggml_type != 0 or _normalized(tuple(reversed(t.dims)), 1) != (n,):
+            self._fail(f"tensor {name!r} is {t.type_name} of dims {list(t.dims)}; RoPE factors "
+                       f"must be F32 of dims [{n}] (half the head size)")
+        values = self._bytes[t.offset:t.offset + t.n_bytes].view("<f4").astype(np.float64)
+        if not np.all(np.isfinite(values) & (values > 0) & (values <= MAX_ROPE_FACTOR)):
+            self._fail(f"tensor {name!r} holds RoPE factors that are not finite numbers in "
+                       f"(0, {MAX_ROPE_FACTOR:g}]")
+        return values
+
+    def _is_local(self, arch: str, family: Family, layer: int, n_layers: int) -> bool:
+        """Whether `layer` attends through the sliding window: as the file's
+        attention.sliding_window_pattern says (a period P: layers i with i % P < P - 1;
+        or one flag per layer), else as the family does."""
+        key = f"{arch}.attention.sliding_window_pattern"
+        pattern = self.metadata.get(key)
+        if pattern is None:
+            return family.local_layers is None or family.local_layers(layer)
+        if isinstance(pattern, list):
+            if len(pattern) != n_layers or not all(isinstance(v, bool) for v in pattern):
+                self._fail(f"metadata {key!r} must be {n_layers} booleans, one per layer")
+            return pattern[layer]
+        period = self._integer(key, 1, MAX_LAYERS)
+        return layer % period < period - 1
 
     def _checked_tensors(self, cfg: Config) -> dict[str, tuple]:
         """Every tensor the model uses: present, of a type pxvm reads, and of the shape
@@ -214,7 +339,7 @@ class GGUFModelFile:
                            "those")
             if len(shape) == 1 and t.ggml_type not in NORM_TYPES:
                 self._fail(f"tensor {name!r} has type {t.type_name}; pxvm reads norm vectors "
-                           "of type F32 or F16")
+                           "and biases of type F32 or F16")
             if _normalized(tuple(reversed(t.dims)), len(shape)) != shape:
                 self._fail(f"tensor {name!r} has dims {list(t.dims)}, but the hyper-parameters "
                            f"need {list(reversed(shape))} (GGUF order, row length first)")
@@ -243,21 +368,34 @@ class GGUFModelFile:
 
 
 def expected_shapes(cfg: Config) -> dict[str, tuple]:
-    """The tensors a llama model uses and their shapes: (rows N, row length K) for
-    matrices, (K,) for norm vectors."""
-    d, ffn, vocab = cfg.dim, cfg.ffn_dim, cfg.vocab_size
-    q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    """The tensors a model of cfg's family uses and their shapes: (rows N, row length K)
+    for matrices, (K,) for norm vectors and biases."""
+    fam = cfg.family
+    d, ffn, vocab, hd = cfg.dim, cfg.ffn_dim, cfg.vocab_size, cfg.head_dim
+    q, kv = cfg.n_heads * hd, cfg.n_kv_heads * hd
     shapes = {"token_embd.weight": (vocab, d), "output_norm.weight": (d,)}
     if not cfg.tied_output:
         shapes["output.weight"] = (vocab, d)
     for i in range(cfg.n_layers):
         p = f"blk.{i}."
-        shapes.update({
-            p + "attn_norm.weight": (d,), p + "attn_q.weight": (q, d),
-            p + "attn_k.weight": (kv, d), p + "attn_v.weight": (kv, d),
-            p + "attn_output.weight": (d, q), p + "ffn_norm.weight": (d,),
-            p + "ffn_gate.weight": (ffn, d), p + "ffn_up.weight": (ffn, d),
-            p + "ffn_down.weight": (d, ffn)})
+        layer = {"attn_norm.weight": (d,), "attn_output.weight": (d, q),
+                 "ffn_norm.weight": (d,), "ffn_down.weight": (d, ffn)}
+        if fam.fused_qkv:
+            layer["attn_qkv.weight"] = (q + 2 * kv, d)
+        else:
+            layer.update({"attn_q.weight": (q, d), "attn_k.weight": (kv, d),
+                          "attn_v.weight": (kv, d)})
+        if fam.qkv_bias:
+            layer.update({"attn_q.bias": (q,), "attn_k.bias": (kv,), "attn_v.bias": (kv,)})
+        if fam.qk_norm:
+            layer.update({"attn_q_norm.weight": (hd,), "attn_k_norm.weight": (hd,)})
+        if fam.post_norms:
+            layer.update({"post_attention_norm.weight": (d,), "post_ffw_norm.weight": (d,)})
+        if fam.fused_gate_up:
+            layer["ffn_up.weight"] = (2 * ffn, d)
+        else:
+            layer.update({"ffn_gate.weight": (ffn, d), "ffn_up.weight": (ffn, d)})
+        shapes.update({p + name: shape for name, shape in layer.items()})
     return shapes
 
 

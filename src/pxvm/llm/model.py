@@ -1,16 +1,18 @@
-"""The llama-family transformer, written once over pxvm ops, so that the same code runs
-on every backend (on the GPU with the weights resident and still quantized).
+"""The transformer, written once over pxvm ops for every family (families.py) and every
+backend (on the GPU with the weights resident and still quantized).
 
-    x = embedding[tokens]
+    x = embedding[tokens] (* sqrt(dim) for Gemma)
     for each layer:
-        qkv = rmsnorm(x) @ [Wq; Wk; Wv]
-        x = x + attention(rope(q), rope(k) -> cache, v -> cache) @ Wo
-        x = x + (silu(rmsnorm(x) @ Wgate) * (rmsnorm(x) @ Wup)) @ Wdown
-    logits = rmsnorm(x) @ Wout
+        qkv = rmsnorm(x) @ [Wq; Wk; Wv] (+ bias; each q and k head rmsnorm'ed: QK norm)
+        h = attention(rope(q), rope(k) -> cache, v -> cache) @ Wo
+        x = x + h                      (x + rmsnorm(h): post-norm families)
+        h = act(rmsnorm(x) @ Wgate) * (rmsnorm(x) @ Wup) @ Wdown   (act silu or GELU)
+        x = x + h                      (x + rmsnorm(h): post-norm families)
+    logits = rmsnorm(x) @ Wout (soft-capped where the family caps them)
 
-Each line is one fused op of pxvm.ops.transformer (attention two). The math records
-into the active Batch: a prompt is one batch, a decoding step one recorded Graph, which
-decode.py schedules.
+Most lines are one fused op of pxvm.ops.transformer. The math records into the active
+Batch: a prompt is one batch, a decoding step one recorded Graph, which decode.py
+schedules.
 """
 
 from __future__ import annotations
@@ -89,6 +91,11 @@ class LayerWeights:
     ffn_norm: Tensor
     w_gate_up: list[Matrix]  # [Wgate; Wup] joined when of one type, else the two
     w_down: Matrix
+    qkv_bias: Tensor | None = None        # [bq; bk; bv] (Qwen2)
+    q_norm: Tensor | None = None          # QK norm's gains (Qwen3, Gemma 3)
+    k_norm: Tensor | None = None
+    post_attn_norm: Tensor | None = None  # post-norms (Gemma 2, 3)
+    post_ffn_norm: Tensor | None = None
 
 
 class Model:
@@ -106,6 +113,8 @@ class Model:
         self.device_name = self.backend.describe()
         cfg = self.config
         self.context_length = kv_cache_positions(cfg, max_context)
+        #: each layer's attention_cached parameters (RoPE, window, soft-cap, scale)
+        self.attention = [cfg.attention(i, self.context_length) for i in range(cfg.n_layers)]
         self._load_weights(file, progress)
         kv_shape = (self.context_length, cfg.n_kv_heads, cfg.head_dim)
         zeros = np.zeros(kv_shape, np.float32)
@@ -119,15 +128,26 @@ class Model:
         cfg = self.config
         self.layers: list[LayerWeights] = []
         label = f"loading {cfg.n_layers} layers to {self.backend.name}"
+        fam = cfg.family
         for i in _progress(range(cfg.n_layers), progress, label):
-            w = lambda name: file.weight(f"blk.{i}.{name}.weight")  # noqa: E731
+            w = lambda name, part="weight": file.weight(f"blk.{i}.{name}.{part}")  # noqa: E731
+            vector = lambda name, part="weight", has=True: (  # noqa: E731
+                self._vector(w(name, part)) if has else None)
+            qkv = ["attn_qkv"] if fam.fused_qkv else ["attn_q", "attn_k", "attn_v"]
+            gate_up = ["ffn_up"] if fam.fused_gate_up else ["ffn_gate", "ffn_up"]
             self.layers.append(LayerWeights(
-                attn_norm=self._vector(w("attn_norm")),
-                wqkv=self._joined([w("attn_q"), w("attn_k"), w("attn_v")]),
+                attn_norm=vector("attn_norm"),
+                wqkv=self._joined([w(name) for name in qkv]),
                 wo=self._matrix([w("attn_output")]),
-                ffn_norm=self._vector(w("ffn_norm")),
-                w_gate_up=self._joined([w("ffn_gate"), w("ffn_up")]),
-                w_down=self._matrix([w("ffn_down")])))
+                ffn_norm=vector("ffn_norm"),
+                w_gate_up=self._joined([w(name) for name in gate_up]),
+                w_down=self._matrix([w("ffn_down")]),
+                qkv_bias=(self._joined_vector([w(n, "bias") for n in qkv])
+                          if fam.qkv_bias else None),
+                q_norm=vector("attn_q_norm", has=fam.qk_norm),
+                k_norm=vector("attn_k_norm", has=fam.qk_norm),
+                post_attn_norm=vector("post_attention_norm", has=fam.post_norms),
+                post_ffn_norm=vector("post_ffw_norm", has=fam.post_norms)))
         self.embedding = self._matrix([file.weight("token_embd.weight")])
         self.output_norm = self._vector(file.weight("output_norm.weight"))
         self.output = (self.embedding if cfg.tied_output
@@ -135,6 +155,10 @@ class Model:
 
     def _vector(self, w: Weight) -> Tensor:
         return self.backend.from_numpy(np.asarray(w.data, np.float32))
+
+    def _joined_vector(self, weights: list[Weight]) -> Tensor:
+        return self.backend.from_numpy(np.concatenate([np.asarray(w.data, np.float32)
+                                                       for w in weights]))
 
     def _matrix(self, weights: list[Weight]) -> Matrix:
         """The weights' raw rows stacked in one matrix (all of one type and row length)."""
@@ -160,29 +184,50 @@ class Model:
         """Logits of `tokens` (int32 ids on the device) at positions state[1], state[1]
         + 1, ..: one row per token, or the last one's only. Attention sees keys below
         `max_keys`; `after_layer` runs between layers (a prompt's batch flushes there)."""
-        e = self.embedding
+        cfg, e = self.config, self.embedding
         x = ops.embedding_quant(tokens, e.tensor, qtype=e.qtype, k=e.k)
+        if cfg.embedding_scale != 1.0:
+            x = ops.scale(x, cfg.embedding_scale)
         for i, (layer, k_cache, v_cache) in enumerate(zip(self.layers, self.k_cache,
                                                           self.v_cache)):
             if i and after_layer is not None:
                 after_layer()
-            x = self.layer(x, layer, k_cache, v_cache, state, max_keys)
+            x = self.layer(x, layer, k_cache, v_cache, state, max_keys, self.attention[i])
         if last_only and x.shape[0] > 1:
             x = ops.slice_rows(x, x.shape[0] - 1, x.shape[0])
-        return self.normed_product(x, self.output_norm, [self.output])
+        logits = self.normed_product(x, self.output_norm, [self.output])
+        if cfg.final_softcap:
+            cap = cfg.final_softcap
+            logits = ops.scale(ops.tanh(ops.scale(logits, 1.0 / cap)), cap)
+        return logits
 
     def layer(self, x: Tensor, w: LayerWeights, k_cache: Tensor, v_cache: Tensor,
-              state: Tensor, max_keys: int) -> Tensor:
-        """norm -> attention -> residual -> norm -> feed-forward -> residual."""
+              state: Tensor, max_keys: int, attention: dict) -> Tensor:
+        """norm -> attention -> residual -> norm -> feed-forward -> residual, with the
+        family's extras (`attention`: this layer's attention_cached parameters)."""
         cfg = self.config
         qkv = self.normed_product(x, w.attn_norm, w.wqkv)
-        x = transformer.attention_cached_matmul_quant_add(
-            qkv, k_cache, v_cache, state, w.wo.tensor, x, n_heads=cfg.n_heads,
-            theta=cfg.rope_theta, style="interleaved", max_keys=max_keys, qtype=w.wo.qtype,
-            k=w.wo.k)
+        if w.qkv_bias is not None:
+            qkv = ops.add(qkv, w.qkv_bias)
+        if w.q_norm is not None:
+            qkv = transformer.qk_norm(qkv, w.q_norm, w.k_norm, n_heads=cfg.n_heads,
+                                      n_kv_heads=cfg.n_kv_heads, eps=cfg.norm_eps)
+        wo, w_down = w.wo, w.w_down
+        if w.post_attn_norm is None:
+            x = transformer.attention_cached_matmul_quant_add(
+                qkv, k_cache, v_cache, state, wo.tensor, x, n_heads=cfg.n_heads,
+                max_keys=max_keys, qtype=wo.qtype, k=wo.k, **attention)
+        else:
+            h = transformer.attention_cached(qkv, k_cache, v_cache, state, n_heads=cfg.n_heads,
+                                             max_keys=max_keys, **attention)
+            h = ops.matmul_quant(h, wo.tensor, qtype=wo.qtype, k=wo.k)
+            x = ops.add(x, ops.rmsnorm(h, w.post_attn_norm, eps=cfg.norm_eps))
         h = self.feed_forward_in(x, w)
-        return transformer.matmul_quant_add(h, w.w_down.tensor, x, qtype=w.w_down.qtype,
-                                            k=w.w_down.k)
+        if w.post_ffn_norm is None:
+            return transformer.matmul_quant_add(h, w_down.tensor, x, qtype=w_down.qtype,
+                                                k=w_down.k)
+        h = ops.matmul_quant(h, w_down.tensor, qtype=w_down.qtype, k=w_down.k)
+        return ops.add(x, ops.rmsnorm(h, w.post_ffn_norm, eps=cfg.norm_eps))
 
     def normed_product(self, x: Tensor, gain: Tensor, parts: list[Matrix]) -> Tensor:
         """rmsnorm(x, gain) @ [W1; W2; ..]^T (one product per part, columns joined)."""
@@ -195,13 +240,16 @@ class Model:
         return joined
 
     def feed_forward_in(self, x: Tensor, w: LayerWeights) -> Tensor:
-        """silu(h @ Wgate^T) * (h @ Wup^T) for h = rmsnorm(x, ffn_norm)."""
+        """act(h @ Wgate^T) * (h @ Wup^T) for h = rmsnorm(x, ffn_norm), act the family's
+        (silu: SwiGLU, gelu_tanh: GeGLU)."""
+        activation = self.config.family.activation
         if len(w.w_gate_up) == 1:
             m = w.w_gate_up[0]
             return transformer.rmsnorm_glu_quant(x, w.ffn_norm, m.tensor, qtype=m.qtype,
-                                                    k=m.k, eps=self.config.norm_eps)
+                                                 k=m.k, eps=self.config.norm_eps,
+                                                 activation=activation)
         gate, up = (self.normed_product(x, w.ffn_norm, [m]) for m in w.w_gate_up)
-        return ops.mul(ops.silu(gate), up)
+        return ops.mul(getattr(ops, activation)(gate), up)
 
     def record_step(self, state: Tensor, sampler: Tensor, max_keys: int) -> dict[str, Tensor]:
         """One decoding step driven by `state` = [token, position, history..]: the logits
@@ -292,9 +340,10 @@ def _progress(items, enabled: bool, label: str):
 
 def load_model(path: str | None = None, backend="auto", progress: bool = True,
                max_context: int | None = None, warm_up: bool = False) -> Model:
-    """Load a llama-family GGUF (default: SmolLM2-135M-Instruct) onto a backend, with a
-    KV cache of the file's context, at most `max_context` positions (DEFAULT_MAX_CONTEXT
-    when None); with `warm_up`, also compile its kernels (Model.warm_up)."""
+    """Load a GGUF model of a family pxvm runs (families.py; default: SmolLM2-135M-Instruct)
+    onto a backend, with a KV cache of the file's context, at most `max_context` positions
+    (DEFAULT_MAX_CONTEXT when None); with `warm_up`, also compile its kernels
+    (Model.warm_up)."""
     model = Model(GGUFModelFile(path or default_model_path()), backend, progress, max_context)
     if warm_up and progress:
         what = "GPU kernels" if model.backend_name != "cpu" else (

@@ -5,6 +5,7 @@ several, each named for what it computes.
 - `rmsnorm_glu_quant`: act(h Wg^T) * (h Wu^T) with h = rmsnorm(x), act silu or GELU (the
   feed-forward's first half: SwiGLU or GeGLU)
 - `matmul_quant_add`: residual + x @ W^T (the down projection with its residual)
+- `qk_norm`: each query and key head of a projected qkv RMS-normalised (Qwen3, Gemma 3)
 - `attention_cached`: RoPE, appending the new keys and values to the KV cache, and
   causal attention over it, at a position read from a state tensor on the device, so a
   recorded decoding step is valid at every position (attention_cached.wgsl)
@@ -25,7 +26,7 @@ from ..runtime.webgpu.params import KernelParams, f32, kernel_params, u32
 from .attention import MAX_HEAD_DIM, attention
 from .elementwise import gelu_tanh, silu
 from .layouts import AttentionPartials
-from .normalization import check_rope, rmsnorm, rope, rope_table
+from .normalization import NormParams, check_rope, rmsnorm, rope, rope_table
 from .quantized import MAX_MERGED, infer_product, matmul_quant, record_product
 from .registry import meta, op, require
 
@@ -121,6 +122,42 @@ def rmsnorm_glu_quant(x, gain, w, qtype=3, k=0, eps=1e-6, lanes=None, activation
     f = w.shape[0] // 2
     act = silu if activation == "silu" else gelu_tanh
     return np.asarray(act.reference(both[:, :f]) * both[:, f:], np.float32)
+
+
+# ---- QK norm --------------------------------------------------------------------------
+def _infer_qk_norm(qkv, q_gain, k_gain, n_heads=1, n_kv_heads=1, eps=1e-6):
+    d = q_gain.shape[0] if len(q_gain.shape) == 1 else 0
+    require(len(q_gain.shape) == 1 and tuple(k_gain.shape) == (d,) and d >= 1,
+            f"qk_norm: the gains must be two vectors of the head size, got "
+            f"{tuple(q_gain.shape)} and {tuple(k_gain.shape)}")
+    require(n_heads >= 1 and n_kv_heads >= 1 and len(qkv.shape) == 2
+            and qkv.shape[1] == (n_heads + 2 * n_kv_heads) * d,
+            f"qk_norm: qkv must be (S, {(n_heads + 2 * n_kv_heads) * d}) for {n_heads} query "
+            f"heads and {n_kv_heads} key/value heads of {d}, got {tuple(qkv.shape)}")
+    return meta(tuple(qkv.shape), np.float32)
+
+
+def _qk_norm_webgpu(ctx, qkv, q_gain, k_gain, n_heads=1, n_kv_heads=1, eps=1e-6):
+    out = ctx.empty(qkv.shape, np.float32)
+    d = q_gain.shape[0]
+    rows = qkv.size // d
+    ctx.dispatch("norm.wgsl", "qk_norm", [qkv, q_gain, k_gain, out],
+                 NormParams(rows, d, float(eps)), rows,
+                 {"Q_HEADS": n_heads, "KV_HEADS": n_kv_heads})
+    return out
+
+
+@op(infer=_infer_qk_norm, input_dtypes=("f32", "f32", "f32"), webgpu=_qk_norm_webgpu)
+def qk_norm(qkv, q_gain, k_gain, n_heads=1, n_kv_heads=1, eps=1e-6, *, backend="auto"):
+    """qkv (S, (n_heads + 2 n_kv_heads) D) with each query head rmsnorm'ed by q_gain and
+    each key head by k_gain (D values each); the value heads unchanged."""
+    qkv = np.asarray(qkv, np.float32)
+    d = np.asarray(q_gain).shape[0]
+    heads = qkv.reshape(qkv.shape[0], -1, d).copy()
+    heads[:, :n_heads] = rmsnorm.reference(heads[:, :n_heads], q_gain, eps)
+    keys = slice(n_heads, n_heads + n_kv_heads)
+    heads[:, keys] = rmsnorm.reference(heads[:, keys], k_gain, eps)
+    return heads.reshape(qkv.shape)
 
 
 # ---- attention over a KV cache --------------------------------------------------------

@@ -66,7 +66,7 @@ def write_tiny_gguf(path, spec: TinySpec, rng: np.random.Generator) -> dict:
         if isinstance(value, bool) or isinstance(value, list):
             w.add_bool(key, value) if isinstance(value, bool) else w.add_array(key, value)
         elif isinstance(value, int):
-            w.add_uint32(key, value)
+            w.add_uint32(key, value) if value >= 0 else w.add_int32(key, value)
         elif isinstance(value, float):
             w.add_float32(key, value)
         else:

@@ -81,6 +81,56 @@ def test_unsupported_rope_scaling(tmp_path, rng):
     _one_line_error(info, "RoPE scaling 'yarn'", "not supported")
 
 
+# Family metadata and tensors that would make the math wrong are refused by name
+FAMILY_REFUSALS = [
+    (TinySpec(extra={"rope.scaling.type": "linear"}), ["'llama.rope.scaling.factor'", "missing"]),
+    (TinySpec(extra={"rope.scaling.type": "linear", "rope.scaling.factor": -2.0}),
+     ["'llama.rope.scaling.factor' is -2.0", "above 0"]),
+    (TinySpec(extra_tensors={"rope_freqs.weight": np.ones(5)}),
+     ["'rope_freqs.weight'", "F32 of dims [8]"]),
+    (TinySpec(extra_tensors={"rope_freqs.weight": np.array([1, 1, 1, 0, 1, 1, 1, 1.0])}),
+     ["'rope_freqs.weight'", "not finite numbers"]),
+    (TinySpec(arch="phi3", extra_tensors={"rope_factors_short.weight": np.ones(8)}),
+     ["'rope_factors_long.weight' is missing"]),
+    (TinySpec(extra={"attention.sliding_window": -1}),
+     ["'llama.attention.sliding_window'", "0 to"]),
+    (TinySpec(arch="gemma2", extra={"attn_logit_softcapping": float("nan")}),
+     ["'gemma2.attn_logit_softcapping' is nan", "finite"]),
+    (TinySpec(arch="qwen3", head_dim=31, matrix_type="F32"),
+     ["'qwen3.attention.key_length' is 31", "even"]),
+    (TinySpec(arch="qwen3", head_dim=512), ["'qwen3.attention.key_length' is 512", "1 to 256"]),
+    (TinySpec(extra={"attention.sliding_window": 4, "attention.sliding_window_pattern": [True]}),
+     ["'llama.attention.sliding_window_pattern'", "2 booleans"]),
+]
+
+
+@pytest.mark.parametrize("spec, words", FAMILY_REFUSALS)
+def test_family_metadata_that_would_mislead_the_math_is_refused(spec, words, tmp_path, rng):
+    path = tmp_path / "family.gguf"
+    write_tiny_gguf(path, spec, rng)
+    _refused(str(path), *words)
+
+
+def test_a_family_file_missing_its_tensor_names_it(tmp_path, rng):
+    # a Qwen2 file without its biases: written as llama's layout under the qwen2 name
+    path = tmp_path / "qwen2.gguf"
+    write_tiny_gguf(path, TinySpec(arch="qwen2", extra={}), rng)
+    reader = gguf.GGUFReader(str(path))
+    out = tmp_path / "no-bias.gguf"
+    w = gguf.GGUFWriter(str(out), "qwen2")
+    for name, field in reader.fields.items():
+        if name.startswith("qwen2.") and len(field.types) == 1:
+            w.add_key_value(name, field.contents(), field.types[0])
+    for t in reader.tensors:
+        if t.name != "blk.1.attn_k.bias":
+            w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    _refused(str(out), "tensor 'blk.1.attn_k.bias' is missing")
+
+
 def test_unsupported_tensor_type(tiny_file, tmp_path, rng):
     # rewrite the file with one matrix in Q8_1 (40-byte blocks), which pxvm does not read
     reader = gguf.GGUFReader(str(tiny_file))

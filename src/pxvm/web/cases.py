@@ -152,8 +152,13 @@ CASES.update({
                         for q in (3, 8)],
     "rmsnorm_matmul_quant": [Case(_with_gain(_quantized_matmul(q)), {"qtype": q, "k": 64},
                                   threshold=NMSE_LONG) for q in (3, 8)],
-    "rmsnorm_glu_quant": [Case(_with_gain(_quantized_matmul(q, 26)), {"qtype": q, "k": 64},
-                                  threshold=NMSE_LONG) for q in (3, 8)],
+    "rmsnorm_glu_quant": [Case(_with_gain(_quantized_matmul(q, 26)),
+                               {"qtype": q, "k": 64, "activation": act}, threshold=NMSE_LONG)
+                          for q, act in ((3, "silu"), (8, "silu"), (8, "gelu_tanh"))],
+    "qk_norm": [Case(lambda rng: [rng.standard_normal((3, 64)).astype(np.float32),
+                                  (1.0 + 0.3 * rng.standard_normal(8)).astype(np.float32),
+                                  (1.0 + 0.3 * rng.standard_normal(8)).astype(np.float32)],
+                     {"n_heads": 4, "n_kv_heads": 2})],
     "matmul_quant_add": [Case(lambda rng: [*_quantized_matmul(3)(rng),
                                            rng.standard_normal((3, 13)).astype(np.float32)],
                               {"qtype": 3, "k": 64}, threshold=NMSE_LONG)],
@@ -163,7 +168,11 @@ CASES.update({
     # one range; a cache longer than one range (64 keys): ranges + combine
     "attention_cached": [Case(_cached_attention(tokens, n_ctx, pos), {"n_heads": 4},
                               threshold=NMSE_LONG) for tokens, n_ctx, pos in ((3, 11, 5),
-                                                                              (2, 300, 290))],
+                                                                              (2, 300, 290))]
+    # Gemma 2's and Phi-3's extras: a window, capped scores, scaled RoPE
+    + [Case(_cached_attention(2, 300, 290),
+            {"n_heads": 4, "window": 100, "softcap": 2.0, "style": "neox",
+             "freq_factors": (1.0, 2.0, 4.0, 8.0), "attn_factor": 1.1}, threshold=NMSE_LONG)],
     # two tokens in one range; one token (decoding) whose ranges the product merges
     "attention_cached_matmul_quant_add": [
         Case(_projected_attention(tokens, n_ctx, pos), {"n_heads": 4, "qtype": 3, "k": 32},

@@ -25,17 +25,20 @@ def test_models_describes_files_and_says_which_pxvm_runs(tmp_path, rng):
                                              matrix_types={"attn_v": "Q6_K"},
                                              context_length=77), rng)
     gemma = tmp_path / "gemma.gguf"
-    write_tiny_gguf(gemma, TinySpec(arch="gemma3"), rng)
-    proc = run_pxvm("models", "--json", str(llama), str(gemma))
+    write_tiny_gguf(gemma, TinySpec(arch="gemma3", n_layers=3), rng)
+    mamba = tmp_path / "mamba.gguf"
+    write_tiny_gguf(mamba, TinySpec(arch="mamba"), rng)
+    proc = run_pxvm("models", "--json", str(llama), str(mamba), str(gemma))
     assert proc.returncode == 0, proc.stderr
-    first, second = json.loads(proc.stdout)
+    first, second, third = json.loads(proc.stdout)
     assert first["architecture"] == "llama" and first["runs"] and first["reason"] is None
     assert (first["context_length"], first["layers"]) == (77, 2)
     assert first["tensor_types"] == {"Q8_0": 1, "F32": 5, "Q4_K": 12, "Q6_K": 2}
     assert first["parameters"] == sum(int(np.prod(v.shape)) for v in stored.values())
     assert first["file_bytes"] == llama.stat().st_size
-    assert second["architecture"] == "gemma3" and not second["runs"]
-    assert "architecture 'gemma3' is not supported" in second["reason"]
+    assert second["architecture"] == "mamba" and not second["runs"]
+    assert "architecture 'mamba' is not supported" in second["reason"]
+    assert third["architecture"] == "gemma3" and third["runs"] and third["layers"] == 3
 
 
 def test_models_in_a_table_and_a_clear_line_for_a_file_that_is_no_gguf(tmp_path, rng):

@@ -23,8 +23,13 @@ from conftest import nmse
 from make_tiny_gguf import TinySpec, write_tiny_gguf
 
 from pxvm.llm import load_model
+from pxvm.llm import model as model_module
+from pxvm.ops import transformer
 
 NMSE_FAMILY = 1e-5  # test_model.py's bound; measured ~1e-13 on numpy
+#: prompts run in passes of this many tokens where a model has ring caches (pxvm's
+#: default, 512, would need far longer prompts to wrap a ring)
+RING_CHUNK = 16
 PROMPT = 20
 N_GREEDY = 8
 HEAD = 16  # head size where a spec does not set one (dim 64 / 4 heads)
@@ -105,6 +110,14 @@ CASES = {
                                                 "rope_theta": 1e6},
                              "sliding_attention": {"rope_type": "default",
                                                    "rope_theta": 10000.0}}}),
+    # 100 positions through sliding-window layers whose caches are rings of 64 rows
+    # (RING_CHUNK-token passes): keys wrap around the ring while the prompt runs and again
+    # while decoding
+    "gemma2-ring": FamilyCase(
+        TinySpec(arch="gemma2", head_dim=32, matrix_type="Q8_0", context_length=256,
+                 extra={"attention.sliding_window": 6, "attn_logit_softcapping": 2.0}),
+        {"query_pre_attn_scalar": 32, "attn_logit_softcapping": 2.0,
+         "final_logit_softcapping": None}, prompt=100),
     "phi3-short-rope": _phi3(32, PROMPT),
     "phi3-long-rope": _phi3(64, 40),  # a cache past the original 32 positions: long factors
     "llama3": FamilyCase(
@@ -119,6 +132,21 @@ CASES = {
                                    extra={"attention.sliding_window": 7}),
                           {"sliding_window": 7}, hf_as="Mistral"),
 }
+
+
+@pytest.fixture(autouse=True)
+def short_prompt_passes(monkeypatch):
+    monkeypatch.setattr(model_module, "PROMPT_CHUNK", RING_CHUNK)
+
+
+def _check_caches(model, case):
+    """Sliding-window layers of a model whose context exceeds the ring keep a ring."""
+    rows = [t.shape[0] for t in model.k_cache]
+    local = set(model.config.local_layers)
+    ring = transformer.cached_rows(model.config.window, RING_CHUNK, model.context_length)
+    assert rows == [ring if i in local else model.context_length for i in range(len(rows))]
+    if case.spec.context_length == 256:
+        assert ring == 64 and local
 
 
 @pytest.fixture(scope="module", params=list(CASES))
@@ -160,6 +188,7 @@ def test_numpy_matches_transformers_at_every_position_and_decodes_greedily(famil
     case, path, ids, hf_logits, hf_tokens = family
     model = load_model(path, backend="numpy", progress=False, max_context=case.max_context)
     assert model.config.family.arch == case.spec.arch
+    _check_caches(model, case)
     prompt_logits = model.forward_all(ids)
     assert nmse(prompt_logits, hf_logits[: len(ids)]) <= NMSE_FAMILY
     # through the KV cache: each decoded token's logits, and the tokens chosen
@@ -181,6 +210,7 @@ def test_fast_backends_match_transformers(backend, family, request):
         request.getfixturevalue("gpu_device")
     case, path, ids, hf_logits, hf_tokens = family
     model = load_model(path, backend=backend, progress=False, max_context=case.max_context)
+    _check_caches(model, case)
     logits = model.forward(ids)
     assert nmse(logits, hf_logits[len(ids) - 1]) <= NMSE_FAMILY
     first = int(np.argmax(logits))

@@ -227,6 +227,51 @@ def test_attention_cached_sliding_window_softcap_and_scaled_rope_match_float64(
     assert np.abs(got[0] - plain).max() > 1e-2  # the parameters really changed it
 
 
+RING_CASES = [  # (hq, hkv, d, ring rows, pos, s, window)
+    (4, 2, 16, 64, 300, 1, 40),      # decoding, the ring wrapped several times
+    (4, 2, 16, 64, 130, 1, 64),      # a window as long as the ring
+    (3, 1, 32, 128, 500, 30, 90),    # a prompt's pass: window + 30 - 1 = 119 rows needed
+    (2, 2, 8, 64, 0, 40, 20),        # from position 0, not wrapped yet
+    (4, 2, 16, 192, 1000, 1, 150),   # ranges of 64 keys over 1,000 positions
+]
+
+
+@pytest.mark.parametrize("backend", ["gpu", "cpu", "numpy"])
+@pytest.mark.parametrize("kernels", ["one range", "ranges"])
+@pytest.mark.parametrize("hq,hkv,d,rows,pos,s,window", RING_CASES)
+def test_a_ring_cache_of_the_window_attends_as_a_full_cache_would(
+        backend, kernels, hq, hkv, d, rows, pos, s, window, rng, monkeypatch, request):
+    if backend == "gpu":
+        request.getfixturevalue("gpu_device")
+    elif kernels == "ranges":
+        pytest.skip("the host backends have one path")
+    _take(kernels, monkeypatch)
+    assert transformer.cached_rows(window, s, 10**6) <= rows
+    qkv, full_k, full_v = _case(rng, hq, hkv, d, pos + s, s)
+    ring_k = rng.standard_normal((rows, hkv, d)).astype(np.float32)  # rows never written
+    ring_v = rng.standard_normal((rows, hkv, d)).astype(np.float32)
+    for j in range(max(0, pos - rows), pos):  # the positions a ring holds before the pass
+        ring_k[j % rows], ring_v[j % rows] = full_k[j], full_v[j]
+    got = _run(backend, qkv, ring_k, ring_v, _state(rng, pos), n_heads=hq, style="neox",
+               window=window, max_keys=max(pos + s, rows + 64))
+    out, k_full, v_full = expected_step(qkv, full_k, full_v, pos, hq, style="neox",
+                                        window=window)
+    assert_close(got[0], out, TOL)
+    new_rows = np.arange(pos, pos + s) % rows
+    assert_close(got[1][new_rows], k_full[pos: pos + s], TOL)
+    np.testing.assert_array_equal(got[2][new_rows], v_full[pos: pos + s].astype(np.float32))
+
+
+def test_a_ring_cache_too_small_for_the_window_and_the_pass_is_refused(rng):
+    qkv, kc, vc = _case(rng, 4, 2, 16, 64, 30)
+    with pytest.raises(ShapeError, match=r"at least window \+ new tokens - 1 = 69 rows"):
+        attention_cached(qkv, kc, vc, _state(rng, 100), n_heads=4, window=40, max_keys=200,
+                         backend="numpy")
+    with pytest.raises(ShapeError, match="as a ring only with a window"):
+        attention_cached(qkv, kc, vc, _state(rng, 100), n_heads=4, max_keys=200,
+                         backend="numpy")
+
+
 @pytest.mark.parametrize("backend", ["gpu", "cpu"])
 @pytest.mark.parametrize("pos,s,window", [(290, 1, 40), (290, 1, 200), (5, 2, 3)])
 def test_attention_cached_matmul_quant_add_takes_the_window_and_cap(backend, pos, s, window,

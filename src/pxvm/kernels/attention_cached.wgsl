@@ -24,6 +24,12 @@
 // NEOX = false rotates pairs (2c, 2c+1) (GGUF llama), true rotates (c, c + D/2).
 
 override NEOX: bool = false;
+// RING: the caches are rings of n_ctx rows (a multiple of CHUNK), position j in row
+// j % n_ctx: a sliding-window layer's cache, which holds only its window and one pass's
+// new tokens (pxvm/ops/transformer.py checks it is big enough, so that a pass overwrites
+// only keys none of its tokens sees). Chunks start at multiples of CHUNK, so a chunk's
+// keys never wrap.
+override RING: bool = false;
 override HEAD_DIM: u32 = 64u;  // even, at most MAX_D
 override PART_STRIDE: u32;     // the partial results' layout (see `part` below)
 override PART_MAX: u32;
@@ -91,6 +97,12 @@ fn reduce(lid: u32, x: f32, take_max: bool, size: u32) -> f32 {
     return r;
 }
 
+// The cache row of position j.
+fn cache_row(j: u32) -> u32 {
+    if (RING) { return j % p.n_ctx; }
+    return j;
+}
+
 fn row_len() -> u32 {
     return (p.hq + 2u * p.hkv) * HEAD_DIM;
 }
@@ -120,8 +132,9 @@ fn stage_query(lid: u32, size: u32, i: u32, h: u32, at: u32) {
 // `at` (threads lid, lid + size, ..).
 fn append_key_value(lid: u32, size: u32, i: u32, at: u32, kvh: u32, k_off: u32, v_off: u32) {
     for (var c = lid; c < HEAD_DIM; c = c + size) {
-        k_cache[(at * p.hkv + kvh) * HEAD_DIM + c] = rotated(i * row_len() + k_off, c, at);
-        v_cache[(at * p.hkv + kvh) * HEAD_DIM + c] = qkv[i * row_len() + v_off + c];
+        let row = cache_row(at);
+        k_cache[(row * p.hkv + kvh) * HEAD_DIM + c] = rotated(i * row_len() + k_off, c, at);
+        v_cache[(row * p.hkv + kvh) * HEAD_DIM + c] = qkv[i * row_len() + v_off + c];
     }
 }
 
@@ -167,9 +180,10 @@ fn split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) li
 
     // Append this token's key and value first: once per kv head, by the first query head
     // of its group in the range holding the token's own position; its loads then overlap
-    // the query's. No workgroup of this pass reads cache rows >= pos0, so the writes
-    // race with nothing.
-    if (h % group == 0u && at < begin + p.range_len && at < p.n_ctx) {
+    // the query's. No workgroup of this pass reads cache rows >= pos0 (in a ring, the
+    // rows it overwrites hold keys out of every token's window), so the writes race with
+    // nothing.
+    if (h % group == 0u && at < begin + p.range_len && (RING || at < p.n_ctx)) {
         append_key_value(lid, WG, i, at, kvh, k_off, v_off);
     }
     stage_query(lid, WG, i, h, at);
@@ -189,8 +203,8 @@ fn split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) li
         let j = c0 + slot;
         let j2 = j + SLOTS;
         if (slot + SLOTS < n_keys && j2 < pos0) {
-            let parts = cached_key_parts((j * p.hkv + kvh) * HEAD_DIM,
-                                         (j2 * p.hkv + kvh) * HEAD_DIM, lane);
+            let parts = cached_key_parts((cache_row(j) * p.hkv + kvh) * HEAD_DIM,
+                                         (cache_row(j2) * p.hkv + kvh) * HEAD_DIM, lane);
             key_parts[slot * KEY_LANES + lane] = parts.x;
             key_parts[(slot + SLOTS) * KEY_LANES + lane] = parts.y;
         } else {
@@ -217,7 +231,8 @@ fn split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) li
         m_run = m;
         workgroupBarrier();
         if (g < groups) {
-            acc = acc * rescale + weighted_values(lid % HEAD_DIM, g, groups, c0, n_keys, pos0,
+            acc = acc * rescale + weighted_values(lid % HEAD_DIM, g, groups, c0, cache_row(c0),
+                                                  n_keys, pos0,
                                                   kvh, v_off);
         }
         workgroupBarrier();  // key_parts and exps are rewritten by the next chunk
@@ -305,10 +320,11 @@ fn exps4(u: vec4<u32>) -> vec4<f32> {
     return vec4<f32>(exps[u.x], exps[u.y], exps[u.z], exps[u.w]);
 }
 
-// Sum of exps[u] * V row first + u, element c, over u = g, g + groups, .. < n_keys,
+// Sum of exps[u] * V of position first + u (cache row first_row + u), element c, over
+// u = g, g + groups, .. < n_keys,
 // sixteen (then eight) loads in flight per trip while the rows are in the cache (below
 // pos0). Rows at pos0 and later come from qkv (new tokens of this pass).
-fn weighted_values(c: u32, g: u32, groups: u32, first: u32, n_keys: u32, pos0: u32,
+fn weighted_values(c: u32, g: u32, groups: u32, first: u32, first_row: u32, n_keys: u32, pos0: u32,
                    kvh: u32, v_off: u32) -> f32 {
     var a = vec4<f32>(0.0);
     var b = vec4<f32>(0.0);
@@ -318,7 +334,7 @@ fn weighted_values(c: u32, g: u32, groups: u32, first: u32, n_keys: u32, pos0: u
     let step = groups * p.hkv * HEAD_DIM;
     let cached = min(n_keys, pos0 - min(first, pos0));  // keys of the cache among them
     for (; u + 15u * groups < cached; u = u + 16u * groups) {
-        let v0 = ((first + u) * p.hkv + kvh) * HEAD_DIM + c;
+        let v0 = ((first_row + u) * p.hkv + kvh) * HEAD_DIM + c;
         let v8 = v0 + 8u * step;
         let u8 = u + 8u * groups;
         a = a + vec4<f32>(exps[u], exps[u + groups], exps[u + 2u * groups], exps[u + 3u * groups])
@@ -344,8 +360,8 @@ fn weighted_values(c: u32, g: u32, groups: u32, first: u32, n_keys: u32, pos0: u
         let e0 = select(vec4<f32>(0.0), exps4(min(u0, vec4<u32>(WG - 1u))), u0 < vec4<u32>(cached));
         let e4 = select(vec4<f32>(0.0), exps4(min(u4, vec4<u32>(WG - 1u))), u4 < vec4<u32>(cached));
         let last = vec4<u32>(cached - 1u);
-        let r0 = ((first + min(u0, last)) * p.hkv + kvh) * HEAD_DIM + c;
-        let r4 = ((first + min(u4, last)) * p.hkv + kvh) * HEAD_DIM + c;
+        let r0 = ((first_row + min(u0, last)) * p.hkv + kvh) * HEAD_DIM + c;
+        let r4 = ((first_row + min(u4, last)) * p.hkv + kvh) * HEAD_DIM + c;
         a = a + e0 * vec4<f32>(v_cache[r0.x], v_cache[r0.y], v_cache[r0.z], v_cache[r0.w]);
         b = b + e4 * vec4<f32>(v_cache[r4.x], v_cache[r4.y], v_cache[r4.z], v_cache[r4.w]);
     }
@@ -392,7 +408,7 @@ fn cached_key_parts(kb: u32, kb2: u32, lane: u32) -> vec2<f32> {
 // Lane `lane`'s part of key j's score: from the cache below pos0, else from qkv.
 fn key_part(j: u32, lane: u32, pos0: u32, kvh: u32, k_off: u32) -> f32 {
     if (j < pos0) {
-        let kb = (j * p.hkv + kvh) * HEAD_DIM;
+        let kb = (cache_row(j) * p.hkv + kvh) * HEAD_DIM;
         return cached_key_parts(kb, kb, lane).x;  // one key: its row twice (cached loads)
     }
     let kb = (j - pos0) * row_len() + k_off;

@@ -46,6 +46,10 @@ FLUSH_MIN_TOKENS = 64
 DEFAULT_MAX_CONTEXT = 8192
 #: The largest KV cache (float32 keys and values of every layer) a model may allocate.
 MAX_KV_CACHE_BYTES = 16 << 30
+#: Sliding-window layers keep their window and one pass's tokens in a ring cache
+#: (transformer.cached_rows), so prompts are run PROMPT_CHUNK tokens a pass in models
+#: that have them; the rest run a prompt in one pass.
+PROMPT_CHUNK = 512
 
 
 class ContextSizeError(PxvmError):
@@ -61,13 +65,17 @@ def kv_cache_positions(cfg: Config, max_context: int | None = None) -> int:
     if isinstance(asked, bool) or not isinstance(asked, (int, np.integer)) or asked < 1:
         raise ContextSizeError(f"max_context must be a positive integer, not {max_context!r}")
     positions = min(cfg.context_length, int(asked))
-    per_position = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * 4
-    if positions * per_position > MAX_KV_CACHE_BYTES:
-        fit = MAX_KV_CACHE_BYTES // per_position
+    row = 2 * cfg.n_kv_heads * cfg.head_dim * 4  # a layer's keys and values of a position
+    rings = len(cfg.local_layers)  # sliding-window layers, whose caches stay small
+    ring_bytes = rings * row * transformer.cached_rows(cfg.window, PROMPT_CHUNK, positions)
+    per_position = (cfg.n_layers - rings) * row
+    if positions * per_position + ring_bytes > MAX_KV_CACHE_BYTES:
+        fit = (MAX_KV_CACHE_BYTES - ring_bytes) // max(per_position, 1)
         raise ContextSizeError(
-            f"a KV cache of {positions:,} positions needs {positions * per_position:,} bytes "
-            f"(2 x {cfg.n_layers} layers x {cfg.n_kv_heads} kv heads x head size "
-            f"{cfg.head_dim} x 4 bytes per position), over the bound of "
+            f"a KV cache of {positions:,} positions needs "
+            f"{positions * per_position + ring_bytes:,} bytes (2 x {cfg.n_layers - rings} "
+            f"full-context layers x {cfg.n_kv_heads} kv heads x head size {cfg.head_dim} x 4 "
+            "bytes per position, plus the sliding-window layers' rings), over the bound of "
             f"{MAX_KV_CACHE_BYTES:,}; at most {fit:,} positions fit: ask for a smaller "
             "context (max_context, --context)")
     return positions
@@ -116,10 +124,14 @@ class Model:
         #: each layer's attention_cached parameters (RoPE, window, soft-cap, scale)
         self.attention = [cfg.attention(i, self.context_length) for i in range(cfg.n_layers)]
         self._load_weights(file, progress)
-        kv_shape = (self.context_length, cfg.n_kv_heads, cfg.head_dim)
-        zeros = np.zeros(kv_shape, np.float32)
-        self.k_cache = [self.backend.from_numpy(zeros) for _ in range(cfg.n_layers)]
-        self.v_cache = [self.backend.from_numpy(zeros) for _ in range(cfg.n_layers)]
+        # a sliding-window layer's cache holds its window and one pass, as a ring
+        rows = [transformer.cached_rows(a["window"], PROMPT_CHUNK, self.context_length)
+                for a in self.attention]
+        self.prompt_chunk = PROMPT_CHUNK if min(rows) < self.context_length else None
+        self.k_cache = [self.backend.from_numpy(np.zeros((n, cfg.n_kv_heads, cfg.head_dim),
+                                                         np.float32)) for n in rows]
+        self.v_cache = [self.backend.from_numpy(np.zeros((n, cfg.n_kv_heads, cfg.head_dim),
+                                                         np.float32)) for n in rows]
         self.position = 0
         self.decoder = Decoder(self)
 
@@ -315,16 +327,25 @@ class Model:
         return ids.astype(np.int32)
 
     def _prompt(self, ids: np.ndarray, last_only: bool) -> np.ndarray:
-        """The logits of a prompt's tokens at the current position, as one batch."""
+        """The logits of a prompt's tokens at the current position, as one batch (of
+        passes of at most prompt_chunk tokens, where sliding-window layers keep rings)."""
         s, pos = ids.size, self.position
+        chunk = self.prompt_chunk or s
         with Batch(self.backend) as batch:
-            state = batch.upload(np.array([ids[-1], pos], np.int32))
-            logits = self.transformer(batch.upload(ids), state, max_keys=pos + s,
-                                      last_only=last_only,
-                                      after_layer=batch.flush if s >= FLUSH_MIN_TOKENS else None)
+            parts = []
+            for start in range(0, s, chunk):
+                piece = ids[start:start + chunk]
+                last = start + chunk >= s
+                state = batch.upload(np.array([piece[-1], pos + start], np.int32))
+                logits = self.transformer(
+                    batch.upload(piece), state, max_keys=pos + start + piece.size,
+                    last_only=last_only,
+                    after_layer=batch.flush if piece.size >= FLUSH_MIN_TOKENS else None)
+                if last or not last_only:
+                    parts.append(logits)
         batch.execute()
         self.position = pos + s
-        return batch.read(logits)
+        return np.concatenate([batch.read(part) for part in parts])
 
 
 def _progress(items, enabled: bool, label: str):

@@ -222,9 +222,26 @@ def _infer_cached(qkv, k_cache, v_cache, state, n_heads=1, theta=10000.0,
             f"attention softcap must be finite and at least 0 (0: none), got {softcap}")
     require(isinstance(window, (int, np.integer)) and 0 <= window < 2**32,
             f"attention window must be a count of keys (0: all), got {window!r}")
-    require(max_keys is None or qkv.shape[0] <= max_keys <= n_ctx,
-            f"max_keys must be in {qkv.shape[0]}..{n_ctx}, got {max_keys}")
-    return meta((qkv.shape[0], n_heads * d), np.float32)
+    s = qkv.shape[0]
+    if max_keys is not None and max_keys > n_ctx:  # a ring cache (cached_rows)
+        require(window > 0 and n_ctx % CACHED_CHUNK == 0 and n_ctx >= window + s - 1,
+                f"attention_cached: max_keys={max_keys} is beyond the cache's {n_ctx} rows, "
+                f"which holds positions as a ring only with a window, {CACHED_CHUNK}-row "
+                f"multiples and at least window + new tokens - 1 = {window + s - 1} rows")
+    else:
+        require(max_keys is None or s <= max_keys,
+                f"max_keys must be in {s}..{n_ctx}, got {max_keys}")
+    return meta((s, n_heads * d), np.float32)
+
+
+def cached_rows(window: int, new_tokens: int, positions: int) -> int:
+    """Rows of a KV cache for `positions` positions: all of them, or for a sliding window
+    fewer, as a ring (attention_cached's): the window and one pass's new tokens, in whole
+    CACHED_CHUNKs."""
+    if not window:
+        return positions
+    ring = -(-(window + new_tokens - 1) // CACHED_CHUNK) * CACHED_CHUNK
+    return min(ring, positions)
 
 
 def _attend(ctx, qkv, k_cache, v_cache, state, bound, n_heads, theta, style, scale,
@@ -238,14 +255,15 @@ def _attend(ctx, qkv, k_cache, v_cache, state, bound, n_heads, theta, style, sca
     n_ranges, range_len = cached_key_ranges(bound)
     partials = AttentionPartials(d, n_ranges, range_len, bound)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    table = rope_table(ctx, theta, d, n_ctx, freq_factors, attn_factor)
+    table = rope_table(ctx, theta, d, max(n_ctx, bound), freq_factors, attn_factor)
     part = ctx.empty((1 if n_ranges == 1 else s * n_heads * n_ranges, partials.stride),
                      np.float32, "attention partial sums")
     out = ctx.empty((s, n_heads * d), np.float32)
     tensors = [qkv, k_cache, v_cache, state, table, part, out]
     params = CachedAttentionParams(s, n_heads, hkv, n_ctx, n_ranges, range_len, bound, scale,
                                    float(softcap), int(window))
-    constants = {"NEOX": int(style == "neox"), "HEAD_DIM": d, **partials.constants()}
+    constants = {"NEOX": int(style == "neox"), "RING": int(bound > n_ctx), "HEAD_DIM": d,
+                 **partials.constants()}
     ctx.dispatch(CACHED_KERNEL, "split", tensors, params, (n_ranges, n_heads, s), constants)
     if n_ranges == 1:
         return out, None, None
@@ -272,10 +290,10 @@ def _attention_cached_cpu(ctx, qkv, k_cache, v_cache, state, n_heads=1, theta=10
     n_ctx, _, d = k_cache.shape
     out = ctx.empty((qkv.shape[0], n_heads * d), np.float32)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    bound = max_keys or n_ctx
     ctx.call("transformer", "attention_cached", qkv, k_cache, v_cache, state,
-             rope_table(ctx, theta, d, n_ctx, freq_factors, attn_factor), n_heads,
-             style == "neox", np.float32(scale), np.float32(softcap), int(window),
-             max_keys or n_ctx, out)
+             rope_table(ctx, theta, d, max(n_ctx, bound), freq_factors, attn_factor), n_heads,
+             style == "neox", np.float32(scale), np.float32(softcap), int(window), bound, out)
     return out
 
 
@@ -290,7 +308,8 @@ def attention_cached(qkv, k_cache, v_cache, state, n_heads=1, theta=10000.0,
     heads; caches are (n_ctx, Hkv, D). Queries and keys get the rotary embedding at their
     positions, the new keys and values are written into the caches at rows pos..pos+S-1
     (in place), and each query attends causally to cache rows 0..its own position (its
-    last `window` rows when window > 0: sliding-window attention). Scores are q.k * scale
+    last `window` rows when window > 0: sliding-window attention). With a window, the
+    caches may be rings (cached_rows): position j in row j % n_ctx, max_keys beyond n_ctx. Scores are q.k * scale
     (default 1/sqrt(D)), capped to softcap * tanh(score / softcap) when softcap > 0;
     freq_factors and attn_factor change the rotation as in `rope`. Returns (S, n_heads * D).
 
@@ -301,7 +320,8 @@ def attention_cached(qkv, k_cache, v_cache, state, n_heads=1, theta=10000.0,
     s = qkv.shape[0]
     n_ctx, hkv, d = k_cache.shape
     pos = int(np.asarray(state).reshape(-1)[1])
-    require(0 <= pos and pos + s <= n_ctx,
+    ring = max_keys is not None and max_keys > n_ctx
+    require(0 <= pos and (ring or pos + s <= n_ctx),
             f"attention_cached: positions {pos}..{pos + s - 1} are outside the cache of "
             f"{n_ctx} rows")
     require(max_keys is None or pos + s <= max_keys,
@@ -310,20 +330,23 @@ def attention_cached(qkv, k_cache, v_cache, state, n_heads=1, theta=10000.0,
     q, k, v = np.split(np.asarray(qkv, np.float32), [n_heads * d, (n_heads + hkv) * d], axis=1)
     turn = dict(theta=theta, style=style, freq_factors=freq_factors, attn_factor=attn_factor)
     q = rope.reference(q.reshape(s, n_heads, d), pos, **turn)
-    k_cache[pos: pos + s] = rope.reference(k.reshape(s, hkv, d), pos, **turn)
-    v_cache[pos: pos + s] = v.reshape(s, hkv, d)
+    new_rows = np.arange(pos, pos + s) % n_ctx
+    k_cache[new_rows] = rope.reference(k.reshape(s, hkv, d), pos, **turn)
+    v_cache[new_rows] = v.reshape(s, hkv, d)
     if not softcap and not window:
         out = attention.reference(q, k_cache[: pos + s], v_cache[: pos + s], causal=True,
                                   scale=scale)
         return out.reshape(s, n_heads * d)
-    # float64 attention with the cap and the window, per query head
-    keys = np.asarray(k_cache[: pos + s], np.float64)
-    values = np.asarray(v_cache[: pos + s], np.float64)
+    # float64 attention with the cap and the window, per query head, over the positions
+    # the cache still holds (a ring holds the last n_ctx)
+    held = np.arange(max(0, pos + s - n_ctx), pos + s)
+    keys = np.asarray(k_cache[held % n_ctx], np.float64)
+    values = np.asarray(v_cache[held % n_ctx], np.float64)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     at = pos + np.arange(s)[:, None]
-    seen = np.arange(pos + s)[None, :] <= at
+    seen = held[None, :] <= at
     if window:
-        seen &= np.arange(pos + s)[None, :] > at - window
+        seen &= held[None, :] > at - window
     out = np.empty((s, n_heads, d))
     for h in range(n_heads):
         scores = np.asarray(q[:, h], np.float64) @ keys[:, h * hkv // n_heads].T * scale

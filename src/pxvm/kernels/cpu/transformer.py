@@ -103,7 +103,8 @@ def attention_cached(qkv, k_cache, v_cache, state, table, n_heads, neox, scale, 
     """Attention of S new tokens at positions pos.. (pos = state[1]) over the caches
     (n_ctx, Hkv, D), which get the new keys (rotated) and values first; queries are
     rotated too and attend causally (to their last `window` keys when window > 0), scores
-    capped to softcap * tanh(score / softcap) when softcap > 0. Tokens at positions
+    capped to softcap * tanh(score / softcap) when softcap > 0; with max_keys beyond
+    n_ctx the caches are rings (position j in row j % n_ctx). Tokens at positions
     max_keys and beyond get NaN rows, as on the GPU, where the position is read on the
     device.
 
@@ -113,15 +114,16 @@ def attention_cached(qkv, k_cache, v_cache, state, table, n_heads, neox, scale, 
     s_new = qkv.shape[0]
     n_ctx, hkv, d = k_cache.shape
     pos = state[1]
-    if pos < 0 or pos + s_new > min(n_ctx, max_keys):
+    ring = max_keys > n_ctx  # position j in row j % n_ctx (a sliding window's cache)
+    if pos < 0 or pos + s_new > max_keys or (not ring and pos + s_new > n_ctx):
         out[:] = np.nan
         return
     group = n_heads // hkv
     for s in range(s_new):
         for h in range(hkv):
             _rotate(qkv[s, (n_heads + h) * d:(n_heads + h + 1) * d], table, pos + s, neox,
-                    k_cache[pos + s, h])
-            v_cache[pos + s, h, :] = qkv[s, (n_heads + hkv + h) * d:(n_heads + hkv + h + 1) * d]
+                    k_cache[(pos + s) % n_ctx, h])
+            v_cache[(pos + s) % n_ctx, h, :] = qkv[s, (n_heads + hkv + h) * d:(n_heads + hkv + h + 1) * d]
     ranges = (pos + s_new + KEY_RANGE - 1) // KEY_RANGE
     top = np.full((s_new, hkv, ranges, group), _F32(-3.0e38))  # empty ranges weigh 0
     total = np.zeros((s_new, hkv, ranges, group), _F32)
@@ -145,7 +147,7 @@ def attention_cached(qkv, k_cache, v_cache, state, table, n_heads, neox, scale, 
             for g in range(group):
                 dot = _F32(0)
                 for i in range(d):
-                    dot += q[g, i] * k_cache[j, kv, i]
+                    dot += q[g, i] * k_cache[j % n_ctx, kv, i]
                 dot *= scale
                 if softcap > 0:
                     dot = softcap * np.tanh(dot / softcap)
@@ -164,7 +166,7 @@ def attention_cached(qkv, k_cache, v_cache, state, table, n_heads, neox, scale, 
             for g in range(group):
                 p = scores[g, j - first]
                 for i in range(d):
-                    acc[s, kv, r, g, i] += p * v_cache[j, kv, i]
+                    acc[s, kv, r, g, i] += p * v_cache[j % n_ctx, kv, i]
     for task in numba.prange(s_new * hkv):
         s = task // hkv
         kv = task % hkv

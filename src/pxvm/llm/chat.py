@@ -1,14 +1,27 @@
 """Chat prompts: a model file's own Jinja chat template rendered the way Hugging Face
-renders it (sandboxed environment, trim_blocks/lstrip_blocks, `raise_exception`, `tojson`),
-with ChatML as the fallback for files that carry no template."""
+transformers' `apply_chat_template` renders it, with ChatML as the fallback for files that
+carry no template.
+
+What a template can use is what transformers gives it: a sandboxed environment with
+trim_blocks/lstrip_blocks and loop controls (`{% break %}`), `raise_exception(msg)` (Gemma,
+Mistral), `strftime_now(fmt)` (Llama 3.1+ builds its "Today Date" with it), a `tojson` filter
+that keeps non-ASCII text and takes `indent`/`separators`/`sort_keys` (Qwen's tool lists),
+`{% generation %}` blocks (rendered as their body), `namespace(...)` and `dict(...)`; and the
+variables `messages`, `tools` and `documents` (None when not given), `add_generation_prompt`,
+the special token texts (`bos_token`, `eos_token`, ...) and any extra keyword such as
+`enable_thinking` (Qwen3) or `date_string` (Llama 3)."""
 
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from functools import lru_cache
 
-from jinja2.exceptions import TemplateError
+import jinja2.ext
+import jinja2.nodes
+from jinja2.exceptions import SecurityError, TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.utils import Namespace
 
 from ..runtime.errors import PxvmError
 
@@ -19,6 +32,9 @@ CHATML_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 
+# Names a message's reasoning may come under; templates read `reasoning_content`.
+_REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+
 
 class ChatTemplateError(PxvmError):
     """The chat template cannot be rendered for these messages."""
@@ -28,28 +44,114 @@ def _raise_exception(message):
     raise TemplateError(message)
 
 
+def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    # Jinja's own tojson escapes HTML characters; chat templates expect plain JSON.
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
+
+
+def _strftime_now(fmt):
+    return datetime.now().strftime(fmt)
+
+
+class _TemplateDict:
+    """`dict(...)` for templates, without handing them the dict type itself."""
+
+    def __call__(self, *args, **kwargs):
+        return dict(*args, **kwargs)
+
+    def fromkeys(self, *args, **kwargs):
+        return dict.fromkeys(*args, **kwargs)
+
+
+class _TemplateNamespace(Namespace):
+    """`namespace(...)` that refuses underscore names (a way around the sandbox otherwise)."""
+
+    def __init__(*args, **kwargs):  # Jinja's Namespace signature: `self` may be a key too
+        self, args = args[0], args[1:]
+        attrs = dict(*args, **kwargs)
+        for name in attrs:
+            _TemplateNamespace._check(name)
+        Namespace.__init__(self, attrs)
+
+    def __setitem__(self, name, value):
+        _TemplateNamespace._check(name)
+        Namespace.__setitem__(self, name, value)
+
+    @staticmethod
+    def _check(name):
+        if isinstance(name, str) and name.startswith("_"):
+            raise SecurityError(f"chat templates cannot set the attribute {name!r}")
+
+
+class _GenerationBlock(jinja2.ext.Extension):
+    """`{% generation %}...{% endgeneration %}` (marks the assistant's text for training
+    masks in transformers): rendered as its body."""
+
+    tags = frozenset({"generation"})
+
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+    def _body(self, caller):
+        return caller()
+
+
 @lru_cache(maxsize=8)
 def _compile(template: str):
     # Templates are code shipped inside downloaded files: run them sandboxed.
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.filters["tojson"] = lambda value, indent=None: json.dumps(value, indent=indent,
-                                                                  ensure_ascii=False)
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[_GenerationBlock, jinja2.ext.loopcontrols])
+    env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    env.globals["dict"] = _TemplateDict()
+    env.globals["namespace"] = _TemplateNamespace
     return env.from_string(template)
+
+
+def _plain(messages: list[dict]) -> list[dict]:
+    """Copies of the messages, with `reasoning_content` filled from the other names for it."""
+    out = []
+    for message in messages:
+        message = dict(message)
+        reasoning = next((message[k] for k in _REASONING_FIELDS if message.get(k) is not None),
+                         None)
+        if reasoning is not None:
+            message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
+        out.append(message)
+    return out
 
 
 def render_chat(messages: list[dict], template: str | None = None,
                 add_generation_prompt: bool = True, bos_token: str = "",
-                eos_token: str = "") -> str:
+                eos_token: str = "", tools: list[dict] | None = None,
+                documents: list[dict] | None = None, **extra) -> str:
     """The prompt text for `messages` ([{"role": ..., "content": ...}]), ending with the
-    assistant's turn opened when `add_generation_prompt`."""
+    assistant's turn opened when `add_generation_prompt`. `extra` reaches the template as
+    variables (other special tokens such as `unk_token`, `enable_thinking`, `date_string`)."""
     try:
         return _compile(template or CHATML_TEMPLATE).render(
-            messages=messages, add_generation_prompt=add_generation_prompt,
-            bos_token=bos_token, eos_token=eos_token)
+            messages=_plain(messages), tools=tools, documents=documents,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=bos_token, eos_token=eos_token, **extra)
     except TemplateError as exc:
         raise ChatTemplateError(f"the model's chat template failed: {exc}") from exc
 
 
 def chat_template_of(metadata: dict) -> str | None:
     return metadata.get("tokenizer.chat_template")
+
+
+def special_token_texts(metadata: dict) -> dict:
+    """`bos_token`, `eos_token`, `unk_token`, `pad_token`: the texts of the file's special
+    tokens, as transformers hands them to a chat template ('' where the file has none)."""
+    tokens = metadata.get("tokenizer.ggml.tokens") or []
+    out = {}
+    for name, key in (("bos_token", "bos_token_id"), ("eos_token", "eos_token_id"),
+                      ("unk_token", "unknown_token_id"), ("pad_token", "padding_token_id")):
+        idx = metadata.get(f"tokenizer.ggml.{key}")
+        out[name] = tokens[idx] if idx is not None and 0 <= idx < len(tokens) else ""
+    return out

@@ -1,17 +1,45 @@
-"""Tokenizer built from a GGUF file's own vocabulary: byte-level BPE (GPT-2 / SmolLM2 /
-Llama-3 style, `tokenizer.ggml.model == "gpt2"`) and SentencePiece BPE with byte fallback
-(Llama / TinyLlama style, `"llama"`), both run by the `tokenizers` library; plus a
-streaming decoder that yields text as tokens arrive without splitting UTF-8 characters."""
+"""Tokenizer built from a GGUF file's own vocabulary: byte-level BPE (GPT-2, SmolLM2, Qwen2/2.5/3,
+Llama 3, Mistral Nemo style, `tokenizer.ggml.model == "gpt2"`) and SentencePiece BPE with byte
+fallback (Llama 2, Mistral 7B, Phi-3, Gemma 2/3 style, `"llama"`), both run by the `tokenizers`
+library; plus a streaming decoder that yields text as tokens arrive without splitting UTF-8
+characters.
+
+The rules follow llama.cpp's reading of the same metadata (llama-vocab.cpp), since that is what
+writes and runs these files:
+
+* `tokenizer.ggml.pre` picks the regex that cuts text into words before byte-level BPE; a name
+  llama.cpp does not know is an error there and here (a wrong split silently changes the ids).
+  Llama-3-style splits (and Mistral's "tekken") also take a word that is itself a token whole,
+  before any merge (llama.cpp's `ignore_merges`, the `"ignore_merges": true` of Llama 3's own
+  tokenizer.json).
+* SentencePiece text gets a leading "▁" when `tokenizer.ggml.add_space_prefix` says so (the
+  default; Gemma's files say false), at the start and after every token matched whole.
+* BOS is added when `tokenizer.ggml.add_bos_token` says so; without the key, SentencePiece and the
+  Llama-3/tekken splits add it, other byte-level vocabularies do not. EOS is never appended by
+  `encode` (`tokenizer.ggml.add_eos_token` is read into `add_eos` and left to the caller): a
+  prompt that ends in EOS tells the model the text is over.
+* Control tokens (type 3) and unknown tokens (type 2) are matched whole in the text, as chat
+  templates need (llama.cpp's parse_special), and dropped by `decode(skip_special=True)`;
+  user-defined tokens (type 4: Gemma's "\n\n", runs of spaces and HTML tags, Qwen's `<think>`)
+  are matched whole too but are ordinary text when decoding.
+* Generation stops at EOS, the file's EOT/EOM ids and llama.cpp's end-of-generation names
+  (`<end_of_turn>`, `<|im_end|>`, `<|eot_id|>`, `<|end|>`, ...), which also count as control.
+* Phi-3 (`general.architecture == "phi3"`): its added tokens swallow the whitespace after them,
+  except `<unk>`, `<s>`, `<|endoftext|>` (rstrip in Phi-3's tokenizer.json; llama.cpp applies the
+  same rule to files whose name says Phi-3).
+"""
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
+from typing import NamedTuple
 
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 from ..runtime.errors import PxvmError
 
+TOKEN_TYPE_UNKNOWN = 2
 TOKEN_TYPE_CONTROL = 3
 TOKEN_TYPE_USER_DEFINED = 4
 
@@ -22,22 +50,44 @@ _LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1
                  r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN35_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+                 r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# Mistral Nemo / Small 3 ("tekken"): words keep their leading non-letter, digits go one by one.
+_TEKKEN_SPLIT = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+                 r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+                 r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
-# `tokenizer.ggml.pre` names (llama.cpp's) -> (split digits one by one first?, word regex).
-# SmolLM2 and the StarCoder family were trained with every digit its own piece.
+
+class _Pre(NamedTuple):
+    regex: str
+    split_digits: bool = False   # every digit its own piece first (SmolLM2, StarCoder)
+    ignore_merges: bool = False  # a word that is a token is taken whole
+    add_bos: bool = False        # llama.cpp's default when the file has no add_bos_token
+
+
+_GPT2 = _Pre(_GPT2_SPLIT)
+_DIGITS = _Pre(_GPT2_SPLIT, split_digits=True)
+_LLAMA3 = _Pre(_LLAMA3_SPLIT, ignore_merges=True, add_bos=True)
+_QWEN2 = _Pre(_QWEN2_SPLIT)
+
+# `tokenizer.ggml.pre` names, as llama.cpp's llama-vocab.cpp groups them.
 _PRE_TOKENIZERS = {
-    "default": (False, _GPT2_SPLIT),
-    "gpt-2": (False, _GPT2_SPLIT),
-    "smollm": (True, _GPT2_SPLIT),
-    "starcoder": (True, _GPT2_SPLIT),
-    "refact": (True, _GPT2_SPLIT),
-    "codeshell": (True, _GPT2_SPLIT),
-    "llama3": (False, _LLAMA3_SPLIT),
-    "llama-v3": (False, _LLAMA3_SPLIT),
-    "llama-bpe": (False, _LLAMA3_SPLIT),
-    "smaug-bpe": (False, _LLAMA3_SPLIT),
-    "qwen2": (False, _QWEN2_SPLIT),
+    "default": _GPT2, "gpt-2": _GPT2, "phi-2": _GPT2, "mpt": _GPT2, "olmo": _GPT2,
+    "smollm": _DIGITS, "starcoder": _DIGITS, "refact": _DIGITS, "codeshell": _DIGITS,
+    "command-r": _DIGITS,
+    "llama3": _LLAMA3, "llama-v3": _LLAMA3, "llama-bpe": _LLAMA3, "falcon3": _LLAMA3,
+    "pixtral": _LLAMA3,
+    "smaug-bpe": _Pre(_LLAMA3_SPLIT), "dbrx": _Pre(_LLAMA3_SPLIT),
+    "qwen2": _QWEN2, "deepseek-r1-qwen": _QWEN2, "megrez": _QWEN2, "stablelm2": _QWEN2,
+    "qwen35": _Pre(_QWEN35_SPLIT),
+    "tekken": _Pre(_TEKKEN_SPLIT, ignore_merges=True, add_bos=True),
 }
+
+# Token texts that end generation (llama.cpp's end-of-generation list, for these families).
+END_OF_GENERATION = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>",
+                     "<|endoftext|>", "<|end_of_text|>", "<EOT>")
+# Phi-3's added tokens that keep the whitespace after them (all others drop it).
+_PHI3_KEEP_SPACE = ("<unk>", "<s>", "<|endoftext|>")
 
 
 class TokenizerError(PxvmError):
@@ -49,7 +99,7 @@ class Tokenizer:
 
     `encode(text)` matches control tokens such as `<|im_start|>` as whole tokens (as chat
     templates need) and adds BOS only where the file asks for it; `decode(ids)` is its
-    inverse (decode(encode(s)) == s)."""
+    inverse (decode(encode(s)) == s, except where Phi-3's tokens swallow whitespace)."""
 
     def __init__(self, metadata: dict):
         kind = metadata.get("tokenizer.ggml.model")
@@ -62,28 +112,36 @@ class Tokenizer:
                                            or [1] * len(tokens))
         self.kind = kind
         if kind == "gpt2":
-            self._tok = _byte_level_bpe(metadata)
+            pre = _pre_tokenizer(metadata)
+            self._tok = _byte_level_bpe(metadata, pre)
+            default_bos = pre.add_bos
         elif kind == "llama":
             self._tok = _sentencepiece_bpe(metadata)
+            default_bos = True
         else:
             raise TokenizerError(f"tokenizer.ggml.model {kind!r} is not supported "
                                  "(supported: 'gpt2' byte-level BPE, 'llama' SentencePiece)")
-        self._add_special_tokens()
+        # End-of-generation tokens count as control whatever type the file gave them (as in
+        # llama.cpp: some Phi-3 files mark <|end|> user-defined).
+        for name in END_OF_GENERATION:
+            idx = self._tok.token_to_id(name)
+            if idx is not None and idx < len(self.token_types):
+                self.token_types[idx] = TOKEN_TYPE_CONTROL
+        self._add_special_tokens(metadata)
         self.bos_id = metadata.get("tokenizer.ggml.bos_token_id")
         self.eos_id = metadata.get("tokenizer.ggml.eos_token_id")
-        default_bos = kind == "llama"
         self.add_bos = bool(metadata.get("tokenizer.ggml.add_bos_token", default_bos))
         self.add_bos = self.add_bos and self.bos_id is not None
+        # Read for callers that want it; encode() never appends EOS (see the module notes).
+        self.add_eos = bool(metadata.get("tokenizer.ggml.add_eos_token", False))
         self.control_ids = frozenset(i for i, t in enumerate(self.token_types)
-                                     if t == TOKEN_TYPE_CONTROL)
+                                     if t in (TOKEN_TYPE_CONTROL, TOKEN_TYPE_UNKNOWN))
         # Tokens that end a turn: EOS plus the end-of-turn markers instruct models use.
         stops = {metadata.get(k) for k in ("tokenizer.ggml.eos_token_id",
                                            "tokenizer.ggml.eot_token_id",
                                            "tokenizer.ggml.eom_token_id")}
-        for name in ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>"):
-            idx = self.token_id(name)
-            if idx is not None and idx in self.control_ids:
-                stops.add(idx)
+        for name in END_OF_GENERATION:
+            stops.add(self.token_id(name))
         self.stop_ids = frozenset(s for s in stops if s is not None)
 
     @property
@@ -93,20 +151,25 @@ class Tokenizer:
     def token_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 
-    def _add_special_tokens(self) -> None:
+    def _add_special_tokens(self, metadata: dict) -> None:
+        # Phi-3's added tokens eat the whitespace that follows them (rstrip in its
+        # tokenizer.json); no other family's do.
+        phi3 = metadata.get("general.architecture") == "phi3"
         special, plain = [], []
         for token, ttype in zip(self.tokens, self.token_types):
-            if ttype == TOKEN_TYPE_CONTROL:
-                special.append(AddedToken(token, normalized=False, special=True))
-            elif ttype == TOKEN_TYPE_USER_DEFINED:
-                plain.append(AddedToken(token, normalized=False, special=False))
+            if ttype in (TOKEN_TYPE_CONTROL, TOKEN_TYPE_UNKNOWN, TOKEN_TYPE_USER_DEFINED):
+                rstrip = phi3 and token not in _PHI3_KEEP_SPACE
+                added = AddedToken(token, normalized=False, rstrip=rstrip,
+                                   special=ttype != TOKEN_TYPE_USER_DEFINED)
+                (plain if ttype == TOKEN_TYPE_USER_DEFINED else special).append(added)
         if special:
             self._tok.add_special_tokens(special)
         if plain:
             self._tok.add_tokens(plain)
 
     def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
-        """Token ids of `text`; BOS first when `add_bos` (default: as the file says)."""
+        """Token ids of `text`; BOS first when `add_bos` (default: as the file says). Never
+        EOS: a prompt must leave the text open for the model to go on."""
         encoding = self._tok.encode(text, add_special_tokens=False)
         # BPE drops what the vocabulary cannot spell (no token, no byte token, no <unk>):
         # refuse rather than answer a different prompt.
@@ -176,7 +239,16 @@ class StreamDecoder:
         return piece
 
 
-def _byte_level_bpe(metadata: dict):
+def _pre_tokenizer(metadata: dict) -> _Pre:
+    name = metadata.get("tokenizer.ggml.pre") or "default"
+    if name not in _PRE_TOKENIZERS:
+        raise TokenizerError(f"tokenizer.ggml.pre {name!r} is not supported: its way of "
+                             "cutting text into words is unknown here (known: "
+                             f"{', '.join(sorted(_PRE_TOKENIZERS))})")
+    return _PRE_TOKENIZERS[name]
+
+
+def _byte_level_bpe(metadata: dict, pre: _Pre):
     tokens = metadata["tokenizer.ggml.tokens"]
     merges = metadata.get("tokenizer.ggml.merges")
     if not merges:
@@ -184,13 +256,12 @@ def _byte_level_bpe(metadata: dict):
                              "has none")
     vocab = {tok: i for i, tok in enumerate(tokens)}
     pairs = [tuple(m.split(" ", 1)) for m in merges]
-    tok = HFTokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False))
-    pre = metadata.get("tokenizer.ggml.pre", "default")
-    split_digits, regex = _PRE_TOKENIZERS.get(pre, _PRE_TOKENIZERS["default"])
+    tok = HFTokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False,
+                                 ignore_merges=pre.ignore_merges))
     steps = []
-    if split_digits:
+    if pre.split_digits:
         steps.append(pre_tokenizers.Digits(individual_digits=True))
-    steps.append(pre_tokenizers.Split(Regex(regex), behavior="isolated"))
+    steps.append(pre_tokenizers.Split(Regex(pre.regex), behavior="isolated"))
     steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False))
     tok.pre_tokenizer = pre_tokenizers.Sequence(steps)
     tok.decoder = decoders.ByteLevel()

@@ -10,6 +10,7 @@ import tracemalloc
 import gguf
 import numpy as np
 import pytest
+from conftest import nmse
 from gguf_layout import layout, put, set_scalar
 from make_tiny_gguf import TinySpec, write_tiny_gguf
 
@@ -155,9 +156,24 @@ def test_unsupported_tensor_type(tiny_file, tmp_path, rng):
     _one_line_error(info, "blk.1.ffn_up.weight", "Q8_1", "Q4_1")
 
 
+def test_vocabulary_tables_over_the_binding_limit_are_split_into_row_parts(
+        tmp_path, rng, gpu_device, monkeypatch):
+    # token_embd (also the LM head) is 1,000 rows of 68 bytes: a binding limit of 40,000
+    # bytes holds 588 of them a part; the logits are those of the whole table
+    path = tmp_path / "vocab.gguf"
+    write_tiny_gguf(path, TinySpec(vocab_size=1000), rng)
+    ids = [5, 977, 587, 588, 999, 0]
+    whole = load_model(str(path), backend="webgpu", progress=False).forward_all(ids)
+    monkeypatch.setattr(gpu_device, "max_binding", 40000)
+    model = load_model(str(path), backend="webgpu", progress=False)
+    assert [(m.first_row, m.tensor.shape[0]) for m in model.embedding] == [(0, 588),
+                                                                           (588, 412)]
+    assert nmse(model.forward_all(ids), whole) <= 1e-12
+
+
 def test_weight_over_binding_limit(tiny_file, gpu_device, monkeypatch):
-    # token_embd of the tiny file is 101 rows of 68 bytes: a 4 KiB limit cannot hold it
-    monkeypatch.setattr(gpu_device, "max_binding", 4096)
+    # a layer's matrices are not split: attn_q of the tiny file is 64 rows of 48 bytes
+    monkeypatch.setattr(gpu_device, "max_binding", 1024)
     with pytest.raises(BindingTooLargeError):
         load_model(str(tiny_file), backend="webgpu", progress=False)
 

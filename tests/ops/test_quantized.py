@@ -134,6 +134,29 @@ def test_embedding_quant_backends(qtype, rng, gpu_device):
         np.testing.assert_array_equal(got, expected)
 
 
+@pytest.mark.parametrize("backend", ["numpy", "cpu", "gpu"])
+@pytest.mark.parametrize("qtype", [8, 12], ids=["Q8_0", "Q4_K"])
+def test_embedding_quant_of_a_table_in_parts_adds_up_to_the_whole(qtype, backend, rng,
+                                                                   request):
+    # a table too large for one GPU buffer is bound in row parts: each part's lookup gives
+    # the rows it holds and zeros elsewhere
+    if backend == "gpu":
+        request.getfixturevalue("gpu_device")
+    n, k = 41, (256 if qtype in K_TYPES else 64)
+    w = _weight(qtype, n, k, rng)
+    ids = np.array([0, 16, 17, 40, 5, 33, 16], np.int32)
+    expected = dequantize(w, qtype, k)[ids]
+    parts = [(0, w[:17]), (17, w[17:30]), (30, w[30:])]
+    got = [pxvm.ops.embedding_quant(ids, np.ascontiguousarray(part), qtype=qtype, k=k,
+                                    first_row=first, backend=backend).numpy()
+           for first, part in parts]
+    for (first, part), rows in zip(parts, got):
+        held = (ids >= first) & (ids < first + part.shape[0])
+        np.testing.assert_array_equal(rows[held], expected[held])
+        assert not rows[~held].any()
+    np.testing.assert_array_equal(sum(got), expected)
+
+
 def test_matmul_quant_rejects_wrong_row_bytes(rng):
     w = quantize(rng.standard_normal((4, 64)).astype(np.float32), 3)
     with pytest.raises(ShapeError, match="needs"):

@@ -95,6 +95,8 @@ class Backend(ABC):
     name: ClassVar[str]
     #: whether an op's first use compiles something (a warm-up then pays off)
     compiles_on_first_use: ClassVar[bool] = False
+    #: the largest tensor one kernel can take, in bytes (None: no bound but memory)
+    max_tensor_bytes: int | None = None
 
     @abstractmethod
     def describe(self) -> str:

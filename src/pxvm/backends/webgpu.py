@@ -150,6 +150,10 @@ class WebGPUBackend(Backend):
         d = self.device.description
         return f"WebGPU on {d.name} ({d.adapter_type}, {d.backend})"
 
+    @property
+    def max_tensor_bytes(self) -> int:
+        return self.device.max_binding
+
     def from_numpy(self, array) -> Tensor:
         arr = as_supported_array(array)
         if arr.dtype == np.float16 and not self.device.has("shader-f16"):

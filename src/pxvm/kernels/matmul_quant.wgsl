@@ -49,6 +49,7 @@ struct Params {
     n_ranges: u32,   // key ranges per token and head,
     range_len: u32,  // keys per range,
     max_keys: u32,   // and the keys they cover (within the cache)
+    first_row: u32,  // `embed`: the first table row W holds (ids below or past W give 0)
 }
 
 @group(0) @binding(0) var<storage, read> x: array<f32>;
@@ -420,7 +421,11 @@ fn embed(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) li
     let s = wid.y;
     let k = wid.x * WG + lid3.x;
     if (k >= p.K) { return; }
-    let n = u32(ids[s]);
+    let n = u32(ids[s]) - p.first_row;  // wraps above N for ids below first_row
+    if (n >= p.N) {
+        y[s * p.K + k] = 0.0;
+        return;
+    }
     let per_block = BLOCK_VALUES;
     let b = n * p.row_bytes + (k / per_block) * BLOCK_BYTES;
     y[s * p.K + k] = dequant(b, k % per_block, scale_d(b), scale_m(b));

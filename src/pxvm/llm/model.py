@@ -89,6 +89,7 @@ class Matrix:
     tensor: Tensor
     qtype: int
     k: int
+    first_row: int = 0  # of the whole table, where a table is split into row parts
 
 
 @dataclass
@@ -160,10 +161,10 @@ class Model:
                 k_norm=vector("attn_k_norm", has=fam.qk_norm),
                 post_attn_norm=vector("post_attention_norm", has=fam.post_norms),
                 post_ffn_norm=vector("post_ffw_norm", has=fam.post_norms)))
-        self.embedding = self._matrix([file.weight("token_embd.weight")])
+        self.embedding = self._row_parts(file.weight("token_embd.weight"))
         self.output_norm = self._vector(file.weight("output_norm.weight"))
         self.output = (self.embedding if cfg.tied_output
-                       else self._matrix([file.weight("output.weight")]))
+                       else self._row_parts(file.weight("output.weight")))
 
     def _vector(self, w: Weight) -> Tensor:
         return self.backend.from_numpy(np.asarray(w.data, np.float32))
@@ -178,6 +179,17 @@ class Model:
                 for w in weights]
         data = rows[0] if len(rows) == 1 else np.concatenate(rows)
         return Matrix(self.backend.from_numpy(data), weights[0].qtype, weights[0].shape[1])
+
+    def _row_parts(self, weight: Weight) -> list[Matrix]:
+        """The weight as one matrix, or as row parts where the backend binds less than
+        all of it at once (a 262k-token vocabulary's table is 178 MB in Q8_0; WebGPU
+        devices often bind 128 MiB)."""
+        rows = np.ascontiguousarray(weight.data).view(np.uint8).reshape(weight.shape[0], -1)
+        limit = self.backend.max_tensor_bytes
+        per_part = rows.shape[0] if limit is None else max(1, limit // rows.shape[1])
+        return [Matrix(self.backend.from_numpy(rows[first:first + per_part]), weight.qtype,
+                       weight.shape[1], first)
+                for first in range(0, rows.shape[0], per_part)]
 
     def _joined(self, weights: list[Weight]) -> list[Matrix]:
         """Consecutive weights of one tensor type joined into one matrix, so that one
@@ -196,8 +208,12 @@ class Model:
         """Logits of `tokens` (int32 ids on the device) at positions state[1], state[1]
         + 1, ..: one row per token, or the last one's only. Attention sees keys below
         `max_keys`; `after_layer` runs between layers (a prompt's batch flushes there)."""
-        cfg, e = self.config, self.embedding
-        x = ops.embedding_quant(tokens, e.tensor, qtype=e.qtype, k=e.k)
+        cfg = self.config
+        x = None  # the sum of the table parts' lookups (each gives its rows, zeros elsewhere)
+        for e in self.embedding:
+            rows = ops.embedding_quant(tokens, e.tensor, qtype=e.qtype, k=e.k,
+                                       first_row=e.first_row)
+            x = rows if x is None else ops.add(x, rows)
         if cfg.embedding_scale != 1.0:
             x = ops.scale(x, cfg.embedding_scale)
         for i, (layer, k_cache, v_cache) in enumerate(zip(self.layers, self.k_cache,
@@ -207,7 +223,7 @@ class Model:
             x = self.layer(x, layer, k_cache, v_cache, state, max_keys, self.attention[i])
         if last_only and x.shape[0] > 1:
             x = ops.slice_rows(x, x.shape[0] - 1, x.shape[0])
-        logits = self.normed_product(x, self.output_norm, [self.output])
+        logits = self.normed_product(x, self.output_norm, self.output)
         if cfg.final_softcap:
             cap = cfg.final_softcap
             logits = ops.scale(ops.tanh(ops.scale(logits, 1.0 / cap)), cap)

@@ -32,6 +32,7 @@ class MatmulQuantParams(KernelParams):
     n_ranges: u32
     range_len: u32
     max_keys: u32
+    first_row: u32   # `embed`: the first table row W holds (ids below or past W give 0)
 
 
 def check_weight(w, qtype, k) -> None:
@@ -81,7 +82,7 @@ def record_product(ctx, x, w, n, qtype, k, *, gain=None, residual=None, eps=0.0,
     t = quant_type(qtype)
     state, partials = (x, AttentionPartials(0, 0, 0, 0)) if merge is None else merge
     params = MatmulQuantParams(m, n, k, t.row_bytes(k), float(eps), partials.head_dim,
-                               partials.n_ranges, partials.range_len, partials.max_keys)
+                               partials.n_ranges, partials.range_len, partials.max_keys, 0)
     constants = {"FORMAT": qtype, "BLOCK_VALUES": t.block_values, "BLOCK_BYTES": t.block_bytes,
                  "LANES": lanes, "NORM": int(gain is not None), "EPILOGUE": epilogue,
                  "ATTENTION_PARTS": int(merge is not None)}
@@ -114,31 +115,41 @@ def matmul_quant(x, w, qtype=3, k=0, lanes=None, *, backend="auto"):
     return np.asarray(np.asarray(x, np.float32) @ dequantize(w, qtype, k).T, np.float32)
 
 
-def _infer_embedding(ids, w, qtype=3, k=0):
+def _infer_embedding(ids, w, qtype=3, k=0, first_row=0):
     check_weight(w, qtype, k)
     require(len(ids.shape) == 1, f"embedding ids must be 1-D, got {tuple(ids.shape)}")
+    require(isinstance(first_row, (int, np.integer)) and 0 <= first_row < 2**31,
+            f"embedding first_row must be a row number, got {first_row!r}")
     return meta((ids.shape[0], k), np.float32)
 
 
-def _embedding_quant_webgpu(ctx, ids, w, qtype=3, k=0):
+def _embedding_quant_webgpu(ctx, ids, w, qtype=3, k=0, first_row=0):
     s = ids.shape[0]
     out = ctx.empty((s, k), np.float32)
     t = quant_type(qtype)
     ctx.dispatch(KERNEL, "embed", [w, w, out, ids, w, w],
-                 MatmulQuantParams(s, w.shape[0], k, t.row_bytes(k), 0.0, 0, 0, 0, 0),
+                 MatmulQuantParams(s, w.shape[0], k, t.row_bytes(k), 0.0, 0, 0, 0, 0,
+                                   int(first_row)),
                  ((k + 255) // 256, s, 1),
                  {"FORMAT": qtype, "BLOCK_VALUES": t.block_values, "BLOCK_BYTES": t.block_bytes})
     return out
 
 
-def _embedding_quant_cpu(ctx, ids, w, qtype=3, k=0):
+def _embedding_quant_cpu(ctx, ids, w, qtype=3, k=0, first_row=0):
     out = ctx.empty((ids.shape[0], k), np.float32)
-    ctx.call("quantized", "embed", w, ids, qtype, k, out)
+    ctx.call("quantized", "embed", w, ids, qtype, k, int(first_row), out)
     return out
 
 
 @op(infer=_infer_embedding, input_dtypes=("i32", "u8"), webgpu=_embedding_quant_webgpu,
     cpu=_embedding_quant_cpu)
-def embedding_quant(ids, w, qtype=3, k=0, *, backend="auto"):
-    """Rows ids of W (N, K) stored as raw GGUF blocks: (len(ids), K) float32."""
-    return dequantize(w, qtype, k)[np.asarray(ids, np.int64)].astype(np.float32)
+def embedding_quant(ids, w, qtype=3, k=0, first_row=0, *, backend="auto"):
+    """Rows ids of W (N, K) stored as raw GGUF blocks: (len(ids), K) float32. W may hold
+    part of a table, its rows first_row .. first_row + N - 1 (a table too large for one
+    GPU buffer comes in parts): ids outside them give rows of zeros, so that the parts'
+    lookups add up to the table's."""
+    rows = np.asarray(ids, np.int64) - int(first_row)
+    held = (rows >= 0) & (rows < w.shape[0])
+    out = dequantize(w, qtype, k)[np.where(held, rows, 0)].astype(np.float32)
+    out[~held] = 0.0
+    return out

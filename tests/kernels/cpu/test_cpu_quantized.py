@@ -89,7 +89,7 @@ def test_embedding_rows_are_gguf_rows(qtype, rng):
     raw = _weight(qtype, 41, k, rng)
     ids = np.array([40, 0, 7, 7, 13], np.int32)
     out = np.full((5, k), np.nan, np.float32)
-    quantized.embed(raw, ids, qtype, k, out)
+    quantized.embed(raw, ids, qtype, k, 0, out)
     np.testing.assert_array_equal(out, _gguf_values(raw, qtype, 41, k)[ids])
 
 

@@ -590,7 +590,11 @@ def dequantize(w: Nibbles | Bytes | Dense) -> np.ndarray:
     return np.ascontiguousarray(out)
 
 
-def embed(raw: np.ndarray, ids: np.ndarray, qtype: int, k: int, out: np.ndarray) -> None:
-    """out = rows `ids` of the raw GGUF weight, dequantized (by gguf: only those rows)."""
-    rows = raw[np.asarray(ids, np.int64)]
-    out[...] = np.asarray(quants.dequantize(rows, T(qtype)), _F32).reshape(len(rows), k)
+def embed(raw: np.ndarray, ids: np.ndarray, qtype: int, k: int, first_row: int,
+          out: np.ndarray) -> None:
+    """out = rows `ids` of the raw GGUF weight, dequantized (by gguf: only those rows);
+    the weight holds the table's rows first_row.., other ids give zeros."""
+    rows = np.asarray(ids, np.int64) - first_row
+    held = (rows >= 0) & (rows < raw.shape[0])
+    values = quants.dequantize(raw[np.where(held, rows, 0)], T(qtype))
+    out[...] = np.where(held[:, None], np.asarray(values, _F32).reshape(len(rows), k), 0)

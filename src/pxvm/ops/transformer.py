@@ -223,14 +223,15 @@ def _infer_cached(qkv, k_cache, v_cache, state, n_heads=1, theta=10000.0,
     require(isinstance(window, (int, np.integer)) and 0 <= window < 2**32,
             f"attention window must be a count of keys (0: all), got {window!r}")
     s = qkv.shape[0]
-    if max_keys is not None and max_keys > n_ctx:  # a ring cache (cached_rows)
-        require(window > 0 and n_ctx % CACHED_CHUNK == 0 and n_ctx >= window + s - 1,
+    if max_keys is not None and max_keys > n_ctx and window > 0:  # a ring (cached_rows)
+        require(n_ctx % CACHED_CHUNK == 0 and n_ctx >= window + s - 1,
                 f"attention_cached: max_keys={max_keys} is beyond the cache's {n_ctx} rows, "
-                f"which holds positions as a ring only with a window, {CACHED_CHUNK}-row "
-                f"multiples and at least window + new tokens - 1 = {window + s - 1} rows")
+                f"which holds positions as a ring only in {CACHED_CHUNK}-row multiples of at "
+                f"least window + new tokens - 1 = {window + s - 1} rows")
     else:
-        require(max_keys is None or s <= max_keys,
-                f"max_keys must be in {s}..{n_ctx}, got {max_keys}")
+        require(max_keys is None or s <= max_keys <= n_ctx,
+                f"max_keys must be in {s}..{n_ctx} (beyond the cache only with a window), "
+                f"got {max_keys}")
     return meta((s, n_heads * d), np.float32)
 
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..ops.decoding import sampled_logits
 from ..runtime.errors import PxvmError
-from .chat import chat_template_of, render_chat
+from .chat import chat_template_of, render_chat, special_token_texts
 from .sampling import Sampler, SamplingParams
 from .tokenizer import Tokenizer
 
@@ -72,14 +72,10 @@ def context_length(model: LanguageModel) -> int:
 
 
 def chat_prompt(tokenizer: Tokenizer, metadata: dict, messages: list[dict]) -> str:
-    """The rendered chat prompt for `messages`, assistant turn opened."""
-    def name(key):
-        idx = metadata.get(key)
-        return tokenizer.tokens[idx] if idx is not None and 0 <= idx < tokenizer.vocab_size else ""
-
+    """The rendered chat prompt for `messages`, assistant turn opened; the template gets
+    the file's special tokens' texts as transformers gives them."""
     return render_chat(messages, chat_template_of(metadata), add_generation_prompt=True,
-                       bos_token=name("tokenizer.ggml.bos_token_id"),
-                       eos_token=name("tokenizer.ggml.eos_token_id"))
+                       **special_token_texts(metadata))
 
 
 def encode_prompt(model: LanguageModel, tokenizer: Tokenizer, prompt: str | None = None, chat: bool = False,

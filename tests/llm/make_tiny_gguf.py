@@ -142,3 +142,26 @@ def write_tiny_gguf(path, spec: TinySpec, rng: np.random.Generator) -> dict:
     w.write_tensors_to_file()
     w.close()
     return stored
+
+
+def write_metadata_gguf(path, arch: str, meta: dict) -> None:
+    """A GGUF file with metadata only (no tensors), e.g. a tokenizer's: token lists,
+    scores, types and merges through gguf's own writers, other values by their type."""
+    w = gguf.GGUFWriter(str(path), arch)
+    writers = {"tokenizer.ggml.tokens": w.add_token_list,
+               "tokenizer.ggml.scores": w.add_token_scores,
+               "tokenizer.ggml.token_type": w.add_token_types,
+               "tokenizer.ggml.merges": w.add_token_merges}
+    for key, value in meta.items():
+        if key in writers:
+            writers[key](value)
+        elif isinstance(value, bool):
+            w.add_bool(key, value)
+        elif isinstance(value, int):
+            w.add_uint32(key, value)
+        else:
+            w.add_string(key, value)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()

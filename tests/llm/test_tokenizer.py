@@ -8,6 +8,7 @@ import os
 from functools import lru_cache
 
 import pytest
+from make_tiny_gguf import write_metadata_gguf
 
 from pxvm.llm.chat import render_chat
 from pxvm.llm.generate import chat_prompt
@@ -137,29 +138,6 @@ def test_chat_template_is_sandboxed():
         render_chat([], "{{ raise_exception('only user and assistant roles') }}")
 
 
-def _write_gguf(path, meta: dict) -> None:
-    import gguf
-
-    w = gguf.GGUFWriter(str(path), "llama")
-    for key, value in meta.items():
-        if key == "tokenizer.ggml.tokens":
-            w.add_token_list(value)
-        elif key == "tokenizer.ggml.scores":
-            w.add_token_scores(value)
-        elif key == "tokenizer.ggml.token_type":
-            w.add_token_types(value)
-        elif isinstance(value, bool):
-            w.add_bool(key, value)
-        elif isinstance(value, int):
-            w.add_uint32(key, value)
-        else:
-            w.add_string(key, value)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-
-
 def _sentencepiece_metadata() -> dict:
     """A small Llama-style vocabulary: control tokens, all 256 byte-fallback tokens and a few
     pieces whose scores rank the merges (higher merges first)."""
@@ -192,7 +170,7 @@ def test_sentencepiece_matches_transformers(reference, tmp_path_factory, text):
     meta = _sentencepiece_metadata()
     path = tmp_path_factory.getbasetemp() / "spm.gguf"
     if not path.exists():
-        _write_gguf(path, meta)
+        write_metadata_gguf(path, "llama", meta)
     from transformers import AutoTokenizer
 
     ref = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)

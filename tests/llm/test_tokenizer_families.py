@@ -33,7 +33,7 @@ if importlib.util.find_spec("transformers") is None:  # pragma: no cover
     pytest.skip("transformers is not installed: no independent tokenizer to compare with",
                 allow_module_level=True)
 
-import gguf
+from make_tiny_gguf import write_metadata_gguf
 from real_models import real_model
 from tokenizers import Regex, models, pre_tokenizers, trainers
 from tokenizers import Tokenizer as HFTokenizer
@@ -105,29 +105,6 @@ def sentencepiece_pieces(size: int = 500) -> tuple[tuple[str, float], ...]:
 
 
 BYTE_TOKENS = [f"<0x{b:02X}>" for b in range(256)]
-
-
-def write_gguf(path: Path, arch: str, meta: dict) -> None:
-    w = gguf.GGUFWriter(str(path), arch)
-    for key, value in meta.items():
-        if key == "tokenizer.ggml.tokens":
-            w.add_token_list(value)
-        elif key == "tokenizer.ggml.scores":
-            w.add_token_scores(value)
-        elif key == "tokenizer.ggml.token_type":
-            w.add_token_types(value)
-        elif key == "tokenizer.ggml.merges":
-            w.add_token_merges(value)
-        elif isinstance(value, bool):
-            w.add_bool(key, value)
-        elif isinstance(value, int):
-            w.add_uint32(key, value)
-        else:
-            w.add_string(key, value)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
 
 
 def read_gguf_metadata(path) -> dict:
@@ -259,7 +236,7 @@ class Built:
         folder = root / f"{family}-{as_arch or ''}-{abs(hash((template, tuple(overrides))))}"
         folder.mkdir(parents=True, exist_ok=True)
         self.path = folder / "model.gguf"
-        write_gguf(self.path, arch, meta)
+        write_metadata_gguf(self.path, arch, meta)
         self.meta = read_gguf_metadata(self.path)
         self.tok = Tokenizer(self.meta)
         from transformers import AutoTokenizer

@@ -34,6 +34,16 @@ fn row_index(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return wid.y * nwg.x + wid.x;
 }
 
+// 1 / rms of the row at x[base ..] (the whole workgroup calls it).
+fn inverse_rms(lid: u32, base: u32) -> f32 {
+    var ss = 0.0;
+    for (var i = lid; i < p.row_len; i = i + WG) {
+        let v = x[base + i];
+        ss = ss + v * v;
+    }
+    return inverseSqrt(reduce_sum(lid, ss) / f32(p.row_len) + p.eps);
+}
+
 @compute @workgroup_size(WG)
 fn rmsnorm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid3: vec3<u32>,
            @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -41,12 +51,7 @@ fn rmsnorm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) 
     if (row >= p.rows) { return; }
     let lid = lid3.x;
     let base = row * p.row_len;
-    var ss = 0.0;
-    for (var i = lid; i < p.row_len; i = i + WG) {
-        let v = x[base + i];
-        ss = ss + v * v;
-    }
-    let scale = inverseSqrt(reduce_sum(lid, ss) / f32(p.row_len) + p.eps);
+    let scale = inverse_rms(lid, base);
     for (var i = lid; i < p.row_len; i = i + WG) {
         y[base + i] = x[base + i] * scale * weight[i];
     }
@@ -92,12 +97,7 @@ fn qk_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) 
         for (var i = lid; i < p.row_len; i = i + WG) { y[base + i] = x[base + i]; }
         return;
     }
-    var ss = 0.0;
-    for (var i = lid; i < p.row_len; i = i + WG) {
-        let v = x[base + i];
-        ss = ss + v * v;
-    }
-    let scale = inverseSqrt(reduce_sum(lid, ss) / f32(p.row_len) + p.eps);
+    let scale = inverse_rms(lid, base);
     for (var i = lid; i < p.row_len; i = i + WG) {
         y[base + i] = x[base + i] * scale * select(bias[i], weight[i], head < Q_HEADS);
     }

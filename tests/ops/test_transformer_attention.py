@@ -206,15 +206,17 @@ WINDOW_CASES = [  # (hq, hkv, d, n_ctx, pos, s, window)
 ]
 
 
-@pytest.mark.parametrize("backend", ["gpu", "cpu", "numpy"])
-@pytest.mark.parametrize("kernels", ["one range", "ranges"])
+# The GPU's two paths (one range; ranges + combine), the host backends' one
+BACKEND_PATHS = [("gpu", "one range"), ("gpu", "ranges"), ("cpu", "one range"),
+                 ("numpy", "one range")]
+
+
+@pytest.mark.parametrize("backend,kernels", BACKEND_PATHS)
 @pytest.mark.parametrize("hq,hkv,d,n_ctx,pos,s,window", WINDOW_CASES)
 def test_attention_cached_sliding_window_softcap_and_scaled_rope_match_float64(
         backend, kernels, hq, hkv, d, n_ctx, pos, s, window, rng, monkeypatch, request):
     if backend == "gpu":
         request.getfixturevalue("gpu_device")
-    elif kernels == "ranges":
-        pytest.skip("the host backends have one path")
     _take(kernels, monkeypatch)
     qkv, kc, vc = _case(rng, hq, hkv, d, n_ctx, s)
     qkv *= 3.0  # scores large enough for the cap to matter
@@ -236,15 +238,12 @@ RING_CASES = [  # (hq, hkv, d, ring rows, pos, s, window)
 ]
 
 
-@pytest.mark.parametrize("backend", ["gpu", "cpu", "numpy"])
-@pytest.mark.parametrize("kernels", ["one range", "ranges"])
+@pytest.mark.parametrize("backend,kernels", BACKEND_PATHS)
 @pytest.mark.parametrize("hq,hkv,d,rows,pos,s,window", RING_CASES)
 def test_a_ring_cache_of_the_window_attends_as_a_full_cache_would(
         backend, kernels, hq, hkv, d, rows, pos, s, window, rng, monkeypatch, request):
     if backend == "gpu":
         request.getfixturevalue("gpu_device")
-    elif kernels == "ranges":
-        pytest.skip("the host backends have one path")
     _take(kernels, monkeypatch)
     assert transformer.cached_rows(window, s, 10**6) <= rows
     qkv, full_k, full_v = _case(rng, hq, hkv, d, pos + s, s)

@@ -12,6 +12,7 @@ import pytest
 
 from pxvm import backends
 from pxvm.backends import cpu as cpu_backend
+from pxvm.runtime import cuda as cuda_runtime
 from pxvm.runtime import webgpu
 from pxvm.runtime.webgpu import device as device_module
 from pxvm.runtime.webgpu import get_device, list_adapters
@@ -38,6 +39,7 @@ if TEST_ADAPTER is not None:
     os.environ["PXVM_DEVICE"] = TEST_ADAPTER
 device_module.POISON = True  # unwritten outputs read as NaN / -1
 cpu_backend.POISON = True
+cuda_runtime.POISON = True
 
 
 def pytest_report_header(config):
@@ -65,6 +67,15 @@ def fresh_backends(monkeypatch):
     monkeypatch.setattr(backends, "_webgpu", None)
     monkeypatch.setattr(backends, "_webgpu_failure", None)
     monkeypatch.setattr(backends, "_warned_fallback", False)
+
+
+@pytest.fixture(scope="session")
+def cuda_device():
+    """The CUDA backend; the test is skipped, saying why, where there is none."""
+    reason = backends.unavailable_reason("cuda")
+    if reason is not None:
+        pytest.skip(f"no CUDA here: {reason}")
+    return backends.get_backend("cuda")
 
 
 @pytest.fixture

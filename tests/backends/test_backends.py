@@ -20,9 +20,9 @@ from pxvm.runtime.webgpu import CapturingRecorder, ProfilingRecorder, Recorder
 # ---- names -------------------------------------------------------------------------
 
 def test_names_and_aliases():
-    assert NAMES == ("auto", "numpy", "cpu", "webgpu", "wgpu", "gpu")
+    assert NAMES == ("auto", "numpy", "cpu", "webgpu", "wgpu", "gpu", "cuda")
     assert ALIASES == {"numpy": "numpy", "cpu": "cpu", "webgpu": "webgpu",
-                       "wgpu": "webgpu", "gpu": "webgpu"}
+                       "wgpu": "webgpu", "gpu": "webgpu", "cuda": "cuda"}
 
 
 @pytest.mark.parametrize("name", ["numpy", "NumPy"])
@@ -76,11 +76,21 @@ def test_a_backend_object_is_its_own_backend():
 
 
 def test_unknown_backend_name_lists_the_names():
-    with pytest.raises(ValueError, match=r"unknown backend 'cuda'; use one of "
-                                         r"auto, numpy, cpu, webgpu, wgpu, gpu"):
-        get_backend("cuda")
+    with pytest.raises(ValueError, match=r"unknown backend 'metal'; use one of "
+                                         r"auto, numpy, cpu, webgpu, wgpu, gpu, cuda"):
+        get_backend("metal")
     with pytest.raises(ValueError, match="unknown backend"):
         pxvm.tensor([1.0], backend="tpu")
+
+
+def test_cuda_is_named_but_says_why_where_there_is_no_driver():
+    reason = unavailable_reason("cuda")
+    if reason is None:
+        pytest.skip("this machine has CUDA")
+    assert "driver" in reason or "cuda-bindings" in reason or "device" in reason
+    with pytest.raises(pxvm.PxvmError, match="CUDA|driver|cuda-bindings"):
+        get_backend("cuda")
+    assert get_backend("auto").name != "cuda"
 
 
 def test_reset_backends_makes_a_new_device_on_next_use(fresh_backends, gpu_device):

@@ -1,10 +1,10 @@
 """Backends behind one interface (`base.Backend`): "numpy" (the reference, on the CPU),
-"cpu" (SIMD kernels compiled by numba, on the quantized weights) and "webgpu" (any GPU
-through wgpu).
+"cpu" (SIMD kernels compiled by numba, on the quantized weights), "webgpu" (any GPU
+through wgpu) and "cuda" (NVIDIA GPUs through the driver, PTX written by pxvm).
 
 `get_backend("auto")` gives WebGPU on the best hardware adapter, or the fast CPU backend
 with a logged reason when no GPU is usable. "gpu" names the best GPU backend (WebGPU for
-now).
+now: CUDA has kernels for part of the ops so far, and is asked for by name).
 """
 
 from __future__ import annotations
@@ -12,9 +12,11 @@ from __future__ import annotations
 import logging
 
 from ..runtime.errors import PxvmError
+from ..runtime.cuda import cuda_unavailable_reason, get_cuda_device
 from ..runtime.webgpu import get_device, reset_device
 from .base import Backend, CapturedWork, Readback, RecordingContext, Replay
 from .cpu import CpuBackend, CpuContext
+from .cuda import CudaBackend, CudaContext
 from .numpy import NumpyBackend
 from .tensor import DTYPES, Tensor, as_supported_array, dtype_name, values_for
 from .webgpu import CapturedDispatches, WebGPUBackend, WebGPUContext
@@ -28,13 +30,14 @@ class UnknownBackendError(PxvmError, ValueError):
 
 #: Names a backend may be asked for by, and the backend each means.
 ALIASES = {"numpy": "numpy", "cpu": "cpu", "webgpu": "webgpu", "wgpu": "webgpu",
-           "gpu": "webgpu"}
+           "gpu": "webgpu", "cuda": "cuda"}
 NAMES = ("auto", *ALIASES)
 
 _numpy = NumpyBackend()
 _cpu = CpuBackend()
 _webgpu: WebGPUBackend | None = None
 _webgpu_failure: str | None = None  # why no device could be made (until reset_backends)
+_cuda: CudaBackend | None = None
 _warned_fallback = False
 
 
@@ -47,9 +50,19 @@ def webgpu_backend() -> WebGPUBackend:
     return _webgpu
 
 
+def cuda_backend() -> CudaBackend:
+    """The CUDA backend on GPU 0; raises a PxvmError saying why if none."""
+    global _cuda
+    if _cuda is None:
+        _cuda = CudaBackend(get_cuda_device())
+    return _cuda
+
+
 def unavailable_reason(name: str) -> str | None:
     """None when backend `name` works here, else why not (asked of the GPU once)."""
     global _webgpu_failure
+    if ALIASES.get(name.lower()) == "cuda":
+        return cuda_unavailable_reason()
     if ALIASES.get(name.lower()) != "webgpu" or _webgpu is not None:
         return None
     if _webgpu_failure is None:
@@ -76,6 +89,8 @@ def get_backend(name: str | Backend = "auto") -> Backend:
         return _cpu
     if key not in ALIASES:
         raise UnknownBackendError(f"unknown backend {name!r}; use one of {', '.join(NAMES)}")
+    if ALIASES[key] == "cuda":
+        return cuda_backend()
     return {"numpy": _numpy, "cpu": _cpu}.get(ALIASES[key]) or webgpu_backend()
 
 
@@ -90,8 +105,8 @@ def reset_backends() -> None:
 
 __all__ = [
     "ALIASES", "DTYPES", "NAMES", "Backend", "CapturedDispatches", "CapturedWork",
-    "CpuBackend", "CpuContext", "NumpyBackend", "Readback", "RecordingContext", "Replay",
+    "CpuBackend", "CpuContext", "CudaBackend", "CudaContext", "NumpyBackend", "Readback", "RecordingContext", "Replay",
     "Tensor", "UnknownBackendError", "WebGPUBackend", "WebGPUContext", "as_supported_array",
-    "dtype_name", "get_backend", "reset_backends", "unavailable_reason", "values_for",
-    "webgpu_backend",
+    "cuda_backend", "dtype_name", "get_backend", "reset_backends", "unavailable_reason",
+    "values_for", "webgpu_backend",
 ]

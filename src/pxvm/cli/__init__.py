@@ -11,7 +11,7 @@ import traceback
 import typer
 
 from ..runtime.errors import PxvmError
-from . import device_commands, llm_commands, vm_commands, web_commands
+from . import cuda_commands, device_commands, llm_commands, vm_commands, web_commands
 
 app = typer.Typer(
     name="pxvm",
@@ -22,7 +22,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-for _commands in (device_commands, vm_commands, llm_commands, web_commands):
+for _commands in (device_commands, cuda_commands, vm_commands, llm_commands, web_commands):
     _commands.register(app)
 
 

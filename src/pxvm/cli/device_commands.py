@@ -17,6 +17,7 @@ from ..runtime.errors import PxvmError
 from ..runtime.webgpu import choose_adapter, list_adapters
 from ..runtime.webgpu.adapters import KEY_FEATURES, KEY_LIMITS
 from ..vm import load_pxi, run_program_cpu, run_program_gpu
+from .cuda_commands import cuda_summary
 
 console = Console()
 
@@ -25,8 +26,9 @@ def info(
     as_json: bool = typer.Option(False, "--json", help="Print machine-readable JSON."),
     all_features: bool = typer.Option(False, "--all-features", help="List every feature."),
 ):
-    """List WebGPU adapters (backend, type, features, limits) and which one auto picks, and
-    what the fast CPU backend runs on (threads, SIMD, BLAS)."""
+    """List WebGPU adapters (backend, type, features, limits) and which one auto picks,
+    CUDA devices (compute capability, memory, clocks) or why there are none, and what the
+    fast CPU backend runs on (threads, SIMD, BLAS)."""
     try:
         adapters = list_adapters()
     except PxvmError as exc:
@@ -38,9 +40,11 @@ def info(
     except PxvmError as exc:
         chosen, reason = None, str(exc)
     cpu = get_backend("cpu").details()
+    cuda = cuda_summary()
     if as_json:
         print(json.dumps({
             "cpu": cpu,
+            "cuda": cuda,
             "adapters": [{
                 "index": a.index, "name": a.name, "vendor": a.vendor, "backend": a.backend,
                 "type": a.adapter_type, "software": a.is_software, "features": a.features,
@@ -55,6 +59,7 @@ def info(
                        ("numba", "numba"), ("blas", "BLAS (prompts)")):
         table.add_row(label, str(cpu[key]))
     console.print(table)
+    _print_cuda(cuda)
     if not adapters:
         console.print(f"[red]No WebGPU adapter:[/] {error or 'none found'}")
         console.print("pxvm will run on the CPU backend (backend='cpu').")
@@ -76,6 +81,21 @@ def info(
     else:
         console.print(f"[yellow]auto picks no adapter:[/] {reason}")
     console.print("Override with PXVM_DEVICE=<index or part of a name>.")
+
+
+def _print_cuda(cuda: dict) -> None:
+    if not cuda["devices"]:
+        console.print(f"No CUDA backend (backend='cuda'): {cuda['unavailable']}")
+        return
+    for d in cuda["devices"]:
+        table = Table(title=f"CUDA [{d['index']}] {d['name']} (backend='cuda')",
+                      title_justify="left", show_header=False)
+        table.add_row("compute capability", f"{d['compute_capability']} ({d['arch']})")
+        table.add_row("memory", f"{d['memory_bytes'] / 2**30:.1f} GiB")
+        table.add_row("multiprocessors", str(d["multiprocessors"]))
+        table.add_row("clocks", f"{d['clock_mhz']} MHz, memory {d['memory_clock_mhz']} MHz")
+        table.add_row("driver", f"CUDA {d['driver']}")
+        console.print(table)
 
 
 def demo(

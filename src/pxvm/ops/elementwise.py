@@ -1,5 +1,5 @@
-"""Element-wise ops (elementwise.wgsl): activations, scale and clip; add, sub, mul, div,
-maximum and minimum with numpy broadcasting."""
+"""Element-wise ops (elementwise.wgsl; on CUDA pxvm.kernels.ptx.elementwise): activations,
+scale and clip; add, sub, mul, div, maximum and minimum with numpy broadcasting."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import math
 
 import numpy as np
 
+from ..kernels.ptx import elementwise as ptx_elementwise
 from ..runtime.webgpu.params import KernelParams, f32, kernel_params, u32, u32x8
-from .registry import meta, op, require, same_shape
+from .registry import MissingKernelError, meta, op, require, same_shape
 
 KERNEL = "elementwise.wgsl"
 UNARY_CODES = {
@@ -94,6 +95,76 @@ def _broadcast(a, b):
     return meta(shape, a.dtype)
 
 
+# ---- CUDA kernels (pxvm.kernels.ptx.elementwise) ------------------------------------------
+def _float32_only(name: str, *tensors) -> None:
+    for t in tensors:
+        if np.dtype(t.dtype) != np.float32:
+            raise MissingKernelError(f"op {name} has no CUDA kernel for {np.dtype(t.dtype)} "
+                                     "yet (float32 only); run it on webgpu, cpu or numpy")
+
+
+def _unary_cuda(name: str, scalars=lambda **params: (0.0, 0.0)):
+    def record(ctx, x, **params):
+        _float32_only(name, x)
+        out = ctx.empty(x.shape, x.dtype)
+        n = x.size
+        if n:
+            vec = 4 if n % 4 == 0 else 1
+            alpha, beta = scalars(**params)
+            ctx.launch(ptx_elementwise.unary, (name, vec),
+                       [x, out, n // vec, alpha, beta], ctx.stride_grid(n // vec))
+        return out
+    return record
+
+
+def _repeats(small, shape) -> bool:
+    """Whether `small`, leading 1s dropped, is the trailing dimensions of `shape` (it
+    repeats over the leading ones, as a row of biases over a matrix)."""
+    dims = list(small.shape)
+    while dims and dims[0] == 1:
+        dims.pop(0)
+    return tuple(dims) == tuple(shape[len(shape) - len(dims):]) if dims else True
+
+
+def _binary_cuda(name: str):
+    def record(ctx, a, b):
+        _float32_only(name, a, b)
+        m = _broadcast(a, b)
+        out = ctx.empty(m.shape, m.dtype)
+        n = out.size
+        if n == 0:
+            return out
+        if a.size == n and b.size == n:
+            mode, m_size = "none", n
+        elif a.size == n and _repeats(b, m.shape):
+            mode, m_size = "b", b.size
+        elif b.size == n and _repeats(a, m.shape):
+            mode, m_size = "a", a.size
+        else:
+            raise MissingKernelError(
+                f"op {name} on CUDA broadcasts one operand over the other's leading "
+                f"dimensions only, not {tuple(a.shape)} with {tuple(b.shape)} yet; run it "
+                "on webgpu, cpu or numpy")
+        vec = 4 if n % 4 == 0 and m_size % 4 == 0 else 1
+        ctx.launch(ptx_elementwise.binary, (name, mode, vec),
+                   [a, b, out, n // vec, m_size // vec], ctx.stride_grid(n // vec))
+        return out
+    return record
+
+
+def _unary_kernels(name: str, scalars=lambda **params: (0.0, 0.0)) -> dict:
+    """Unary op `name`'s kernels by backend (`scalars(**params)`: the kernels' alpha,
+    beta)."""
+    kernels = {"webgpu": _unary_webgpu(name, scalars)}
+    if name in ptx_elementwise.UNARY:
+        kernels["cuda"] = _unary_cuda(name, scalars)
+    return kernels
+
+
+def _binary_kernels(name: str) -> dict:
+    return {"webgpu": _binary_webgpu(name), "cuda": _binary_cuda(name)}
+
+
 # ---- references -----------------------------------------------------------------------
 # They compute in float64 with formulas free of cancellation, so that they are more
 # accurate than any f32 kernel they judge (1 + tanh(u) in float64 is already 0 where the
@@ -118,41 +189,41 @@ def _f64(x):
     return np.asarray(x, dtype=np.float32).astype(np.float64)
 
 
-@op(infer=same_shape, webgpu=_unary_webgpu("relu"))
+@op(infer=same_shape, **_unary_kernels("relu"))
 def relu(x, *, backend="auto"):
     """max(x, 0); NaN stays NaN."""
     x = _f32(x)
     return np.where(x < 0, np.float32(0), x)
 
 
-@op(infer=same_shape, webgpu=_unary_webgpu("leaky_relu", lambda alpha: (alpha, 0.0)))
+@op(infer=same_shape, **_unary_kernels("leaky_relu", lambda alpha: (alpha, 0.0)))
 def leaky_relu(x, alpha=0.01, *, backend="auto"):
     """x if x >= 0 else alpha * x."""
     x = _f32(x)
     return np.where(x < 0, x * np.float32(alpha), x)
 
 
-@op(infer=same_shape, webgpu=_unary_webgpu("elu", lambda alpha: (alpha, 0.0)))
+@op(infer=same_shape, **_unary_kernels("elu", lambda alpha: (alpha, 0.0)))
 def elu(x, alpha=1.0, *, backend="auto"):
     """x if x >= 0 else alpha * (exp(x) - 1)."""
     x = _f64(x)
     return flush_subnormals(np.where(x < 0, alpha * np.expm1(np.minimum(x, 0)), x))
 
 
-@op(infer=same_shape, webgpu=_unary_webgpu("sigmoid"))
+@op(infer=same_shape, **_unary_kernels("sigmoid"))
 def sigmoid(x, *, backend="auto"):
     """1 / (1 + exp(-x))."""
     with np.errstate(over="ignore"):
         return flush_subnormals(1 / (1 + np.exp(-_f64(x))))
 
 
-@op(infer=same_shape, webgpu=_unary_webgpu("tanh"))
+@op(infer=same_shape, **_unary_kernels("tanh"))
 def tanh(x, *, backend="auto"):
     """Hyperbolic tangent."""
     return flush_subnormals(np.tanh(_f64(x)))
 
 
-@op(infer=same_shape, webgpu=_unary_webgpu("silu"))
+@op(infer=same_shape, **_unary_kernels("silu"))
 def silu(x, *, backend="auto"):
     """x * sigmoid(x), also called swish."""
     x = _f64(x)
@@ -163,7 +234,7 @@ def silu(x, *, backend="auto"):
 swish = silu
 
 
-@op(infer=same_shape, webgpu=_unary_webgpu("gelu_tanh"))
+@op(infer=same_shape, **_unary_kernels("gelu_tanh"))
 def gelu_tanh(x, *, backend="auto"):
     """GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
     x = _f64(x)
@@ -172,7 +243,7 @@ def gelu_tanh(x, *, backend="auto"):
         return flush_subnormals(x / (1 + np.exp(-2 * u)))  # the same function, stably
 
 
-@op(infer=same_shape, webgpu=_unary_webgpu("gelu"))
+@op(infer=same_shape, **_unary_kernels("gelu"))
 def gelu(x, *, backend="auto"):
     """GELU, exact erf form: 0.5 x (1 + erf(x / sqrt(2)))."""
     x = _f64(x)
@@ -181,13 +252,13 @@ def gelu(x, *, backend="auto"):
         return flush_subnormals(0.5 * x * erfc(-x / math.sqrt(2)))
 
 
-@op(infer=same_shape, webgpu=_unary_webgpu("clip", lambda lo, hi: (lo, hi)))
+@op(infer=same_shape, **_unary_kernels("clip", lambda lo, hi: (lo, hi)))
 def clip(x, lo=-1.0, hi=1.0, *, backend="auto"):
     """min(max(x, lo), hi); NaN stays NaN."""
     return np.clip(_f32(x), np.float32(lo), np.float32(hi))
 
 
-@op(infer=same_shape, webgpu=_unary_webgpu("scale", lambda factor: (factor, 0.0)))
+@op(infer=same_shape, **_unary_kernels("scale", lambda factor: (factor, 0.0)))
 def scale(x, factor=1.0, *, backend="auto"):
     """x * factor."""
     return _f32(x) * np.float32(factor)
@@ -198,37 +269,37 @@ def _binary(a, b, fn):
         return fn(np.asarray(a), np.asarray(b))
 
 
-@op(infer=_broadcast, dtypes=NUMERIC, webgpu=_binary_webgpu("add"))
+@op(infer=_broadcast, dtypes=NUMERIC, **_binary_kernels("add"))
 def add(a, b, *, backend="auto"):
     """a + b with numpy broadcasting."""
     return _binary(a, b, np.add)
 
 
-@op(infer=_broadcast, dtypes=NUMERIC, webgpu=_binary_webgpu("sub"))
+@op(infer=_broadcast, dtypes=NUMERIC, **_binary_kernels("sub"))
 def sub(a, b, *, backend="auto"):
     """a - b with numpy broadcasting."""
     return _binary(a, b, np.subtract)
 
 
-@op(infer=_broadcast, dtypes=NUMERIC, webgpu=_binary_webgpu("mul"))
+@op(infer=_broadcast, dtypes=NUMERIC, **_binary_kernels("mul"))
 def mul(a, b, *, backend="auto"):
     """a * b with numpy broadcasting."""
     return _binary(a, b, np.multiply)
 
 
-@op(infer=_broadcast, webgpu=_binary_webgpu("div"))
+@op(infer=_broadcast, **_binary_kernels("div"))
 def div(a, b, *, backend="auto"):
     """a / b with numpy broadcasting (f32)."""
     return _binary(a, b, np.divide)
 
 
-@op(infer=_broadcast, dtypes=NUMERIC, webgpu=_binary_webgpu("maximum"))
+@op(infer=_broadcast, dtypes=NUMERIC, **_binary_kernels("maximum"))
 def maximum(a, b, *, backend="auto"):
     """Element-wise maximum with numpy broadcasting; NaN wins."""
     return _binary(a, b, np.maximum)
 
 
-@op(infer=_broadcast, dtypes=NUMERIC, webgpu=_binary_webgpu("minimum"))
+@op(infer=_broadcast, dtypes=NUMERIC, **_binary_kernels("minimum"))
 def minimum(a, b, *, backend="auto"):
     """Element-wise minimum with numpy broadcasting; NaN wins."""
     return _binary(a, b, np.minimum)

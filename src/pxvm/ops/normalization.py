@@ -1,5 +1,6 @@
 """Row-wise ops over the last axis: softmax and log_softmax (softmax.wgsl), rmsnorm and
-layer_norm (norm.wgsl), and rotary position embedding (rope.wgsl)."""
+layer_norm (norm.wgsl), and rotary position embedding (rope.wgsl); softmax, log_softmax
+and rmsnorm on CUDA too (pxvm.kernels.ptx.rows)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import weakref
 
 import numpy as np
 
+from ..kernels.ptx import rows as ptx_rows
 from ..runtime.webgpu.params import KernelParams, f32, kernel_params, u32
 from .registry import meta, op, require
 
@@ -155,7 +157,31 @@ def _rope_webgpu(ctx, x, pos_offset=0, theta=10000.0, style="interleaved", freq_
 
 
 # ---- the ops --------------------------------------------------------------------------
-@op(infer=_infer_softmax, webgpu=_softmax_webgpu(log=False))
+# ---- CUDA kernels (pxvm.kernels.ptx.rows: a block per row) ------------------------------
+def _row_vec(x) -> int:
+    return 4 if x.shape[-1] % 4 == 0 else 1
+
+
+def _softmax_cuda(log: bool):
+    def record(ctx, x):
+        out = ctx.empty(x.shape, np.float32)
+        vec = _row_vec(x)
+        ctx.launch(ptx_rows.softmax, (log, vec), [x, out, x.shape[-1] // vec], _row_count(x),
+                   block=ptx_rows.THREADS)
+        return out
+    return record
+
+
+def _rmsnorm_cuda(ctx, x, weight, eps=1e-6):
+    out = ctx.empty(x.shape, np.float32)
+    vec, row_bytes = _row_vec(x), 4 * x.shape[-1]
+    cached = row_bytes <= ptx_rows.MAX_CACHED_ROW_BYTES
+    ctx.launch(ptx_rows.rmsnorm, (vec, cached), [x, weight, out, x.shape[-1] // vec, eps],
+               _row_count(x), block=ptx_rows.THREADS, shared_bytes=row_bytes if cached else 0)
+    return out
+
+
+@op(infer=_infer_softmax, webgpu=_softmax_webgpu(log=False), cuda=_softmax_cuda(log=False))
 def softmax(x, *, backend="auto"):
     """exp(x - max) / sum(exp(x - max)) over the last axis."""
     x = np.asarray(x, np.float64)
@@ -163,7 +189,7 @@ def softmax(x, *, backend="auto"):
     return (e / np.sum(e, axis=-1, keepdims=True)).astype(np.float32)
 
 
-@op(infer=_infer_softmax, webgpu=_softmax_webgpu(log=True))
+@op(infer=_infer_softmax, webgpu=_softmax_webgpu(log=True), cuda=_softmax_cuda(log=True))
 def log_softmax(x, *, backend="auto"):
     """x - max - log(sum(exp(x - max))) over the last axis."""
     x = np.asarray(x, np.float64)
@@ -171,7 +197,7 @@ def log_softmax(x, *, backend="auto"):
     return (d - np.log(np.sum(np.exp(d), axis=-1, keepdims=True))).astype(np.float32)
 
 
-@op(infer=_infer_rmsnorm, webgpu=_rmsnorm_webgpu)
+@op(infer=_infer_rmsnorm, webgpu=_rmsnorm_webgpu, cuda=_rmsnorm_cuda)
 def rmsnorm(x, weight, eps=1e-6, *, backend="auto"):
     """x / sqrt(mean(x^2) + eps) * weight over the last axis."""
     x = np.asarray(x, np.float64)

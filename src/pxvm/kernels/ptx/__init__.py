@@ -1,0 +1,33 @@
+"""pxvm's CUDA kernels: PTX written by Python builders (builder.py), one module per kernel
+family, each listing the variants it can emit (`variants()`), so that `pxvm ptx --list`
+and the tests (which assemble every one with ptxas) see them all."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from . import elementwise, rows
+from .builder import ARCHS, Kernel, PtxError, module
+
+FAMILIES = {"elementwise": elementwise, "rows": rows}
+
+
+def kernels() -> dict[str, tuple[Callable[..., Kernel], tuple]]:
+    """Every kernel the code can emit: its name -> (builder, arguments)."""
+    out = {}
+    for family in FAMILIES.values():
+        for builder, args in family.variants():
+            out[builder(*args).name] = (builder, args)
+    return out
+
+
+def ptx(name: str, arch: str = "sm_90") -> str:
+    """The PTX module of kernel `name` for `arch`; PtxError naming the kernels if unknown."""
+    found = kernels().get(name)
+    if found is None:
+        raise PtxError(f"no kernel {name!r}; `pxvm ptx --list` names them all")
+    builder, args = found
+    return module([builder(*args)], arch)
+
+
+__all__ = ["ARCHS", "FAMILIES", "Kernel", "PtxError", "kernels", "module", "ptx"]

@@ -1,0 +1,159 @@
+"""Element-wise kernels in PTX: the activations, scale and clip (`unary`), and add, sub,
+mul, div, maximum, minimum (`binary`) on float32, each a grid-stride loop over groups of
+VEC elements (4: one 16-byte load per operand; 1 where counts are not multiples of 4).
+
+`binary` takes its operands at the same size, or one of them repeated over the other's
+leading dimensions (a row of biases added to every row: BROADCAST "b", or "a").
+`copy` is the bandwidth yardstick of the benchmarks.
+
+Transcendentals use ex2.approx (relative error ~2^-22) in forms that stay finite where
+the references' do: sigmoid 1/(1+e^-x), tanh by e^-2|x|, GELU's tanh form as x
+sigmoid(2u); divisions are IEEE (div.rn).
+"""
+
+from __future__ import annotations
+
+from .builder import Kernel, Reg, f32
+
+UNARY = ("relu", "leaky_relu", "elu", "sigmoid", "tanh", "silu", "gelu_tanh", "clip", "scale")
+BINARY = ("add", "sub", "mul", "div", "maximum", "minimum")
+BROADCASTS = ("none", "a", "b")
+VECS = (1, 4)
+THREADS = 256
+LOG2E = 1.4426950408889634
+#: below it, tanh and e^x - 1 come from their series (relative error under 1e-9 there)
+SMALL = 0.0625
+
+
+def _exp(k: Kernel, x: Reg) -> Reg:
+    """e^x (ex2 of x log2 e)."""
+    return k.op("ex2.approx.ftz.f32", k.op("mul.f32", x, f32(LOG2E)))
+
+
+def _small(k: Kernel, x: Reg) -> Reg:
+    """|x| < SMALL: where e^x - 1 and 1 - e^-x lose their digits to cancellation (series
+    take over)."""
+    return k.setp("lt.f32", k.op("abs.f32", x), f32(SMALL))
+
+
+def _series(k: Kernel, x: Reg, coefficients) -> Reg:
+    """c0 + c1 x + c2 x^2 + .. by Horner's rule."""
+    acc = k.op("mov.f32", f32(coefficients[-1]))
+    for c in reversed(coefficients[:-1]):
+        acc = k.op("fma.rn.f32", acc, x, f32(c))
+    return acc
+
+
+def _expm1(k: Kernel, x: Reg) -> Reg:
+    """e^x - 1, by its series near 0."""
+    near = k.op("mul.f32", x, _series(k, x, (1.0, 1 / 2, 1 / 6, 1 / 24, 1 / 120)))
+    return k.op("selp.f32", near, k.op("sub.f32", _exp(k, x), f32(1.0)), _small(k, x))
+
+
+def _unary_math(k: Kernel, op: str, x: Reg, alpha: Reg, beta: Reg) -> Reg:
+    """`op` of one element x (alpha, beta: leaky_relu's slope, elu's alpha, clip's bounds,
+    scale's factor)."""
+    negative = lambda: k.setp("lt.f32", x, f32(0.0))  # noqa: E731 - false for NaN
+    if op == "relu":
+        return k.op("selp.f32", f32(0.0), x, negative())
+    if op == "leaky_relu":
+        return k.op("selp.f32", k.op("mul.f32", x, alpha), x, negative())
+    if op == "elu":
+        below = k.op("mul.f32", alpha, _expm1(k, x))
+        return k.op("selp.f32", below, x, negative())
+    if op == "scale":
+        return k.op("mul.f32", x, alpha)
+    if op == "clip":
+        return k.op("min.NaN.f32", k.op("max.NaN.f32", x, alpha), beta)
+    if op in ("sigmoid", "silu", "gelu_tanh"):
+        u = x
+        if op == "gelu_tanh":  # x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3)
+            cube = k.op("mul.f32", k.op("mul.f32", x, x), x)
+            inner = k.op("fma.rn.f32", cube, f32(0.044715), x)
+            u = k.op("mul.f32", inner, f32(2 * 0.7978845608028654))
+        e = _exp(k, k.op("neg.f32", u))
+        denominator = k.op("add.f32", e, f32(1.0))
+        return k.op("div.rn.f32", f32(1.0) if op == "sigmoid" else x, denominator)
+    if op == "tanh":  # sign(x) (1 - e^-2|x|) / (1 + e^-2|x|); a series near 0
+        t = _exp(k, k.op("mul.f32", k.op("abs.f32", x), f32(-2.0)))
+        r = k.op("div.rn.f32", k.op("sub.f32", f32(1.0), t), k.op("add.f32", f32(1.0), t))
+        far = k.op("copysign.f32", x, r)
+        near = k.op("mul.f32", x, _series(k, k.op("mul.f32", x, x),
+                                          (1.0, -1 / 3, 2 / 15, -17 / 315)))
+        return k.op("selp.f32", near, far, _small(k, x))
+    raise ValueError(f"no PTX for unary op {op!r}")
+
+
+def _binary_math(k: Kernel, op: str, a: Reg, b: Reg) -> Reg:
+    instr = {"add": "add.f32", "sub": "sub.f32", "mul": "mul.f32", "div": "div.rn.f32",
+             "maximum": "max.NaN.f32", "minimum": "min.NaN.f32"}[op]
+    return k.op(instr, a, b)
+
+
+def _groups(k: Kernel, n_groups: Reg):
+    """A grid-stride loop over groups 0 .. n_groups - 1: yields the group index."""
+    i = k.global_index()
+    stride = k.op("mul.lo.u32", k.special("%nctaid.x"), k.special("%ntid.x"))
+    return i, stride
+
+
+def _load(k: Kernel, base: Reg, group: Reg, vec: int) -> list[Reg]:
+    address = k.element(base, group, 4 * vec)
+    return k.load_vector("f32", address, vec) if vec > 1 else [k.load("f32", address)]
+
+
+def _store(k: Kernel, base: Reg, group: Reg, values: list[Reg]) -> None:
+    address = k.element(base, group, 4 * len(values))
+    if len(values) > 1:
+        k.store_vector("f32", address, values)
+    else:
+        k.store("f32", address, values[0])
+
+
+def unary(op: str, vec: int = 4) -> Kernel:
+    """y[i] = op(x[i]) for n_groups groups of `vec` elements."""
+    k = Kernel(f"unary_{op}_v{vec}", [("x", "u64"), ("y", "u64"), ("n_groups", "u32"),
+                                      ("alpha", "f32"), ("beta", "f32")])
+    x, y, n_groups, alpha, beta = k.params()
+    i, stride = _groups(k, n_groups)
+    with k.loop(i, n_groups, stride):
+        values = _load(k, x, i, vec)
+        _store(k, y, i, [_unary_math(k, op, v, alpha, beta) for v in values])
+    return k
+
+
+def binary(op: str, broadcast: str = "none", vec: int = 4) -> Kernel:
+    """out[i] = a[i] op b[i]; with BROADCAST "b", b holds `m_groups` groups repeated over
+    a's (b[i % m_groups]), with "a" the other way round."""
+    k = Kernel(f"binary_{op}_{broadcast}_v{vec}",
+               [("a", "u64"), ("b", "u64"), ("out", "u64"), ("n_groups", "u32"),
+                ("m_groups", "u32")])
+    a, b, out, n_groups, m_groups = k.params()
+    i, stride = _groups(k, n_groups)
+    with k.loop(i, n_groups, stride):
+        j = i if broadcast == "none" else k.op("rem.u32", i, m_groups)
+        av = _load(k, a, j if broadcast == "a" else i, vec)
+        bv = _load(k, b, j if broadcast == "b" else i, vec)
+        _store(k, out, i, [_binary_math(k, op, p, q) for p, q in zip(av, bv)])
+    return k
+
+
+def copy(vec: int = 4) -> Kernel:
+    """y = x, n_groups groups of `vec` floats (the benchmarks' bandwidth yardstick)."""
+    k = Kernel(f"copy_v{vec}", [("x", "u64"), ("y", "u64"), ("n_groups", "u32")])
+    x, y, n_groups = k.params()
+    i, stride = _groups(k, n_groups)
+    with k.loop(i, n_groups, stride):
+        _store(k, y, i, _load(k, x, i, vec))
+    return k
+
+
+def variants():
+    """(kernel builder, its arguments) of every kernel this family emits."""
+    for vec in VECS:
+        for op in UNARY:
+            yield unary, (op, vec)
+        for op in BINARY:
+            for broadcast in BROADCASTS:
+                yield binary, (op, broadcast, vec)
+        yield copy, (vec,)

@@ -1,0 +1,142 @@
+"""Row-wise kernels in PTX: rmsnorm, softmax and log-softmax over the last axis, one
+block of THREADS threads per row (grid.x = rows), reading the row in groups of VEC
+values (4: 16-byte loads, where the row length allows; 1 otherwise). A row's sums and
+maxima are reduced within each warp by butterfly shuffles, then across the warps
+through shared memory.
+"""
+
+from __future__ import annotations
+
+from .builder import Kernel, Reg, f32
+from .elementwise import VECS, _exp, _load, _store
+
+THREADS = 256
+WARPS = THREADS // 32
+#: Rows up to this many bytes are kept in shared memory between rmsnorm's passes (the
+#: default dynamic shared memory a block may take without opting in to more).
+MAX_CACHED_ROW_BYTES = 48 * 1024
+LN2 = 0.6931471805599453
+
+
+def _block_reduce(k: Kernel, value: Reg, instr: str, scratch: str) -> Reg:
+    """`instr` (add.f32, max.NaN.f32) of `value` over the block, in every thread."""
+    for offset in (16, 8, 4, 2, 1):
+        other = k.op("shfl.sync.bfly.b32", value, offset, "0x1f", "0xffffffff")
+        value = k.op(instr, value, other)
+    tid = k.special("%tid.x")
+    lane = k.op("and.b32", tid, 31)
+    warp = k.op("shr.u32", tid, 5)
+    slot = k.op("add.u32", k.op("mov.u32", scratch), k.op("mul.lo.u32", warp, 4))
+    with k.if_(k.setp("eq.u32", lane, 0)):
+        k.store("f32", slot, value, space="shared")
+    k.emit("bar.sync 0")
+    base = k.op("mov.u32", scratch)
+    total = k.load("f32", base, space="shared")
+    for w in range(1, WARPS):
+        total = k.op(instr, total, k.load("f32", f"{base}+{4 * w}", space="shared"))
+    k.emit("bar.sync 0")  # the scratch is written again by the next reduction
+    return total
+
+
+def _row(k: Kernel, row_groups: Reg) -> tuple[Reg, Reg]:
+    """(this block's row's first group index, this thread's first group in the row)."""
+    first = k.op("mul.lo.u32", k.special("%ctaid.x"), row_groups)
+    return first, k.special("%tid.x")
+
+
+def _groups(k: Kernel, column: Reg, row_groups: Reg):
+    """A loop over this thread's groups of the row: column, column + THREADS, .. (the
+    counter is a copy, so `column` can start another loop)."""
+    c = k.op("mov.u32", column)
+    return c, k.loop(c, row_groups, THREADS)
+
+
+def rmsnorm(vec: int = 4, cached: bool = False) -> Kernel:
+    """y = x / sqrt(mean(x^2) + eps) * w, per row of row_groups groups of `vec` values.
+    `cached` keeps the row in dynamic shared memory (row_groups * vec * 4 bytes a block)
+    between its two passes, so that x is read from memory once."""
+    k = Kernel(f"rmsnorm_v{vec}{'_cached' if cached else ''}",
+               [("x", "u64"), ("w", "u64"), ("y", "u64"), ("row_groups", "u32"),
+                ("eps", "f32")])
+    x, w, y, row_groups, eps = k.params()
+    scratch = k.shared("partial", "f32", WARPS, 16)
+    row_cache = k.op("mov.u32", k.shared("row_cache", "f32", None, 16)) if cached else None
+
+    def cache_slot(c):
+        return k.op("mad.lo.u32", c, 4 * vec, row_cache)
+
+    first, column = _row(k, row_groups)
+    squares = k.op("mov.f32", f32(0.0))
+    c, loop = _groups(k, column, row_groups)
+    with loop:
+        values = _load(k, x, k.op("add.u32", first, c), vec)
+        if cached:
+            _store_shared(k, cache_slot(c), values)
+        for v in values:
+            k.to(squares, "fma.rn.f32", v, v, squares)
+    total = _block_reduce(k, squares, "add.f32", scratch)
+    count = k.op("cvt.rn.f32.u32", k.op("mul.lo.u32", row_groups, vec))
+    scale = k.op("rsqrt.approx.f32", k.op("add.f32", k.op("div.rn.f32", total, count), eps))
+    c, loop = _groups(k, column, row_groups)
+    with loop:
+        i = k.op("add.u32", first, c)
+        row = _load_shared(k, cache_slot(c), vec) if cached else _load(k, x, i, vec)
+        values = zip(row, _load(k, w, c, vec))
+        _store(k, y, i, [k.op("mul.f32", k.op("mul.f32", v, scale), g) for v, g in values])
+    return k
+
+
+def _store_shared(k: Kernel, address: Reg, values: list[Reg]) -> None:
+    if len(values) > 1:
+        k.store_vector("f32", address, values, space="shared")
+    else:
+        k.store("f32", address, values[0], space="shared")
+
+
+def _load_shared(k: Kernel, address: Reg, vec: int) -> list[Reg]:
+    if vec > 1:
+        return k.load_vector("f32", address, vec, space="shared")
+    return [k.load("f32", address, space="shared")]
+
+
+def softmax(log: bool = False, vec: int = 4) -> Kernel:
+    """y = exp(x - max) / sum(exp(x - max)) per row, or its log (x - max - ln sum)."""
+    k = Kernel(f"{'log_softmax' if log else 'softmax'}_v{vec}",
+               [("x", "u64"), ("y", "u64"), ("row_groups", "u32")])
+    x, y, row_groups = k.params()
+    scratch = k.shared("partial", "f32", WARPS, 16)
+    first, column = _row(k, row_groups)
+    top = k.op("mov.f32", f32(float("-inf")))
+    c, loop = _groups(k, column, row_groups)
+    with loop:
+        for v in _load(k, x, k.op("add.u32", first, c), vec):
+            k.to(top, "max.NaN.f32", top, v)
+    top = _block_reduce(k, top, "max.NaN.f32", scratch)
+    total = k.op("mov.f32", f32(0.0))
+    c, loop = _groups(k, column, row_groups)
+    with loop:
+        for v in _load(k, x, k.op("add.u32", first, c), vec):
+            k.to(total, "add.f32", total, _exp(k, k.op("sub.f32", v, top)))
+    total = _block_reduce(k, total, "add.f32", scratch)
+    log_total = k.op("mul.f32", k.op("lg2.approx.f32", total), f32(LN2)) if log else None
+    c, loop = _groups(k, column, row_groups)
+    with loop:
+        i = k.op("add.u32", first, c)
+        out = []
+        for v in _load(k, x, i, vec):
+            shifted = k.op("sub.f32", v, top)
+            out.append(k.op("sub.f32", shifted, log_total) if log
+                       else k.op("div.rn.f32", _exp(k, shifted), total))
+        _store(k, y, i, out)
+    return k
+
+
+def variants():
+    for vec in VECS:
+        yield rmsnorm, (vec, False)
+        yield rmsnorm, (vec, True)
+        yield softmax, (False, vec)
+        yield softmax, (True, vec)
+
+
+__all__ = ["THREADS", "rmsnorm", "softmax", "variants"]

@@ -1,0 +1,275 @@
+"""The CUDA driver, through NVIDIA's `cuda-bindings`: a context on one GPU, memory, PTX
+modules (compiled by the driver: no nvcc, NVRTC or LLVM), launches on one stream, and
+events. Everything the CUDA backend (pxvm.backends.cuda) needs and nothing more.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import PxvmError
+
+
+#: Fill new allocations with 0xff bytes (NaN floats, -1 integers), so that a kernel that
+#: leaves outputs unwritten fails its tests (they set it; PXVM_POISON=1 elsewhere).
+POISON = os.environ.get("PXVM_POISON") == "1"
+
+
+class CudaUnavailableError(PxvmError):
+    """No CUDA here: the bindings, the driver or a GPU is missing (the message says which)."""
+
+
+class CudaError(PxvmError):
+    """A CUDA driver call failed."""
+
+
+def _driver():
+    try:
+        from cuda.bindings import driver
+    except ImportError as exc:
+        raise CudaUnavailableError(
+            "the cuda-bindings package is not installed (pip install cuda-bindings)") from exc
+    return driver
+
+
+def _check(result, what: str):
+    """The values of a driver call's result tuple after its status; CudaError if failed."""
+    cu = _driver()
+    status, *values = result if isinstance(result, tuple) else (result,)
+    if status != cu.CUresult.CUDA_SUCCESS:
+        _, text = cu.cuGetErrorString(status)
+        raise CudaError(f"{what} failed: {status.name}"
+                        + (f" ({text.decode()})" if isinstance(text, bytes) else ""))
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What `pxvm info` says of a CUDA device."""
+
+    ordinal: int
+    name: str
+    compute_capability: tuple[int, int]
+    memory_bytes: int
+    multiprocessors: int
+    clock_mhz: int
+    memory_clock_mhz: int
+    driver_version: int  # e.g. 13000 for 13.0
+
+    @property
+    def arch(self) -> str:
+        return f"sm_{self.compute_capability[0]}{self.compute_capability[1]}"
+
+
+#: Allocations are rounded up to this many bytes, so that similar sizes share the pool.
+GRANULE = 512
+
+
+class DeviceBuffer:
+    """Device memory of `nbytes` from the device's pool, returned to it when the last
+    reference goes."""
+
+    def __init__(self, device: "CudaDevice", nbytes: int):
+        self.device = device
+        self.nbytes = nbytes
+        self.capacity = -(-max(nbytes, 4) // GRANULE) * GRANULE
+        self.ptr = device.take(self.capacity)
+        if POISON:
+            _check(_driver().cuMemsetD8Async(self.ptr, 0xFF, self.capacity, device.stream),
+                   "cuMemsetD8Async")
+
+    def __del__(self):
+        ptr, self.ptr = getattr(self, "ptr", 0), 0
+        if ptr:
+            self.device.give_back(ptr, self.capacity)
+
+
+def _init() -> int:
+    """Initialise the driver; the number of CUDA devices."""
+    cu = _driver()
+    try:
+        _check(cu.cuInit(0), "cuInit")
+    except RuntimeError as exc:  # the bindings could not load libcuda
+        raise CudaUnavailableError(f"no NVIDIA driver: {exc}") from exc
+    return int(_check(cu.cuDeviceGetCount(), "cuDeviceGetCount"))
+
+
+def _device_info(ordinal: int) -> DeviceInfo:
+    cu = _driver()
+    handle = _check(cu.cuDeviceGet(ordinal), "cuDeviceGet")
+    attr = cu.CUdevice_attribute
+
+    def get(name):
+        return int(_check(cu.cuDeviceGetAttribute(getattr(attr, name), handle), name))
+
+    name = _check(cu.cuDeviceGetName(256, handle), "cuDeviceGetName")
+    return DeviceInfo(
+        ordinal, name.split(b"\0")[0].decode(),
+        (get("CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR"),
+         get("CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR")),
+        int(_check(cu.cuDeviceTotalMem(handle), "cuDeviceTotalMem")),
+        get("CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT"),
+        get("CU_DEVICE_ATTRIBUTE_CLOCK_RATE") // 1000,
+        get("CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE") // 1000,
+        int(_check(cu.cuDriverGetVersion(), "cuDriverGetVersion")))
+
+
+def list_cuda_devices() -> list[DeviceInfo]:
+    """Every CUDA device the driver sees; CudaUnavailableError says why there are none."""
+    count = _init()
+    if count == 0:
+        raise CudaUnavailableError("the NVIDIA driver sees no CUDA device")
+    return [_device_info(i) for i in range(count)]
+
+
+class CudaDevice:
+    """One GPU's primary context and a stream; launches are asynchronous on the stream."""
+
+    def __init__(self, ordinal: int = 0):
+        count = _init()
+        if ordinal >= count:
+            raise CudaUnavailableError(f"no CUDA device {ordinal} (the driver sees {count})")
+        cu = _driver()
+        self.handle = _check(cu.cuDeviceGet(ordinal), "cuDeviceGet")
+        self.context = _check(cu.cuDevicePrimaryCtxRetain(self.handle), "cuDevicePrimaryCtxRetain")
+        self.make_current()
+        self.stream = _check(cu.cuStreamCreate(0), "cuStreamCreate")
+        self.info = _device_info(ordinal)
+        self._modules: dict[str, object] = {}
+        self._functions: dict[tuple[str, str], object] = {}
+        # freed buffers by capacity, reused before asking the driver: cuMemAlloc of a
+        # large buffer takes longer than the kernels that fill it
+        self._pool: dict[int, list[int]] = {}
+
+    def make_current(self) -> None:
+        _check(_driver().cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
+
+    # ---- memory -------------------------------------------------------------------------
+    def alloc(self, nbytes: int) -> DeviceBuffer:
+        return DeviceBuffer(self, nbytes)
+
+    def take(self, capacity: int) -> int:
+        """A device address of `capacity` bytes: a pooled one, else a new allocation (the
+        pool emptied first if the device is full)."""
+        free = self._pool.get(capacity)
+        if free:
+            return free.pop()
+        cu = _driver()
+        status, ptr = cu.cuMemAlloc(capacity)
+        if status == cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY and self._pool:
+            self.synchronize()
+            self.trim()
+            status, ptr = cu.cuMemAlloc(capacity)
+        return int(_check((status, ptr), f"cuMemAlloc of {capacity:,} bytes"))
+
+    def give_back(self, ptr: int, capacity: int) -> None:
+        """A buffer's memory back to the pool (work queued on it runs first: one stream)."""
+        self._pool.setdefault(capacity, []).append(ptr)
+
+    def trim(self) -> None:
+        """Free the pooled memory to the driver."""
+        for ptrs in self._pool.values():
+            for ptr in ptrs:
+                _driver().cuMemFree(ptr)
+        self._pool.clear()
+
+    def upload(self, array: np.ndarray) -> DeviceBuffer:
+        array = np.ascontiguousarray(array)
+        buf = self.alloc(array.nbytes)
+        self.write(buf, array)
+        return buf
+
+    def write(self, buf: DeviceBuffer, array: np.ndarray, offset: int = 0) -> None:
+        """Host data into the buffer, after the work queued so far (synchronous)."""
+        array = np.ascontiguousarray(array)
+        if array.nbytes:
+            self.synchronize()
+            _check(_driver().cuMemcpyHtoD(buf.ptr + offset, array.ctypes.data, array.nbytes),
+                   "cuMemcpyHtoD")
+
+    def read(self, buf: DeviceBuffer, dtype, count: int, offset: int = 0) -> np.ndarray:
+        """`count` values from the buffer once the queued work is done."""
+        out = np.empty(count, dtype)
+        self.synchronize()
+        if out.nbytes:
+            _check(_driver().cuMemcpyDtoH(out.ctypes.data, buf.ptr + offset, out.nbytes),
+                   "cuMemcpyDtoH")
+        return out
+
+    def copy(self, dst: DeviceBuffer, src: DeviceBuffer, nbytes: int) -> None:
+        """Device-to-device copy, queued on the stream."""
+        if nbytes:
+            _check(_driver().cuMemcpyDtoDAsync(dst.ptr, src.ptr, nbytes, self.stream),
+                   "cuMemcpyDtoDAsync")
+
+    # ---- kernels ------------------------------------------------------------------------
+    def function(self, ptx: str, name: str):
+        """Entry `name` of a PTX module (loaded, so compiled by the driver, once)."""
+        key = hashlib.sha256(ptx.encode()).hexdigest()
+        found = self._functions.get((key, name))
+        if found is None:
+            module = self._modules.get(key)
+            if module is None:
+                module = _check(_driver().cuModuleLoadData(ptx.encode() + b"\0"),
+                                "cuModuleLoadData (compiling PTX)")
+                self._modules[key] = module
+            found = _check(_driver().cuModuleGetFunction(module, name.encode()),
+                           f"cuModuleGetFunction {name}")
+            self._functions[(key, name)] = found
+        return found
+
+    def launch(self, function, grid: tuple[int, int, int], block: tuple[int, int, int],
+               args: list, shared_bytes: int = 0) -> None:
+        """Queue a launch; `args` are numpy scalars (uint64 device pointers, uint32,
+        float32) in the kernel's parameter order."""
+        values = [np.array([a]) for a in args]  # each kept alive through the call
+        pointers = np.array([v.ctypes.data for v in values], np.uint64)
+        _check(_driver().cuLaunchKernel(function, *grid, *block, shared_bytes, self.stream,
+                                        pointers.ctypes.data, 0), "cuLaunchKernel")
+
+    # ---- ordering and time --------------------------------------------------------------
+    def synchronize(self) -> None:
+        _check(_driver().cuStreamSynchronize(self.stream), "cuStreamSynchronize")
+
+    def event(self):
+        """An event recorded now on the stream."""
+        cu = _driver()
+        ev = _check(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DEFAULT), "cuEventCreate")
+        _check(cu.cuEventRecord(ev, self.stream), "cuEventRecord")
+        return ev
+
+    @staticmethod
+    def elapsed(start, end) -> float:
+        """Seconds between two recorded events (waits for the second)."""
+        cu = _driver()
+        _check(cu.cuEventSynchronize(end), "cuEventSynchronize")
+        return float(_check(cu.cuEventElapsedTime(start, end), "cuEventElapsedTime")) / 1e3
+
+
+_lock = threading.Lock()
+
+
+@functools.lru_cache(maxsize=None)
+def _device(ordinal: int) -> CudaDevice:
+    return CudaDevice(ordinal)
+
+
+def get_cuda_device(ordinal: int = 0) -> CudaDevice:
+    """The shared device `ordinal` (made on first use); CudaUnavailableError says why not."""
+    with _lock:
+        return _device(ordinal)
+
+
+def cuda_unavailable_reason() -> str | None:
+    """None where CUDA works here, else why not."""
+    try:
+        get_cuda_device()
+    except (CudaUnavailableError, CudaError) as exc:
+        return str(exc)
+    return None

@@ -1,0 +1,124 @@
+"""The CUDA backend (pxvm.backends.cuda) on an NVIDIA GPU: every op with a CUDA kernel
+against its numpy reference on fresh random inputs of odd sizes, special values and the
+broadcasts it takes, outputs poisoned before each run (conftest); batches, timing, and
+the clear errors of what it does not run yet. Skipped, saying why, without a driver."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import NMSE_ELEMENTWISE, NMSE_F16, ODD_SIZES, assert_close, nmse
+
+import pxvm
+from pxvm.batch import Batch, Graph
+from pxvm.ops.registry import MissingKernelError
+
+UNARY = [("relu", {}), ("leaky_relu", {"alpha": 0.1}), ("elu", {"alpha": 0.7}),
+         ("sigmoid", {}), ("tanh", {}), ("silu", {}), ("gelu_tanh", {}),
+         ("clip", {"lo": -0.5, "hi": 0.8}), ("scale", {"factor": -2.5})]
+BINARY = ["add", "sub", "mul", "div", "maximum", "minimum"]
+
+
+@pytest.mark.parametrize("name,params", UNARY)
+@pytest.mark.parametrize("n", ODD_SIZES + (4, 70001, 1 << 20))
+def test_unary_ops_match_their_references(cuda_device, rng, name, params, n):
+    x = (rng.standard_normal(n) * 4).astype(np.float32)
+    op = getattr(pxvm.ops, name)
+    assert_close(op(x, backend="cuda", **params).numpy(), op.reference(x, **params),
+                 NMSE_ELEMENTWISE)
+
+
+@pytest.mark.parametrize("name,params", UNARY)
+def test_unary_ops_are_accurate_at_every_magnitude(cuda_device, rng, name, params):
+    x = np.concatenate([rng.standard_normal(2000) * s for s in (1e-6, 1e-3, 0.1, 4, 30)])
+    x = x.astype(np.float32)
+    op = getattr(pxvm.ops, name)
+    got, expected = op(x, backend="cuda", **params).numpy(), op.reference(x, **params)
+    worst = max(nmse(got[i:i + 1], expected[i:i + 1]) for i in range(x.size))
+    assert worst <= NMSE_ELEMENTWISE
+
+
+@pytest.mark.parametrize("name,params", UNARY)
+def test_unary_ops_propagate_nan_and_inf_as_the_reference(cuda_device, name, params):
+    x = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e30, -1e30, 3.0], np.float32)
+    op = getattr(pxvm.ops, name)
+    with np.errstate(all="ignore"):
+        expected = op.reference(x, **params)
+    assert_close(op(x, backend="cuda", **params).numpy(), expected, NMSE_ELEMENTWISE)
+
+
+@pytest.mark.parametrize("name", BINARY)
+@pytest.mark.parametrize("shapes", [((33,), (33,)), ((7, 33), (33,)), ((33,), (7, 33)),
+                                    ((5, 8), (8,)), ((1000, 4), (1, 4)), ((9, 2), (1,)),
+                                    ((2, 3, 5, 7), (5, 7))])
+def test_binary_ops_match_their_references(cuda_device, rng, name, shapes):
+    a = rng.standard_normal(shapes[0]).astype(np.float32)
+    b = rng.standard_normal(shapes[1]).astype(np.float32) + 0.1
+    op = getattr(pxvm.ops, name)
+    assert_close(op(a, b, backend="cuda").numpy(), op.reference(a, b), NMSE_ELEMENTWISE)
+
+
+def test_what_cuda_does_not_run_yet_is_one_clear_error(cuda_device, rng):
+    a = rng.standard_normal((4, 1)).astype(np.float32)
+    with pytest.raises(MissingKernelError, match="op add on CUDA broadcasts"):
+        pxvm.ops.add(a, rng.standard_normal((1, 5)).astype(np.float32), backend="cuda")
+    with pytest.raises(MissingKernelError, match="op mul has no CUDA kernel for int32"):
+        pxvm.ops.mul(np.ones(4, np.int32), np.ones(4, np.int32), backend="cuda")
+    with pytest.raises(MissingKernelError, match="op gelu has no cuda kernel yet"):
+        pxvm.ops.gelu(a, backend="cuda")
+
+
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("shape", [(n,) for n in ODD_SIZES] + [(7, 33), (2, 3, 257),
+                                                                (70001, 3), (3, 5000)])
+def test_softmax_family_matches_its_reference(cuda_device, rng, name, shape):
+    x = (rng.standard_normal(shape) * 10).astype(np.float32)
+    op = getattr(pxvm.ops, name)
+    assert_close(op(x, backend="cuda").numpy(), op.reference(x), NMSE_F16)
+
+
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+def test_softmax_rows_with_nan_and_inf_agree_with_the_reference(cuda_device, rng, name):
+    x = rng.standard_normal((4, 300)).astype(np.float32)
+    x[0, 5], x[1, 299], x[2, 100] = np.nan, np.nan, -np.inf
+    op = getattr(pxvm.ops, name)
+    with np.errstate(invalid="ignore"):
+        expected = op.reference(x)
+    assert_close(op(x, backend="cuda").numpy(), expected, NMSE_F16)
+
+
+@pytest.mark.parametrize("shape", [(1,), (7,), (33, 257), (5, 3, 576), (70001, 3), (2, 8192)])
+def test_rmsnorm_matches_its_reference(cuda_device, rng, shape):
+    x = (rng.standard_normal(shape) * 3 + 1).astype(np.float32)
+    w = rng.standard_normal(shape[-1]).astype(np.float32)
+    assert_close(pxvm.ops.rmsnorm(x, w, 1e-5, backend="cuda").numpy(),
+                 pxvm.ops.rmsnorm.reference(x, w, 1e-5), NMSE_F16)
+
+
+def test_a_batch_chains_ops_on_the_device_and_times_them(cuda_device, rng):
+    x = rng.standard_normal((64, 1000)).astype(np.float32)
+    w = rng.standard_normal(1000).astype(np.float32)
+    with Batch("cuda", timestamps=True) as batch:
+        h = pxvm.ops.rmsnorm(batch.upload(x), batch.upload(w), 1e-6)
+        y = pxvm.ops.softmax(pxvm.ops.scale(pxvm.ops.silu(h), 2.0))
+    batch.execute()
+    ops = pxvm.ops
+    expected = ops.softmax.reference(ops.scale.reference(ops.silu.reference(
+        ops.rmsnorm.reference(x, w, 1e-6)), 2.0))
+    assert_close(batch.read(y), expected, NMSE_F16)
+    assert 0 < batch.gpu_seconds < 1
+
+
+def test_captured_work_is_refused_clearly_for_now(cuda_device):
+    x = pxvm.tensor(np.ones(8, np.float32), backend="cuda")
+    with pytest.raises(pxvm.PxvmError, match="not on the CUDA backend yet"):
+        Graph(cuda_device, lambda: {"y": pxvm.ops.relu(x)}).run("y")
+
+
+def test_tensors_round_trip_and_write_in_place(cuda_device, rng):
+    x = rng.standard_normal((3, 5)).astype(np.float32)
+    t = cuda_device.from_numpy(x)
+    np.testing.assert_array_equal(t.numpy(), x)
+    cuda_device.write(t, x[::-1].copy())
+    np.testing.assert_array_equal(t.numpy(), x[::-1])
+    assert "CUDA on" in cuda_device.describe()

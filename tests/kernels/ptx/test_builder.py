@@ -1,0 +1,92 @@
+"""The PTX builder (pxvm.kernels.ptx.builder): registers, result types, blocks, immediates
+and module text, checked as text; test_ptxas.py assembles what the kernels emit."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from pxvm.kernels.ptx.builder import Kernel, PtxError, f32, module
+
+
+def _kernel():
+    return Kernel("k", [("x", "u64"), ("n", "u32"), ("s", "f32")])
+
+
+def test_registers_are_numbered_per_class_and_declared_once_each():
+    k = _kernel()
+    a, b = k.reg("f32"), k.reg("f32")
+    c, d = k.reg("u32"), k.reg("s32")  # one b32 class for both
+    p = k.reg("pred")
+    assert (a.name, b.name, c.name, d.name, p.name) == ("%f1", "%f2", "%r1", "%r2", "%p1")
+    text = k.text()
+    assert ".reg .f32 %f<3>;" in text and ".reg .b32 %r<3>;" in text
+    assert ".reg .pred %p<2>;" in text
+
+
+@pytest.mark.parametrize("instr,type", [
+    ("add.f32", "f32"), ("setp.lt.u32", "pred"), ("cvt.rn.f32.u32", "f32"),
+    ("mul.wide.u32", "u64"), ("mad.lo.u32", "u32"), ("ld.global.v4.f32", "f32"),
+    ("cvta.to.global.u64", "u64")])
+def test_op_gives_the_instructions_result_type(instr, type):
+    k = _kernel()
+    assert k.op(instr, "%x").type == type
+
+
+def test_op_without_a_typed_result_asks_for_emit():
+    with pytest.raises(PtxError, match="emit"):
+        _kernel().op("bar.sync", 0)
+
+
+def test_params_are_loaded_and_pointers_made_global():
+    k = _kernel()
+    x, n, s = k.params()
+    assert (x.type, n.type, s.type) == ("u64", "u32", "f32")
+    body = "\n".join(k.lines)
+    assert "ld.param.u64 %rd1, [x];" in body and "cvta.to.global.u64 %rd2, %rd1;" in body
+    assert "ld.param.f32 %f1, [s];" in body
+
+
+def test_if_branches_around_its_block_and_loops_count_up():
+    k = _kernel()
+    i = k.reg("u32")
+    with k.if_(k.setp("lt.u32", i, 7)):
+        k.emit("nop.marker")  # any text
+    with k.loop(i, 10, 2):
+        k.emit("inside")
+    lines = [line.strip() for line in k.lines]
+    assert lines[:4] == ["setp.lt.u32 %p1, %r1, 7;", "@!%p1 bra L1;", "nop.marker;", "L1:"]
+    assert lines[4:] == ["L2:", "setp.ge.u32 %p2, %r1, 10;", "@%p2 bra L3;", "inside;",
+                         "add.u32 %r1, %r1, 2;", "bra.uni L2;", "L3:"]
+
+
+def test_an_unclosed_block_is_refused():
+    k = _kernel()
+    block = k.if_(k.setp("lt.u32", k.reg("u32"), 1))
+    block.__enter__()
+    with pytest.raises(PtxError, match="left open"):
+        k.text()
+
+
+@pytest.mark.parametrize("value", [0.0, -0.0, 1.0, 1.4426950408889634, -3.0e38, 1e-40,
+                                   float("inf"), float("-inf")])
+def test_f32_immediates_are_the_exact_bits(value):
+    text = f32(value)
+    assert text.startswith("0f") and len(text) == 10
+    assert struct.unpack("<f", struct.pack("<I", int(text[2:], 16)))[0] == \
+        struct.unpack("<f", struct.pack("<f", value))[0]
+
+
+def test_module_names_version_target_and_refuses_unknown_archs():
+    text = module([_kernel()], "sm_80")
+    assert ".version 8.0" in text and ".target sm_80" in text and ".address_size 64" in text
+    assert ".visible .entry k(" in text and ".param .u64 x," in text
+    for bad in ("sm90", "compute_90", "sm_x"):
+        with pytest.raises(PtxError, match="architecture"):
+            module([_kernel()], bad)
+
+
+def test_unknown_register_types_are_refused():
+    with pytest.raises(PtxError, match="register type"):
+        _kernel().reg("f8")

@@ -2,12 +2,14 @@
 M, N, K >= 1. Kernels: "naive" (one output per thread), "gemv" (32 threads per
 output, for matrix-vector), "tiled" (64x64 register-blocked tiles) and "tiled_wide"
 (64x128 tiles). `kernel="auto"` picks gemv for small M, naive for tiny products, the
-wide tiles for large ones and the 64x64 tiles in between."""
+wide tiles for large ones and the 64x64 tiles in between. On CUDA (pxvm.kernels.ptx.matmul):
+"naive", and "tiled" (128x128 tiles, 8x8 a thread) for the rest."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from ..kernels.ptx import matmul as ptx_matmul
 from ..runtime.webgpu.params import KernelParams, kernel_params, u32
 from .registry import meta, op, require
 
@@ -72,7 +74,24 @@ def _matmul_webgpu(ctx, a, b, transpose_b=False, kernel="auto"):
     return out
 
 
-@op(infer=_infer, webgpu=_matmul_webgpu)
+def _matmul_cuda(ctx, a, b, transpose_b=False, kernel="auto"):
+    """"naive" or "tiled" (pxvm.kernels.ptx.matmul); the WebGPU-only kernel names (gemv,
+    tiled_wide) and "auto" take the tiled kernel except for tiny products."""
+    M, K = a.shape
+    N = b.shape[0] if transpose_b else b.shape[1]
+    out = ctx.empty((M, N), np.float32)
+    if kernel == "naive" or (kernel == "auto" and M * N < 64 * 64):
+        ctx.launch(ptx_matmul.naive, (bool(transpose_b),), [a, b, out, M, N, K],
+                   ctx.stride_grid(M * N))
+    else:
+        tile = ptx_matmul.TILE
+        aligned = K % 4 == 0 and (transpose_b or N % 4 == 0)
+        ctx.launch(ptx_matmul.tiled, (bool(transpose_b), aligned), [a, b, out, M, N, K],
+                   (-(-N // tile), -(-M // tile), 1), block=ptx_matmul.THREADS)
+    return out
+
+
+@op(infer=_infer, webgpu=_matmul_webgpu, cuda=_matmul_cuda)
 def matmul(a, b, transpose_b=False, kernel="auto", *, backend="auto"):
     """A (M, K) @ B (K, N), or @ B.T for B of shape (N, K) when transpose_b. `kernel`
     picks the WebGPU kernel (the module's docstring); "auto" chooses by shape."""

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Callable
 
-from . import elementwise, rows
+from . import elementwise, matmul, rows
 from .builder import ARCHS, Kernel, PtxError, module
 
-FAMILIES = {"elementwise": elementwise, "rows": rows}
+FAMILIES = {"elementwise": elementwise, "rows": rows, "matmul": matmul}
 
 
 def kernels() -> dict[str, tuple[Callable[..., Kernel], tuple]]:

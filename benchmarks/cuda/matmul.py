@@ -27,26 +27,34 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="*", default=[1024, 2048, 4096, 8192])
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--kernel", default="tiled")
+    parser.add_argument("--fp16", action="store_true",
+                        help="the tensor-core product of float16 A and B^T (matmul_f16) "
+                             "against cuBLAS's FP16 A @ B^T")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     backend = get_backend("cuda")
-    print(f"device: {backend.describe()}; torch {torch.__version__} (cuBLAS, TF32 off)\n")
+    kind = "FP16 tensor cores, FP32 accumulation" if args.fp16 else "FP32, TF32 off"
+    print(f"device: {backend.describe()}; torch {torch.__version__} (cuBLAS, {kind})\n")
     print("| M x K x N | pxvm ms | pxvm TFLOP/s | cuBLAS ms | cuBLAS TFLOP/s | pxvm / cuBLAS | NMSE |")
     print("|---|---|---|---|---|---|---|")
     rng = np.random.default_rng(0)
     for m, k, n in [(s, s, s) for s in args.sizes] + SHAPES:
-        a = rng.standard_normal((m, k), dtype=np.float32)
-        b = rng.standard_normal((k, n), dtype=np.float32)
+        dtype = np.float16 if args.fp16 else np.float32
+        a = rng.standard_normal((m, k), dtype=np.float32).astype(dtype)
+        b = rng.standard_normal((n, k) if args.fp16 else (k, n), dtype=np.float32).astype(dtype)
         ta, tb = backend.from_numpy(a), backend.from_numpy(b)
         samples = []
         for i in range(args.repeats + 1):
             with pxvm.Batch(backend, timestamps=True) as batch:
-                out = pxvm.ops.matmul(ta, tb, kernel=args.kernel)
+                out = (pxvm.ops.matmul_f16(ta, tb, transpose_b=True) if args.fp16
+                       else pxvm.ops.matmul(ta, tb, kernel=args.kernel))
             batch.execute()
             if i:
                 samples.append(batch.gpu_seconds)
         t = statistics.median(samples)
         xa, xb = torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()
+        if args.fp16:
+            xb = xb.t()  # a transposed view: cuBLAS multiplies by B^T directly
         ref = xa @ xb
         times = []
         for _ in range(args.repeats):
@@ -58,7 +66,8 @@ def main() -> None:
             times.append(start.elapsed_time(end) / 1e3)
         tc = statistics.median(times)
         got = batch.read(out).astype(np.float64)
-        expected = ref.cpu().numpy().astype(np.float64)
+        expected = (a.astype(np.float64) @ b.astype(np.float64).T if args.fp16
+                    else ref.cpu().numpy().astype(np.float64))
         err = float(np.sum((got - expected) ** 2) / np.sum(expected ** 2))
         flops = 2.0 * m * k * n
         print(f"| {m} x {k} x {n} | {t * 1e3:.3f} | {flops / t / 1e12:.1f} | {tc * 1e3:.3f} | "

@@ -10,3 +10,4 @@ python3 -m pxvm info 2>&1 | grep -B1 -A8 "CUDA"
 (cd tests && timeout 300 python3 -m pytest -q -p no:cacheprovider backends/test_cuda.py "$@" 2>&1 | tail -25)
 timeout 200 python3 benchmarks/cuda/bandwidth.py
 timeout 300 python3 benchmarks/cuda/matmul.py
+timeout 300 python3 benchmarks/cuda/matmul.py --fp16

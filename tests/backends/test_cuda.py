@@ -135,3 +135,23 @@ def test_matmul_matches_its_reference(cuda_device, rng, kernel, transpose_b, m, 
     expected = a.astype(np.float64) @ (b.T if transpose_b else b).astype(np.float64)
     assert got.shape == (m, n)
     assert_close(got.numpy(), expected, NMSE_ELEMENTWISE)
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 8, 1), (7, 40, 5), (129, 136, 131), (300, 64, 257),
+                                   (256, 1024, 384), (128, 32, 128)])
+def test_tensor_core_matmul_matches_its_reference(cuda_device, rng, m, k, n):
+    a = rng.standard_normal((m, k)).astype(np.float16)
+    b = rng.standard_normal((n, k)).astype(np.float16)
+    got = pxvm.ops.matmul_f16(a, b, transpose_b=True, backend="cuda").numpy()
+    expected = a.astype(np.float64) @ b.astype(np.float64).T
+    assert got.dtype == np.float32 and got.shape == (m, n)
+    assert_close(got, expected, 1e-10)  # float16 products are exact in float32
+
+
+def test_tensor_core_matmul_says_what_it_does_not_take_yet(cuda_device):
+    a = np.ones((4, 12), np.float16)
+    with pytest.raises(MissingKernelError, match="K a multiple of 8"):
+        pxvm.ops.matmul_f16(a, np.ones((4, 12), np.float16), transpose_b=True, backend="cuda")
+    with pytest.raises(MissingKernelError, match="transpose_b=True"):
+        pxvm.ops.matmul_f16(np.ones((4, 8), np.float16), np.ones((8, 4), np.float16),
+                            backend="cuda")

@@ -14,7 +14,7 @@ from .convolution import conv2d, convolve2d
 from .elementwise import (add, clip, div, elu, gelu, gelu_tanh, leaky_relu, maximum, minimum,
                           mul, relu, scale, sigmoid, silu, sub, swish, tanh)
 from .indexing import concat_columns, slice_rows, write_rows
-from .matmul import matmul
+from .matmul import matmul, matmul_f16
 from .normalization import layer_norm, log_softmax, rmsnorm, rope, softmax
 from .quantized import embedding_quant, matmul_quant
 from .reductions import argmax, dot, max, sum  # noqa: A004 - numpy's names
@@ -24,7 +24,7 @@ __all__ = [
     "REGISTRY", "MissingKernelError", "Op", "add", "argmax", "attention", "clip",
     "concat_columns", "conv2d", "convolve2d", "decoding", "div", "dot", "elu",
     "embedding_quant", "gelu", "gelu_tanh", "layer_norm", "leaky_relu", "log_softmax",
-    "matmul", "matmul_quant", "max", "maximum", "minimum", "mul", "relu", "rmsnorm", "rope",
+    "matmul", "matmul_f16", "matmul_quant", "max", "maximum", "minimum", "mul", "relu", "rmsnorm", "rope",
     "scale", "sigmoid", "silu", "slice_rows", "softmax", "sub", "sum", "swish", "tanh",
     "transformer", "write_rows",
 ]

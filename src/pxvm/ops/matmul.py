@@ -10,8 +10,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..kernels.ptx import matmul as ptx_matmul
+from ..kernels.ptx import tensor_core as ptx_tensor_core
 from ..runtime.webgpu.params import KernelParams, kernel_params, u32
-from .registry import meta, op, require
+from .registry import MissingKernelError, meta, op, require
 
 KERNELS = ("auto", "naive", "tiled", "tiled_wide", "gemv")
 GEMV_MAX_ROWS = 4
@@ -95,6 +96,33 @@ def _matmul_cuda(ctx, a, b, transpose_b=False, kernel="auto"):
 def matmul(a, b, transpose_b=False, kernel="auto", *, backend="auto"):
     """A (M, K) @ B (K, N), or @ B.T for B of shape (N, K) when transpose_b. `kernel`
     picks the WebGPU kernel (the module's docstring); "auto" chooses by shape."""
+    a = np.asarray(a, np.float64)
+    b = np.asarray(b, np.float64)
+    return (a @ (b.T if transpose_b else b)).astype(np.float32)
+
+
+def _infer_f16(a, b, transpose_b=False):
+    return _infer(a, b, transpose_b)
+
+
+def _matmul_f16_cuda(ctx, a, b, transpose_b=False):
+    M, K = a.shape
+    N = b.shape[0] if transpose_b else b.shape[1]
+    if not transpose_b or K % 8:
+        raise MissingKernelError(
+            "matmul_f16 on CUDA takes B as (N, K) (transpose_b=True) and K a multiple of 8 "
+            f"so far, not {'B as (K, N)' if not transpose_b else f'K = {K}'}; run it on numpy")
+    out = ctx.empty((M, N), np.float32)
+    tile = ptx_tensor_core.TILE
+    ctx.launch(ptx_tensor_core.matmul_f16_bt, (), [a, b, out, M, N, K],
+               (-(-N // tile), -(-M // tile), 1), block=ptx_tensor_core.THREADS)
+    return out
+
+
+@op(infer=_infer_f16, dtypes=("f16",), cuda=_matmul_f16_cuda)
+def matmul_f16(a, b, transpose_b=False, *, backend="auto"):
+    """A @ B (A @ B^T with transpose_b) of float16 matrices, float32 results: on CUDA
+    tensor cores with float32 accumulation (pxvm.kernels.ptx.tensor_core)."""
     a = np.asarray(a, np.float64)
     b = np.asarray(b, np.float64)
     return (a @ (b.T if transpose_b else b)).astype(np.float32)

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from typing import Callable
 
-from . import elementwise, matmul, rows
+from . import elementwise, matmul, rows, tensor_core
 from .builder import ARCHS, Kernel, PtxError, module
 
-FAMILIES = {"elementwise": elementwise, "rows": rows, "matmul": matmul}
+FAMILIES = {"elementwise": elementwise, "rows": rows, "matmul": matmul,
+            "tensor_core": tensor_core}
 
 
 def kernels() -> dict[str, tuple[Callable[..., Kernel], tuple]]:

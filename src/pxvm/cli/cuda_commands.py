@@ -1,9 +1,11 @@
-"""`pxvm ptx` (the PTX pxvm's CUDA kernels are) and the CUDA part of `pxvm info`."""
+"""`pxvm ptx` (the PTX pxvm's CUDA kernels are), `pxvm monitor` (NVML) and the CUDA part
+of `pxvm info`."""
 
 from __future__ import annotations
 
 import typer
 
+from ..gpu.monitor import watch
 from ..kernels import ptx as ptx_kernels
 from ..runtime.cuda import CudaError, CudaUnavailableError, list_cuda_devices
 from ..runtime.errors import PxvmError
@@ -43,5 +45,15 @@ def cuda_summary() -> dict:
         for d in devices], "unavailable": None}
 
 
+def monitor(
+    interval: float = typer.Option(1.0, min=0.1, max=3600, help="Seconds between readings."),
+    count: int = typer.Option(0, min=0, help="Readings to show (0: until Ctrl-C)."),
+):
+    """Show the NVIDIA GPUs' utilisation, memory, clocks, temperature and power (NVML),
+    refreshing in the terminal."""
+    watch(interval, count or None)
+
+
 def register(app: typer.Typer) -> None:
     app.command("ptx")(ptx)
+    app.command("monitor")(monitor)

@@ -5,13 +5,18 @@ the clear errors of what it does not run yet. Skipped, saying why, without a dri
 
 from __future__ import annotations
 
+import importlib
+
 import numpy as np
 import pytest
 from conftest import NMSE_ELEMENTWISE, NMSE_F16, ODD_SIZES, assert_close, nmse
 
 import pxvm
 from pxvm.batch import Batch, Graph
+from pxvm.kernels.ptx import tensor_core as ptx_tensor_core
 from pxvm.ops.registry import MissingKernelError
+
+matmul_module = importlib.import_module("pxvm.ops.matmul")  # the module, not the op
 
 UNARY = [("relu", {}), ("leaky_relu", {"alpha": 0.1}), ("elu", {"alpha": 0.7}),
          ("sigmoid", {}), ("tanh", {}), ("silu", {}), ("gelu_tanh", {}),
@@ -137,9 +142,12 @@ def test_matmul_matches_its_reference(cuda_device, rng, kernel, transpose_b, m, 
     assert_close(got.numpy(), expected, NMSE_ELEMENTWISE)
 
 
+@pytest.mark.parametrize("shape", ptx_tensor_core.SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("m,k,n", [(1, 8, 1), (7, 40, 5), (129, 136, 131), (300, 64, 257),
                                    (256, 1024, 384), (128, 32, 128)])
-def test_tensor_core_matmul_matches_its_reference(cuda_device, rng, m, k, n):
+def test_tensor_core_matmul_matches_its_reference(cuda_device, rng, m, k, n, shape,
+                                                  monkeypatch):
+    monkeypatch.setattr(matmul_module, "TENSOR_CORE_SHAPE", shape)
     a = rng.standard_normal((m, k)).astype(np.float16)
     b = rng.standard_normal((n, k)).astype(np.float16)
     got = pxvm.ops.matmul_f16(a, b, transpose_b=True, backend="cuda").numpy()

@@ -101,6 +101,10 @@ def matmul(a, b, transpose_b=False, kernel="auto", *, backend="auto"):
     return (a @ (b.T if transpose_b else b)).astype(np.float32)
 
 
+#: (block columns, warp columns, stages) of the tensor-core kernel (benchmarks set it)
+TENSOR_CORE_SHAPE = ptx_tensor_core.DEFAULT
+
+
 def _infer_f16(a, b, transpose_b=False):
     return _infer(a, b, transpose_b)
 
@@ -113,9 +117,10 @@ def _matmul_f16_cuda(ctx, a, b, transpose_b=False):
             "matmul_f16 on CUDA takes B as (N, K) (transpose_b=True) and K a multiple of 8 "
             f"so far, not {'B as (K, N)' if not transpose_b else f'K = {K}'}; run it on numpy")
     out = ctx.empty((M, N), np.float32)
-    tile = ptx_tensor_core.TILE
-    ctx.launch(ptx_tensor_core.matmul_f16_bt, (), [a, b, out, M, N, K],
-               (-(-N // tile), -(-M // tile), 1), block=ptx_tensor_core.THREADS)
+    block_n, warp_n, stages = shape = TENSOR_CORE_SHAPE
+    ctx.launch(ptx_tensor_core.matmul_f16_bt, shape, [a, b, out, M, N, K],
+               (-(-N // block_n), -(-M // ptx_tensor_core.TILE), 1),
+               block=ptx_tensor_core.threads(block_n, warp_n))
     return out
 
 

@@ -10,6 +10,8 @@ import importlib
 import numpy as np
 import pytest
 from conftest import NMSE_ELEMENTWISE, NMSE_F16, ODD_SIZES, assert_close, nmse
+from gguf import GGMLQuantizationType
+from gguf import quants as gguf_quants
 
 import pxvm
 from pxvm.batch import Batch, Graph
@@ -163,3 +165,21 @@ def test_tensor_core_matmul_says_what_it_does_not_take_yet(cuda_device):
     with pytest.raises(MissingKernelError, match="transpose_b=True"):
         pxvm.ops.matmul_f16(np.ones((4, 8), np.float16), np.ones((8, 4), np.float16),
                             backend="cuda")
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 1, 32), (1, 37, 96), (3, 300, 1024), (1, 4096, 4096),
+                                   (2, 11008, 256)])
+def test_q8_0_product_matches_its_reference(cuda_device, rng, m, n, k):
+    w = gguf_quants.quantize(rng.standard_normal((n, k)).astype(np.float32),
+                             GGMLQuantizationType.Q8_0)
+    w = np.ascontiguousarray(w).view(np.uint8).reshape(n, -1)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    got = pxvm.ops.matmul_quant(x, w, qtype=8, k=k, backend="cuda").numpy()
+    expected = x.astype(np.float64) @ gguf_quants.dequantize(w, GGMLQuantizationType.Q8_0).T
+    assert_close(got, expected, NMSE_ELEMENTWISE)
+
+
+def test_quantized_types_without_a_cuda_kernel_say_so(cuda_device, rng):
+    w = np.zeros((4, 18), np.uint8)  # Q4_0 rows of 32 values
+    with pytest.raises(MissingKernelError, match="reads Q8_0 weights so far, not Q4_0"):
+        pxvm.ops.matmul_quant(np.ones((1, 32), np.float32), w, qtype=2, k=32, backend="cuda")

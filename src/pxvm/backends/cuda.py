@@ -82,13 +82,14 @@ class CudaContext(RecordingContext):
         types = _param_types(builder, tuple(builder_args))
         if len(types) != len(args):
             raise PxvmError(f"kernel {name} takes {len(types)} arguments, got {len(args)}")
-        values = [_value(a, t) for a, t in zip(args, types)]
+        packed = self.device.pack([_value(a, t) for a, t in zip(args, types)])
         grid = (grid, 1, 1) if isinstance(grid, int) else tuple(grid)
         function = self.device.function(text, name)
+        # events right around the launch: the host's work before it is not the GPU's
         if self._timed and self._start is None:
             self._start = self.device.event()
         start = self.device.event() if self._profiled is not None else None
-        self.device.launch(function, grid, (block, 1, 1), values, shared_bytes)
+        self.device.launch(function, grid, (block, 1, 1), packed, shared_bytes)
         if start is not None:
             self._profiled.append((name, start, self.device.event()))
 

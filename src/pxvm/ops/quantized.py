@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..kernels.ptx import quantized as ptx_quantized
 from ..runtime.webgpu.params import KernelParams, f32, kernel_params, u32
 from .layouts import AttentionPartials
 from .quant_types import dequantize, quant_type
-from .registry import meta, op, require
+from .registry import MissingKernelError, meta, op, require
 
 KERNEL = "matmul_quant.wgsl"
 #: Allowed `lanes` (threads per output column; None lets the op choose).
@@ -104,8 +105,26 @@ def _matmul_quant_cpu(ctx, x, w, qtype=3, k=0, lanes=None):
     return out
 
 
+#: outputs a warp of the CUDA Q8_0 kernel computes (benchmarks set it)
+Q8_0_ROWS_PER_WARP = ptx_quantized.ROWS_PER_WARP[0]
+
+
+def _matmul_quant_cuda(ctx, x, w, qtype=3, k=0, lanes=None):
+    if qtype != 8:
+        raise MissingKernelError(
+            f"matmul_quant on CUDA reads Q8_0 weights so far, not {quant_type(qtype).name}; "
+            "run it on webgpu, cpu or numpy")
+    m, n = x.shape[0], w.shape[0]
+    out = ctx.empty((m, n), np.float32)
+    rows = Q8_0_ROWS_PER_WARP
+    per_block = ptx_quantized.WARPS * rows
+    ctx.launch(ptx_quantized.matvec_q8_0, (rows,), [x, w, out, n, k, w.shape[1]],
+               (-(-n // per_block), m, 1), block=ptx_quantized.THREADS)
+    return out
+
+
 @op(infer=infer_product, input_dtypes=("f32", "u8"), webgpu=_matmul_quant_webgpu,
-    cpu=_matmul_quant_cpu)
+    cpu=_matmul_quant_cpu, cuda=_matmul_quant_cuda)
 def matmul_quant(x, w, qtype=3, k=0, lanes=None, *, backend="auto"):
     """x (M, K) @ W^T for W (N, K) stored as raw GGUF blocks (N, row_bytes) of type qtype
     (a GGML type number, quant_types.QUANT_TYPES). `lanes`: threads per output column

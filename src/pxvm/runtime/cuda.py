@@ -224,14 +224,19 @@ class CudaDevice:
             self._functions[(key, name)] = found
         return found
 
+    @staticmethod
+    def pack(args: list) -> tuple:
+        """A launch's arguments (numpy scalars: uint64 device pointers, uint32, float32,
+        in the kernel's parameter order) as the driver takes them: (pointer array, the
+        values it points to, kept alive with it)."""
+        values = [np.array([a]) for a in args]
+        return np.array([v.ctypes.data for v in values], np.uint64), values
+
     def launch(self, function, grid: tuple[int, int, int], block: tuple[int, int, int],
-               args: list, shared_bytes: int = 0) -> None:
-        """Queue a launch; `args` are numpy scalars (uint64 device pointers, uint32,
-        float32) in the kernel's parameter order."""
-        values = [np.array([a]) for a in args]  # each kept alive through the call
-        pointers = np.array([v.ctypes.data for v in values], np.uint64)
+               packed: tuple, shared_bytes: int = 0) -> None:
+        """Queue a launch of `function` with pack()ed arguments."""
         _check(_driver().cuLaunchKernel(function, *grid, *block, shared_bytes, self.stream,
-                                        pointers.ctypes.data, 0), "cuLaunchKernel")
+                                        packed[0].ctypes.data, 0), "cuLaunchKernel")
 
     # ---- ordering and time --------------------------------------------------------------
     def synchronize(self) -> None:

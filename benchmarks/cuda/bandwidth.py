@@ -122,9 +122,12 @@ def main() -> None:
         torch_cols = (f"{tt_ * 1e3:.3f} | {moved / tt_ / 1e9:.0f}" if tt_ else "- | -")
         print(f"| {name} | {t * 1e3:.3f} | {moved / t / 1e9:.0f} | {moved / t / copy_bw:.0%} "
               f"| {err:.1e} | {torch_cols} |")
-    for rows in (1, 4):
-        importlib.import_module("pxvm.ops.quantized").Q8_0_ROWS_PER_WARP = rows
-        print(f"\nQ8_0 kernel: {rows} output(s) a warp")
+    module = importlib.import_module("pxvm.ops.quantized")  # the module, not the op
+    from pxvm.kernels.ptx.quantized import PLANES_SHAPES
+    for layout, unroll, rows in (("blocks", 0, 1), *(("planes", *s) for s in PLANES_SHAPES)):
+        module.Q8_0_LAYOUT, module.Q8_0_UNROLL, module.Q8_0_ROWS = layout, unroll, rows
+        print(f"\nQ8_0 kernel: {layout}" + (f", {unroll} trip(s) unrolled, {rows} outputs a "
+                                            "warp" if unroll else ""))
         quantized(backend, copy_bw, args.repeats)
 
 

@@ -8,6 +8,7 @@ they were recorded.
 from __future__ import annotations
 
 import functools
+import weakref
 from typing import Callable
 
 import numpy as np
@@ -93,6 +94,12 @@ class CudaContext(RecordingContext):
         if start is not None:
             self._profiled.append((name, start, self.device.event()))
 
+    def derived(self, tensor: Tensor, key, make: Callable[[], Tensor]) -> Tensor:
+        """A form of `tensor` kernels read faster (a weight repacked), made by `make()`
+        (recording its work here) on first use and kept with the tensor's memory until
+        the tensor is written or freed."""
+        return self.backend.derived(tensor, key, make)
+
     def stride_grid(self, groups: int) -> int:
         """Blocks for a grid-stride loop over `groups` items: enough to fill the GPU."""
         limit = self.device.info.multiprocessors * BLOCKS_PER_SM
@@ -150,6 +157,21 @@ class CudaBackend(Backend):
 
     def __init__(self, device: CudaDevice | None = None):
         self.device = device if device is not None else get_cuda_device()
+        # id(buffer) -> (a weak reference to it, {key: the tensor derived from it})
+        self._derived: dict[int, tuple[weakref.ref, dict]] = {}
+
+    def derived(self, tensor: Tensor, key, make: Callable[[], Tensor]) -> Tensor:
+        """CudaContext.derived's cache."""
+        buffer = tensor.storage
+        entry = self._derived.get(id(buffer))
+        if entry is None or entry[0]() is not buffer:
+            entry = (weakref.ref(buffer, lambda _, i=id(buffer), d=self._derived: d.pop(i, None)),
+                     {})
+            self._derived[id(buffer)] = entry
+        found = entry[1].get(key)
+        if found is None:
+            found = entry[1][key] = make()
+        return found
 
     def describe(self) -> str:
         i = self.device.info
@@ -165,6 +187,7 @@ class CudaBackend(Backend):
         return self.device.read(tensor.storage, tensor.dtype, tensor.size).reshape(tensor.shape)
 
     def write(self, tensor: Tensor, array) -> None:
+        self._derived.pop(id(tensor.storage), None)  # its repacked forms are stale now
         self.device.write(tensor.storage, values_for(tensor, array))
 
     def context(self, *, timestamps: bool = False, profile: bool = False,

@@ -105,8 +105,22 @@ def _matmul_quant_cpu(ctx, x, w, qtype=3, k=0, lanes=None):
     return out
 
 
-#: outputs a warp of the CUDA Q8_0 kernel computes (benchmarks set it)
-Q8_0_ROWS_PER_WARP = ptx_quantized.ROWS_PER_WARP[0]
+#: The CUDA Q8_0 product: "planes" reads the weight repacked once (int8 values, then
+#: float16 scales: 16-byte loads), "blocks" the raw 34-byte blocks (2-byte loads); the
+#: planes kernel's trips unrolled and outputs a warp (benchmarks set them)
+Q8_0_LAYOUT = "planes"
+Q8_0_UNROLL = 2
+Q8_0_ROWS = 1
+
+
+def _q8_0_planes(ctx, w, k):
+    """W's Q8_0 rows as pxvm.kernels.ptx.quantized.repack_q8_0's planes (made on the device)."""
+    n, per_row = w.shape[0], k // 32
+    planes = ctx.empty((n * k + n * per_row * 2,), np.uint8)
+    blocks = n * per_row
+    ctx.launch(ptx_quantized.repack_q8_0, (), [w, planes, blocks, per_row, w.shape[1],
+                                               n * k // 2], ctx.stride_grid(blocks))
+    return planes
 
 
 def _matmul_quant_cuda(ctx, x, w, qtype=3, k=0, lanes=None):
@@ -116,10 +130,16 @@ def _matmul_quant_cuda(ctx, x, w, qtype=3, k=0, lanes=None):
             "run it on webgpu, cpu or numpy")
     m, n = x.shape[0], w.shape[0]
     out = ctx.empty((m, n), np.float32)
-    rows = Q8_0_ROWS_PER_WARP
-    per_block = ptx_quantized.WARPS * rows
-    ctx.launch(ptx_quantized.matvec_q8_0, (rows,), [x, w, out, n, k, w.shape[1]],
-               (-(-n // per_block), m, 1), block=ptx_quantized.THREADS)
+    warps = ptx_quantized.WARPS
+    if Q8_0_LAYOUT == "planes":
+        planes = ctx.derived(w, ("q8_0 planes", k), lambda: _q8_0_planes(ctx, w, k))
+        rows = Q8_0_ROWS
+        ctx.launch(ptx_quantized.matvec_q8_0_planes, (Q8_0_UNROLL, rows),
+                   [x, planes, out, n, k], (-(-n // (warps * rows)), m, 1),
+                   block=ptx_quantized.THREADS)
+    else:
+        ctx.launch(ptx_quantized.matvec_q8_0, (1,), [x, w, out, n, k, w.shape[1]],
+                   (-(-n // warps), m, 1), block=ptx_quantized.THREADS)
     return out
 
 

@@ -127,7 +127,7 @@ def main() -> None:
     for layout, unroll, rows in (("blocks", 0, 1), *(("planes", *s) for s in PLANES_SHAPES)):
         module.Q8_0_LAYOUT, module.Q8_0_UNROLL, module.Q8_0_ROWS = layout, unroll, rows
         print(f"\nQ8_0 kernel: {layout}" + (f", {unroll} trip(s) unrolled, {rows} outputs a "
-                                            "warp" if unroll else ""))
+                                            "block" if unroll else ""))
         quantized(backend, copy_bw, args.repeats)
 
 

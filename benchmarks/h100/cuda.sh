@@ -7,7 +7,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -m pxvm info 2>&1 | grep -B1 -A8 "CUDA"
-(cd tests && timeout 300 python3 -m pytest -q -p no:cacheprovider backends/test_cuda.py gpu/test_monitor.py "$@" 2>&1 | tail -25)
+(cd tests && timeout 300 python3 -m pytest -q -p no:cacheprovider backends/test_cuda.py gpu/test_monitor.py "$@" 2>&1 | tail -5)
 timeout 20 python3 -m pxvm monitor --count 1
 timeout 200 python3 benchmarks/cuda/bandwidth.py
 timeout 300 python3 benchmarks/cuda/matmul.py

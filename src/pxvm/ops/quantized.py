@@ -107,10 +107,10 @@ def _matmul_quant_cpu(ctx, x, w, qtype=3, k=0, lanes=None):
 
 #: The CUDA Q8_0 product: "planes" reads the weight repacked once (int8 values, then
 #: float16 scales: 16-byte loads), "blocks" the raw 34-byte blocks (2-byte loads); the
-#: planes kernel's trips unrolled and outputs a warp (benchmarks set them)
+#: planes kernel's trips unrolled and outputs a block (benchmarks set them)
 Q8_0_LAYOUT = "planes"
-Q8_0_UNROLL = 2
-Q8_0_ROWS = 1
+Q8_0_UNROLL = 1
+Q8_0_ROWS = 8
 
 
 def _q8_0_planes(ctx, w, k):
@@ -135,7 +135,7 @@ def _matmul_quant_cuda(ctx, x, w, qtype=3, k=0, lanes=None):
         planes = ctx.derived(w, ("q8_0 planes", k), lambda: _q8_0_planes(ctx, w, k))
         rows = Q8_0_ROWS
         ctx.launch(ptx_quantized.matvec_q8_0_planes, (Q8_0_UNROLL, rows),
-                   [x, planes, out, n, k], (-(-n // (warps * rows)), m, 1),
+                   [x, planes, out, n, k], (-(-n // rows), m, 1),
                    block=ptx_quantized.THREADS)
     else:
         ctx.launch(ptx_quantized.matvec_q8_0, (1,), [x, w, out, n, k, w.shape[1]],

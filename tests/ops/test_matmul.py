@@ -86,3 +86,14 @@ def test_result_over_the_binding_limit_is_refused_before_any_dispatch(gpu_device
     with pytest.raises(BindingTooLargeError,
                        match=f"{m * n * 4:,} bytes.*{gpu_device.max_binding:,} bytes"):
         pxvm.ops.matmul(a, b, backend="gpu")
+
+
+@pytest.mark.parametrize("transpose_b", [False, True])
+@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (7, 33, 5), (64, 130, 31)])
+def test_matmul_f16_on_webgpu_matches_its_reference(gpu_device, rng, transpose_b, m, k, n):
+    a = rng.standard_normal((m, k)).astype(np.float16)
+    b = rng.standard_normal((n, k) if transpose_b else (k, n)).astype(np.float16)
+    got = pxvm.ops.matmul_f16(a, b, transpose_b=transpose_b, backend="gpu").numpy()
+    expected = a.astype(np.float64) @ (b.T if transpose_b else b).astype(np.float64)
+    assert got.dtype == np.float32
+    assert_close(got, expected, 1e-10)  # float16 products are exact in float32

@@ -23,7 +23,7 @@ GEMV_ROWS_PER_WG = 8  # outputs per gemv workgroup: ROWS_PER_WG in matmul_naive.
 WIDE_MIN_OUTPUTS = 2048 * 2048
 
 
-@kernel_params("matmul_naive.wgsl", "matmul_tiled.wgsl")
+@kernel_params("matmul_naive.wgsl", "matmul_tiled.wgsl", "matmul_f16.wgsl")
 class MatmulParams(KernelParams):
     M: u32
     N: u32
@@ -124,10 +124,20 @@ def _matmul_f16_cuda(ctx, a, b, transpose_b=False):
     return out
 
 
-@op(infer=_infer_f16, dtypes=("f16",), cuda=_matmul_f16_cuda)
+def _matmul_f16_webgpu(ctx, a, b, transpose_b=False):
+    M, K = a.shape
+    N = b.shape[0] if transpose_b else b.shape[1]
+    out = ctx.empty((M, N), np.float32)
+    ctx.dispatch("matmul_f16.wgsl", "main", [a, b, out], MatmulParams(M, N, K),
+                 -(-M * N // 64), {"TRANSPOSE_B": int(bool(transpose_b))})
+    return out
+
+
+@op(infer=_infer_f16, dtypes=("f16",), webgpu=_matmul_f16_webgpu, cuda=_matmul_f16_cuda)
 def matmul_f16(a, b, transpose_b=False, *, backend="auto"):
     """A @ B (A @ B^T with transpose_b) of float16 matrices, float32 results: on CUDA
-    tensor cores with float32 accumulation (pxvm.kernels.ptx.tensor_core)."""
+    tensor cores with float32 accumulation (pxvm.kernels.ptx.tensor_core); on WebGPU
+    one output a thread (matmul_f16.wgsl)."""
     a = np.asarray(a, np.float64)
     b = np.asarray(b, np.float64)
     return (a @ (b.T if transpose_b else b)).astype(np.float32)

@@ -208,3 +208,34 @@ def test_a_written_weight_is_repacked_again(cuda_device, rng):
     expected = x.astype(np.float64) @ gguf_quants.dequantize(new, GGMLQuantizationType.Q8_0).T
     assert_close(again, expected, NMSE_ELEMENTWISE)
     assert np.abs(again - first).max() > 1e-3
+
+
+@pytest.mark.parametrize("shape", [(1,), (7,), (33, 257), (5, 3, 576), (70001, 3)])
+def test_layer_norm_matches_its_reference(cuda_device, rng, shape):
+    x = (rng.standard_normal(shape) * 3 + 1).astype(np.float32)
+    w, b = (rng.standard_normal(shape[-1]).astype(np.float32) for _ in range(2))
+    assert_close(pxvm.ops.layer_norm(x, w, b, backend="cuda").numpy(),
+                 pxvm.ops.layer_norm.reference(x, w, b), NMSE_F16)
+
+
+@pytest.mark.parametrize("n", ODD_SIZES + (1 << 20, 3_000_001))
+def test_sum_max_and_dot_match_their_references(cuda_device, rng, n):
+    a = rng.standard_normal(n).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    ops = pxvm.ops
+    for name, args in (("sum", (a,)), ("max", (a,)), ("dot", (a, b))):
+        got = getattr(ops, name)(*args, backend="cuda").numpy()
+        assert got.shape == ()
+        assert_close(got, getattr(ops, name).reference(*args), NMSE_ELEMENTWISE)
+    a[n // 2] = np.nan
+    assert np.isnan(ops.max(a, backend="cuda").numpy())
+
+
+@pytest.mark.parametrize("style", ["interleaved", "neox"])
+@pytest.mark.parametrize("seq,heads,d,offset", [(1, 1, 2, 0), (7, 3, 16, 5), (33, 9, 64, 4000)])
+def test_rope_matches_its_reference(cuda_device, rng, style, seq, heads, d, offset):
+    x = rng.standard_normal((seq, heads, d)).astype(np.float32)
+    params = {"pos_offset": offset, "theta": 500000.0, "style": style,
+              "freq_factors": tuple(1.0 + rng.random(d // 2)), "attn_factor": 1.1}
+    assert_close(pxvm.ops.rope(x, backend="cuda", **params).numpy(),
+                 pxvm.ops.rope.reference(x, **params), NMSE_ELEMENTWISE)

@@ -205,7 +205,15 @@ def rmsnorm(x, weight, eps=1e-6, *, backend="auto"):
     return (x * scale * np.asarray(weight, np.float64)).astype(np.float32)
 
 
-@op(infer=_infer_layer_norm, webgpu=_layer_norm_webgpu)
+def _layer_norm_cuda(ctx, x, weight, bias, eps=1e-5):
+    out = ctx.empty(x.shape, np.float32)
+    vec = _row_vec(x)
+    ctx.launch(ptx_rows.layer_norm, (vec,), [x, weight, bias, out, x.shape[-1] // vec, eps],
+               _row_count(x), block=ptx_rows.THREADS)
+    return out
+
+
+@op(infer=_infer_layer_norm, webgpu=_layer_norm_webgpu, cuda=_layer_norm_cuda)
 def layer_norm(x, weight, bias, eps=1e-5, *, backend="auto"):
     """(x - mean) / sqrt(var + eps) * weight + bias over the last axis."""
     x = np.asarray(x, np.float64)
@@ -226,7 +234,19 @@ def rope_angles(n_positions: int, head_dim: int, theta: float, start: int = 0,
     return np.arange(start, start + n_positions, dtype=np.float64)[:, None] * inv_freq[None, :]
 
 
-@op(infer=_infer_rope, webgpu=_rope_webgpu)
+def _rope_cuda(ctx, x, pos_offset=0, theta=10000.0, style="interleaved", freq_factors=None,
+               attn_factor=1.0):
+    seq, heads, d = x.shape
+    out = ctx.empty(x.shape, np.float32)
+    table = rope_table(ctx, theta, d, int(pos_offset) + seq, freq_factors, attn_factor)
+    pairs = seq * heads * (d // 2)
+    if pairs:
+        ctx.launch(ptx_rows.rope, (style == "neox",),
+                   [x, table, out, pairs, heads, d // 2, int(pos_offset)], ctx.stride_grid(pairs))
+    return out
+
+
+@op(infer=_infer_rope, webgpu=_rope_webgpu, cuda=_rope_cuda)
 def rope(x, pos_offset=0, theta=10000.0, style="interleaved", freq_factors=None,
          attn_factor=1.0, *, backend="auto"):
     """Rotary embedding of x (seq, heads, head_dim) at positions pos_offset + row;

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..kernels.ptx import reductions as ptx_reductions
 from ..runtime.webgpu.params import KernelParams, kernel_params, u32
 from .registry import meta, op, require
 
@@ -104,19 +105,35 @@ def _argmax_webgpu(ctx, x, axis=None):
     return out
 
 
-@op(infer=_infer_full, webgpu=_two_passes(0))
+def _reduce_cuda(name: str):
+    """The CUDA kernel of reduction `name` (pxvm.kernels.ptx.reductions): partial values
+    of a block each, then one block over them."""
+    def record(ctx, a, b=None):
+        n = a.size
+        blocks = min(ptx_reductions.PARTIALS, -(-n // ptx_reductions.THREADS))
+        partial = ctx.empty((blocks,), np.float32)
+        out = ctx.empty((), np.float32)
+        ctx.launch(ptx_reductions.partials, (name,), [a, a if b is None else b, partial, n],
+                   blocks, block=ptx_reductions.THREADS)
+        ctx.launch(ptx_reductions.finish, (name,), [partial, out, blocks], 1,
+                   block=ptx_reductions.THREADS)
+        return out
+    return record
+
+
+@op(infer=_infer_full, webgpu=_two_passes(0), cuda=_reduce_cuda("sum"))
 def sum(x, *, backend="auto"):  # noqa: A001 - numpy's name
     """Sum of all elements (float64 accumulation, returned as f32)."""
     return np.float32(np.sum(np.asarray(x, np.float64)))
 
 
-@op(infer=_infer_full, webgpu=_two_passes(1))
+@op(infer=_infer_full, webgpu=_two_passes(1), cuda=_reduce_cuda("max"))
 def max(x, *, backend="auto"):  # noqa: A001 - numpy's name
     """Largest element; NaN if any element is NaN (numpy semantics)."""
     return np.float32(np.max(np.asarray(x, np.float32)))
 
 
-@op(infer=_infer_dot, webgpu=_two_passes(2))
+@op(infer=_infer_dot, webgpu=_two_passes(2), cuda=_reduce_cuda("dot"))
 def dot(a, b, *, backend="auto"):
     """Dot product of two 1-D vectors (float64 accumulation, returned as f32)."""
     return np.float32(np.dot(np.asarray(a, np.float64), np.asarray(b, np.float64)))

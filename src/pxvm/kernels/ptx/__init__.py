@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from typing import Callable
 
-from . import elementwise, matmul, quantized, rows, tensor_core
+from . import elementwise, matmul, quantized, reductions, rows, tensor_core
 from .builder import ARCHS, Kernel, PtxError, module
 
 FAMILIES = {"elementwise": elementwise, "rows": rows, "matmul": matmul,
-            "tensor_core": tensor_core, "quantized": quantized}
+            "tensor_core": tensor_core, "quantized": quantized, "reductions": reductions}
 
 
 def kernels() -> dict[str, tuple[Callable[..., Kernel], tuple]]:

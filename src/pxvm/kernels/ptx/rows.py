@@ -1,9 +1,9 @@
-"""Row-wise kernels in PTX: rmsnorm, softmax and log-softmax over the last axis, one
-block of THREADS threads per row (grid.x = rows), reading the row in groups of VEC
-values (4: 16-byte loads, where the row length allows; 1 otherwise). A row's sums and
-maxima are reduced within each warp by butterfly shuffles, then across the warps
-through shared memory.
-"""
+"""Row-wise kernels in PTX over the last axis: rmsnorm, layer norm, softmax and
+log-softmax, one block of THREADS threads per row (grid.x = rows), reading the row in
+groups of VEC values (4: 16-byte loads, where the row length allows; 1 otherwise). A
+row's sums and maxima are reduced within each warp by butterfly shuffles, then across
+the warps through shared memory. And `rope`, the rotary embedding of rows of heads, a
+thread a pair."""
 
 from __future__ import annotations
 
@@ -131,12 +131,80 @@ def softmax(log: bool = False, vec: int = 4) -> Kernel:
     return k
 
 
+def layer_norm(vec: int = 4) -> Kernel:
+    """y = (x - mean) / sqrt(var + eps) * w + b per row, the variance from a second pass
+    over (x - mean)^2 (no cancellation)."""
+    k = Kernel(f"layer_norm_v{vec}", [("x", "u64"), ("w", "u64"), ("b", "u64"), ("y", "u64"),
+                                      ("row_groups", "u32"), ("eps", "f32")])
+    x, w, bias, y, row_groups, eps = k.params()
+    scratch = k.shared("partial", "f32", WARPS, 16)
+    first, column = _row(k, row_groups)
+    count = k.op("cvt.rn.f32.u32", k.op("mul.lo.u32", row_groups, vec))
+    total = k.op("mov.f32", f32(0.0))
+    c, loop = _groups(k, column, row_groups)
+    with loop:
+        for v in _load(k, x, k.op("add.u32", first, c), vec):
+            k.to(total, "add.f32", total, v)
+    mean = k.op("div.rn.f32", _block_reduce(k, total, "add.f32", scratch), count)
+    squares = k.op("mov.f32", f32(0.0))
+    c, loop = _groups(k, column, row_groups)
+    with loop:
+        for v in _load(k, x, k.op("add.u32", first, c), vec):
+            d = k.op("sub.f32", v, mean)
+            k.to(squares, "fma.rn.f32", d, d, squares)
+    var = k.op("div.rn.f32", _block_reduce(k, squares, "add.f32", scratch), count)
+    scale = k.op("rsqrt.approx.f32", k.op("add.f32", var, eps))
+    c, loop = _groups(k, column, row_groups)
+    with loop:
+        i = k.op("add.u32", first, c)
+        out = [k.op("fma.rn.f32", k.op("mul.f32", k.op("sub.f32", v, mean), scale), g, b)
+               for v, g, b in zip(_load(k, x, i, vec), _load(k, w, c, vec),
+                                  _load(k, bias, c, vec))]
+        _store(k, y, i, out)
+    return k
+
+
 def variants():
+    yield rope, (False,)
+    yield rope, (True,)
     for vec in VECS:
+        yield layer_norm, (vec,)
         yield rmsnorm, (vec, False)
         yield rmsnorm, (vec, True)
         yield softmax, (False, vec)
         yield softmax, (True, vec)
 
 
-__all__ = ["THREADS", "rmsnorm", "softmax", "variants"]
+__all__ = ["THREADS", "layer_norm", "rmsnorm", "rope", "softmax", "variants"]
+
+
+def rope(neox: bool = False) -> Kernel:
+    """Rotary embedding of x (seq, heads, 2 half): pair i of row (s, h) turned by the
+    table's (cos, sin) at position pos_offset + s (table (positions, half, 2), computed
+    on the host); `neox` pairs (i, i + half), else (2i, 2i + 1). A thread a pair,
+    grid-stride."""
+    k = Kernel(f"rope_{'neox' if neox else 'interleaved'}",
+               [("x", "u64"), ("table", "u64"), ("y", "u64"), ("pairs", "u32"),
+                ("heads", "u32"), ("half", "u32"), ("pos_offset", "u32")])
+    x, table, y, pairs, heads, half, pos_offset = k.params()
+    t = k.global_index()
+    stride = k.op("mul.lo.u32", k.special("%nctaid.x"), k.special("%ntid.x"))
+    with k.loop(t, pairs, stride):
+        i = k.op("rem.u32", t, half)
+        row = k.op("div.u32", t, half)
+        pos = k.op("add.u32", pos_offset, k.op("div.u32", row, heads))
+        entry = k.element(table, k.op("mad.lo.u32", pos, half, i), 8)
+        cos, sin = k.load("f32", entry), k.load("f32", f"{entry}+4")
+        base = k.op("mul.lo.u32", k.op("shl.b32", row, 1), half)  # row * head_dim
+        if neox:
+            j0 = k.op("add.u32", base, i)
+            j1 = k.op("add.u32", j0, half)
+        else:
+            j0 = k.op("add.u32", base, k.op("shl.b32", i, 1))
+            j1 = k.op("add.u32", j0, 1)
+        a, b = k.load("f32", k.element(x, j0, 4)), k.load("f32", k.element(x, j1, 4))
+        k.store("f32", k.element(y, j0, 4),
+                k.op("sub.f32", k.op("mul.f32", a, cos), k.op("mul.f32", b, sin)))
+        k.store("f32", k.element(y, j1, 4),
+                k.op("fma.rn.f32", a, sin, k.op("mul.f32", b, cos)))
+    return k

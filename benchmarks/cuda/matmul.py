@@ -30,17 +30,20 @@ def main() -> None:
     parser.add_argument("--kernel", default="tiled")
     parser.add_argument("--shape", default=None,
                         help="the tensor-core kernel's BLOCK_NxWARP_NxSTAGES, e.g. 128x64x2")
+    parser.add_argument("--double", action="store_true",
+                        help="the FP32 kernel with two K slices in shared memory")
     parser.add_argument("--fp16", action="store_true",
                         help="the tensor-core product of float16 A and B^T (matmul_f16) "
                              "against cuBLAS's FP16 A @ B^T")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
+    module = importlib.import_module("pxvm.ops.matmul")  # the module, not the op
+    module.FP32_DOUBLE_BUFFER = args.double
     if args.shape:
-        module = importlib.import_module("pxvm.ops.matmul")  # the module, not the op
         module.TENSOR_CORE_SHAPE = tuple(int(v) for v in args.shape.split("x"))
     backend = get_backend("cuda")
     kind = (f"FP16 tensor cores, FP32 accumulation; pxvm's kernel {args.shape or 'default'}"
-            if args.fp16 else "FP32, TF32 off")
+            if args.fp16 else f"FP32, TF32 off; pxvm's kernel {'double' if args.double else 'single'}-buffered")
     print(f"device: {backend.describe()}; torch {torch.__version__} (cuBLAS, {kind})\n")
     print("| M x K x N | pxvm ms | pxvm TFLOP/s | cuBLAS ms | cuBLAS TFLOP/s | pxvm / cuBLAS | NMSE |")
     print("|---|---|---|---|---|---|---|")

@@ -133,11 +133,14 @@ def test_tensors_round_trip_and_write_in_place(cuda_device, rng):
     assert "CUDA on" in cuda_device.describe()
 
 
+@pytest.mark.parametrize("double", [False, True])
 @pytest.mark.parametrize("kernel", ["naive", "tiled", "auto"])
 @pytest.mark.parametrize("transpose_b", [False, True])
 @pytest.mark.parametrize("m,k,n", [(1, 1, 1), (7, 33, 5), (129, 130, 131), (300, 64, 257),
                                    (256, 512, 128), (3, 1000, 2)])
-def test_matmul_matches_its_reference(cuda_device, rng, kernel, transpose_b, m, k, n):
+def test_matmul_matches_its_reference(cuda_device, rng, kernel, transpose_b, m, k, n, double,
+                                      monkeypatch):
+    monkeypatch.setattr(matmul_module, "FP32_DOUBLE_BUFFER", double)
     a = rng.standard_normal((m, k)).astype(np.float32)
     b = rng.standard_normal((n, k) if transpose_b else (k, n)).astype(np.float32)
     got = pxvm.ops.matmul(a, b, transpose_b=transpose_b, kernel=kernel, backend="cuda")

@@ -75,6 +75,11 @@ def _matmul_webgpu(ctx, a, b, transpose_b=False, kernel="auto"):
     return out
 
 
+#: the tiled CUDA kernel keeps two K slices in shared memory: one barrier a slice instead
+#: of two, faster on the H100 (BENCHMARKS.md; benchmarks set it)
+FP32_DOUBLE_BUFFER = True
+
+
 def _matmul_cuda(ctx, a, b, transpose_b=False, kernel="auto"):
     """"naive" or "tiled" (pxvm.kernels.ptx.matmul); the WebGPU-only kernel names (gemv,
     tiled_wide) and "auto" take the tiled kernel except for tiny products."""
@@ -87,7 +92,8 @@ def _matmul_cuda(ctx, a, b, transpose_b=False, kernel="auto"):
     else:
         tile = ptx_matmul.TILE
         aligned = K % 4 == 0 and (transpose_b or N % 4 == 0)
-        ctx.launch(ptx_matmul.tiled, (bool(transpose_b), aligned), [a, b, out, M, N, K],
+        ctx.launch(ptx_matmul.tiled, (bool(transpose_b), aligned, FP32_DOUBLE_BUFFER),
+                   [a, b, out, M, N, K],
                    (-(-N // tile), -(-M // tile), 1), block=ptx_matmul.THREADS)
     return out
 

@@ -110,22 +110,30 @@ class _Slices:
     def advance(self) -> None:
         self.k.to(self.ptr, "add.u64", self.ptr, self.step)
 
-    def stash(self, values: list[Reg]) -> None:
+    def stash(self, values: list[Reg], offset: Reg | None = None) -> None:
+        """The values into shared memory (`offset` bytes further: the other buffer)."""
         for slot, value in zip(self.slots, values):
-            self.k.store("f32", slot, value, space="shared")
+            address = slot if offset is None else self.k.op("add.u32", slot, offset)
+            self.k.store("f32", address, value, space="shared")
 
 
-def tiled(transpose_b: bool = False, aligned: bool = False) -> Kernel:
+SLICE_BYTES = DEPTH * TILE * 4  # one operand's K slice in shared memory
+
+
+def tiled(transpose_b: bool = False, aligned: bool = False, double: bool = False) -> Kernel:
     """Block (x, y) computes C rows y*TILE.., columns x*TILE.. (grid ceil(N/TILE),
     ceil(M/TILE)). The next K slice is fetched from memory into registers while the
-    current one is multiplied out of shared memory. `aligned`: K and N are multiples of
-    4 (16-byte loads)."""
-    k = Kernel(_name("tiled", transpose_b) + ("_aligned" if aligned else ""),
+    current one is multiplied out of shared memory; `double` keeps two slices in
+    shared memory, the next stored while the current is read, so one barrier a slice
+    suffices instead of two. `aligned`: K and N are multiples of 4 (16-byte loads)."""
+    k = Kernel(_name("tiled", transpose_b) + ("_aligned" if aligned else "")
+               + ("_double" if double else ""),
                [("a", "u64"), ("b", "u64"), ("c", "u64"), ("M", "u32"), ("N", "u32"),
                 ("K", "u32")])
     a, b, c, M, N, K = k.params()
-    a_tile = k.op("mov.u32", k.shared("a_tile", "f32", DEPTH * TILE, 16))
-    b_tile = k.op("mov.u32", k.shared("b_tile", "f32", DEPTH * TILE, 16))
+    buffers = 2 if double else 1
+    a_tile = k.op("mov.u32", k.shared("a_tile", "f32", buffers * DEPTH * TILE, 16))
+    b_tile = k.op("mov.u32", k.shared("b_tile", "f32", buffers * DEPTH * TILE, 16))
     tid = k.special("%tid.x")
     tx = k.op("and.b32", tid, SIDE - 1)
     ty = k.op("shr.u32", tid, 4)
@@ -138,27 +146,49 @@ def tiled(transpose_b: bool = False, aligned: bool = False) -> Kernel:
     # this thread's 8 rows and 8 columns within the k-major slices
     a_mine = k.op("mad.lo.u32", ty, 4 * PER_THREAD, a_tile)
     b_mine = k.op("mad.lo.u32", tx, 4 * PER_THREAD, b_tile)
-    k0 = k.op("mov.u32", 0)
-    a_next, b_next = a_slices.fetch(k0), b_slices.fetch(k0)
-    with k.loop(k0, K, DEPTH):
-        a_slices.stash(a_next)
-        b_slices.stash(b_next)
-        k.emit("bar.sync 0")
-        a_slices.advance()
-        b_slices.advance()
-        following = k.op("add.u32", k0, DEPTH)
-        a_slices.fetch(following, a_next)  # the same registers: the loop's next stash
-        b_slices.fetch(following, b_next)
+    def multiply(a_at: Reg, b_at: Reg) -> None:
         for kk in range(DEPTH):
             offset = kk * 4 * TILE
-            av = (k.load_vector("f32", f"{a_mine}+{offset}", 4, "shared")
-                  + k.load_vector("f32", f"{a_mine}+{offset + 16}", 4, "shared"))
-            bv = (k.load_vector("f32", f"{b_mine}+{offset}", 4, "shared")
-                  + k.load_vector("f32", f"{b_mine}+{offset + 16}", 4, "shared"))
+            av = (k.load_vector("f32", f"{a_at}+{offset}", 4, "shared")
+                  + k.load_vector("f32", f"{a_at}+{offset + 16}", 4, "shared"))
+            bv = (k.load_vector("f32", f"{b_at}+{offset}", 4, "shared")
+                  + k.load_vector("f32", f"{b_at}+{offset + 16}", 4, "shared"))
             for i in range(PER_THREAD):
                 for j in range(PER_THREAD):
                     k.to(acc[i][j], "fma.rn.f32", av[i], bv[j], acc[i][j])
+
+    k0 = k.op("mov.u32", 0)
+    a_next, b_next = a_slices.fetch(k0), b_slices.fetch(k0)
+    if not double:
+        with k.loop(k0, K, DEPTH):
+            a_slices.stash(a_next)
+            b_slices.stash(b_next)
+            k.emit("bar.sync 0")
+            a_slices.advance()
+            b_slices.advance()
+            following = k.op("add.u32", k0, DEPTH)
+            a_slices.fetch(following, a_next)  # the same registers: the loop's next stash
+            b_slices.fetch(following, b_next)
+            multiply(a_mine, b_mine)
+            k.emit("bar.sync 0")
+    else:
+        a_slices.stash(a_next)
+        b_slices.stash(b_next)
         k.emit("bar.sync 0")
+        parity = k.op("mov.u32", 0)  # the buffer holding the current slice
+        with k.loop(k0, K, DEPTH):
+            a_slices.advance()
+            b_slices.advance()
+            following = k.op("add.u32", k0, DEPTH)
+            a_slices.fetch(following, a_next)
+            b_slices.fetch(following, b_next)
+            here = k.op("mul.lo.u32", parity, SLICE_BYTES)
+            multiply(k.op("add.u32", a_mine, here), k.op("add.u32", b_mine, here))
+            there = k.op("sub.u32", SLICE_BYTES, here)
+            a_slices.stash(a_next, there)
+            b_slices.stash(b_next, there)
+            k.emit("bar.sync 0")
+            k.to(parity, "xor.b32", parity, 1)
     for i in range(PER_THREAD):
         row = k.op("add.u32", row0, k.op("mad.lo.u32", ty, PER_THREAD, i))
         row_ok = k.setp("lt.u32", row, M)
@@ -174,4 +204,5 @@ def variants():
     for transpose_b in (False, True):
         yield naive, (transpose_b,)
         for aligned in (False, True):
-            yield tiled, (transpose_b, aligned)
+            for double in (False, True):
+                yield tiled, (transpose_b, aligned, double)

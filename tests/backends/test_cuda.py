@@ -118,6 +118,17 @@ def test_a_batch_chains_ops_on_the_device_and_times_them(cuda_device, rng):
     assert 0 < batch.gpu_seconds < 1
 
 
+def test_a_profiled_batch_times_each_launch(cuda_device, rng):
+    x = rng.standard_normal((16, 300)).astype(np.float32)
+    with Batch("cuda", profile=True) as batch:
+        pxvm.ops.softmax(pxvm.ops.relu(batch.upload(x)))
+    batch.execute()
+    profile = batch.profile
+    assert [name for name, _ in profile] == ["unary_relu_v4", "softmax_v4"]
+    assert all(0 < seconds < 0.1 for _, seconds in profile)
+    assert batch.profile == profile  # read again: the same numbers (events freed once)
+
+
 def test_captured_work_is_refused_clearly_for_now(cuda_device):
     x = pxvm.tensor(np.ones(8, np.float32), backend="cuda")
     with pytest.raises(pxvm.PxvmError, match="not on the CUDA backend yet"):

@@ -63,6 +63,8 @@ class CudaContext(RecordingContext):
         self._timed = timestamps
         self._start = self._end = None  # events around the launches of a timed context
         self._profiled: list[tuple[str, object, object]] | None = [] if profile else None
+        self._profile_result: list[tuple[str, float]] | None = None
+        self._seconds: float | None = None
 
     # ---- for kernels ------------------------------------------------------------------
     def empty(self, shape, dtype, what: str = "output") -> Tensor:
@@ -129,13 +131,20 @@ class CudaContext(RecordingContext):
     def profile(self) -> list[tuple[str, float]] | None:
         if self._profiled is None:
             return None
-        return [(name, self.device.elapsed(a, b)) for name, a, b in self._profiled]
+        if self._profile_result is None:  # read once, then the events are freed
+            self._profile_result = [(name, self.device.elapsed(a, b))
+                                    for name, a, b in self._profiled]
+            self.device.destroy(*(e for _, a, b in self._profiled for e in (a, b)))
+        return self._profile_result
 
     @property
     def gpu_seconds(self) -> float | None:
         if self._start is None or self._end is None:
-            return None
-        return self.device.elapsed(self._start, self._end)
+            return self._seconds
+        self._seconds = self.device.elapsed(self._start, self._end)
+        self.device.destroy(self._start, self._end)
+        self._start = self._end = None
+        return self._seconds
 
 
 @functools.lru_cache(maxsize=None)

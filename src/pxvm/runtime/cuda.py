@@ -250,6 +250,11 @@ class CudaDevice:
         return ev
 
     @staticmethod
+    def destroy(*events) -> None:
+        for ev in events:
+            _check(_driver().cuEventDestroy(ev), "cuEventDestroy")
+
+    @staticmethod
     def elapsed(start, end) -> float:
         """Seconds between two recorded events (waits for the second)."""
         cu = _driver()

@@ -157,7 +157,7 @@ def _rope_webgpu(ctx, x, pos_offset=0, theta=10000.0, style="interleaved", freq_
 
 
 # ---- the ops --------------------------------------------------------------------------
-# ---- CUDA kernels (pxvm.kernels.ptx.rows: a block per row) ------------------------------
+# ---- CUDA kernels (pxvm.kernels.ptx.rows) -------------------------------------------------
 def _row_vec(x) -> int:
     return 4 if x.shape[-1] % 4 == 0 else 1
 
@@ -178,6 +178,26 @@ def _rmsnorm_cuda(ctx, x, weight, eps=1e-6):
     cached = row_bytes <= ptx_rows.MAX_CACHED_ROW_BYTES
     ctx.launch(ptx_rows.rmsnorm, (vec, cached), [x, weight, out, x.shape[-1] // vec, eps],
                _row_count(x), block=ptx_rows.THREADS, shared_bytes=row_bytes if cached else 0)
+    return out
+
+
+def _layer_norm_cuda(ctx, x, weight, bias, eps=1e-5):
+    out = ctx.empty(x.shape, np.float32)
+    vec = _row_vec(x)
+    ctx.launch(ptx_rows.layer_norm, (vec,), [x, weight, bias, out, x.shape[-1] // vec, eps],
+               _row_count(x), block=ptx_rows.THREADS)
+    return out
+
+
+def _rope_cuda(ctx, x, pos_offset=0, theta=10000.0, style="interleaved", freq_factors=None,
+               attn_factor=1.0):
+    seq, heads, d = x.shape
+    out = ctx.empty(x.shape, np.float32)
+    table = rope_table(ctx, theta, d, int(pos_offset) + seq, freq_factors, attn_factor)
+    pairs = seq * heads * (d // 2)
+    if pairs:
+        ctx.launch(ptx_rows.rope, (style == "neox",),
+                   [x, table, out, pairs, heads, d // 2, int(pos_offset)], ctx.stride_grid(pairs))
     return out
 
 
@@ -205,14 +225,6 @@ def rmsnorm(x, weight, eps=1e-6, *, backend="auto"):
     return (x * scale * np.asarray(weight, np.float64)).astype(np.float32)
 
 
-def _layer_norm_cuda(ctx, x, weight, bias, eps=1e-5):
-    out = ctx.empty(x.shape, np.float32)
-    vec = _row_vec(x)
-    ctx.launch(ptx_rows.layer_norm, (vec,), [x, weight, bias, out, x.shape[-1] // vec, eps],
-               _row_count(x), block=ptx_rows.THREADS)
-    return out
-
-
 @op(infer=_infer_layer_norm, webgpu=_layer_norm_webgpu, cuda=_layer_norm_cuda)
 def layer_norm(x, weight, bias, eps=1e-5, *, backend="auto"):
     """(x - mean) / sqrt(var + eps) * weight + bias over the last axis."""
@@ -232,18 +244,6 @@ def rope_angles(n_positions: int, head_dim: int, theta: float, start: int = 0,
     if freq_factors is not None:
         inv_freq = inv_freq / np.asarray(freq_factors, np.float64)
     return np.arange(start, start + n_positions, dtype=np.float64)[:, None] * inv_freq[None, :]
-
-
-def _rope_cuda(ctx, x, pos_offset=0, theta=10000.0, style="interleaved", freq_factors=None,
-               attn_factor=1.0):
-    seq, heads, d = x.shape
-    out = ctx.empty(x.shape, np.float32)
-    table = rope_table(ctx, theta, d, int(pos_offset) + seq, freq_factors, attn_factor)
-    pairs = seq * heads * (d // 2)
-    if pairs:
-        ctx.launch(ptx_rows.rope, (style == "neox",),
-                   [x, table, out, pairs, heads, d // 2, int(pos_offset)], ctx.stride_grid(pairs))
-    return out
 
 
 @op(infer=_infer_rope, webgpu=_rope_webgpu, cuda=_rope_cuda)

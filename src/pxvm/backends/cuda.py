@@ -28,11 +28,18 @@ class CudaGraphsNotYetError(PxvmError):
     """Captured work (Graph) is not on the CUDA backend yet."""
 
 
+def _graphs_not_yet() -> CudaGraphsNotYetError:
+    return CudaGraphsNotYetError(
+        "captured work (Graph, recorded decoding steps) is not on the CUDA backend yet; "
+        "run it on webgpu, cpu or numpy")
+
+
 @functools.lru_cache(maxsize=None)
-def _ptx(builder: Callable[..., Kernel], args: tuple, arch: str) -> tuple[str, str]:
-    """(module text, entry name) of the kernel `builder(*args)` for `arch`."""
+def _ptx(builder: Callable[..., Kernel], args: tuple, arch: str) -> tuple[str, str, tuple]:
+    """(module text, entry name, parameter types) of the kernel `builder(*args)` for
+    `arch`."""
     kernel = builder(*args)
-    return module([kernel], arch), kernel.name
+    return module([kernel], arch), kernel.name, tuple(t for _, t in kernel.param_types)
 
 
 class DeviceReadback:
@@ -81,8 +88,7 @@ class CudaContext(RecordingContext):
         """Launch kernel `builder(*builder_args)` with `args` in its parameter order:
         tensors (their device addresses) and Python numbers, typed by the kernel's
         parameter list. `grid`: blocks, an int or (x, y, z)."""
-        text, name = _ptx(builder, tuple(builder_args), self.device.info.arch)
-        types = _param_types(builder, tuple(builder_args))
+        text, name, types = _ptx(builder, tuple(builder_args), self.device.info.arch)
         if len(types) != len(args):
             raise PxvmError(f"kernel {name} takes {len(types)} arguments, got {len(args)}")
         packed = self.device.pack([_value(a, t) for a, t in zip(args, types)])
@@ -123,9 +129,7 @@ class CudaContext(RecordingContext):
         pass  # launches are queued as they are recorded
 
     def capture(self):
-        raise CudaGraphsNotYetError(
-            "captured work (Graph, recorded decoding steps) is not on the CUDA backend yet; "
-            "run it on webgpu, cpu or numpy")
+        raise _graphs_not_yet()
 
     @property
     def profile(self) -> list[tuple[str, float]] | None:
@@ -145,11 +149,6 @@ class CudaContext(RecordingContext):
         self.device.destroy(self._start, self._end)
         self._start = self._end = None
         return self._seconds
-
-
-@functools.lru_cache(maxsize=None)
-def _param_types(builder, builder_args: tuple) -> tuple[str, ...]:
-    return tuple(t for _, t in builder(*builder_args).param_types)
 
 
 def _value(arg, ptx_type: str):
@@ -202,7 +201,7 @@ class CudaBackend(Backend):
     def context(self, *, timestamps: bool = False, profile: bool = False,
                 capture: bool = False) -> CudaContext:
         if capture:
-            CudaContext(self).capture()
+            raise _graphs_not_yet()
         return CudaContext(self, timestamps=timestamps, profile=profile)
 
     async def wait_async(self) -> None:

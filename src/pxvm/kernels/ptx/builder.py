@@ -131,6 +131,12 @@ class Kernel:
         return self.op("mad.lo.u32", self.special("%ctaid.x"), self.special("%ntid.x"),
                        self.special("%tid.x"))
 
+    def grid_stride(self) -> tuple[Reg, Reg]:
+        """(this thread's global index, the grid's thread count): a grid-stride loop's
+        start and step."""
+        return (self.global_index(),
+                self.op("mul.lo.u32", self.special("%nctaid.x"), self.special("%ntid.x")))
+
     def element(self, base: Reg, index: Reg, size: int) -> Reg:
         """The address of element `index` (u32) of `size` bytes at `base` (u64)."""
         return self.op("add.u64", base, self.op("mul.wide.u32", index, size))

@@ -90,13 +90,6 @@ def _binary_math(k: Kernel, op: str, a: Reg, b: Reg) -> Reg:
     return k.op(instr, a, b)
 
 
-def _groups(k: Kernel, n_groups: Reg):
-    """A grid-stride loop over groups 0 .. n_groups - 1: yields the group index."""
-    i = k.global_index()
-    stride = k.op("mul.lo.u32", k.special("%nctaid.x"), k.special("%ntid.x"))
-    return i, stride
-
-
 def _load(k: Kernel, base: Reg, group: Reg, vec: int) -> list[Reg]:
     address = k.element(base, group, 4 * vec)
     return k.load_vector("f32", address, vec) if vec > 1 else [k.load("f32", address)]
@@ -115,7 +108,7 @@ def unary(op: str, vec: int = 4) -> Kernel:
     k = Kernel(f"unary_{op}_v{vec}", [("x", "u64"), ("y", "u64"), ("n_groups", "u32"),
                                       ("alpha", "f32"), ("beta", "f32")])
     x, y, n_groups, alpha, beta = k.params()
-    i, stride = _groups(k, n_groups)
+    i, stride = k.grid_stride()
     with k.loop(i, n_groups, stride):
         values = _load(k, x, i, vec)
         _store(k, y, i, [_unary_math(k, op, v, alpha, beta) for v in values])
@@ -129,7 +122,7 @@ def binary(op: str, broadcast: str = "none", vec: int = 4) -> Kernel:
                [("a", "u64"), ("b", "u64"), ("out", "u64"), ("n_groups", "u32"),
                 ("m_groups", "u32")])
     a, b, out, n_groups, m_groups = k.params()
-    i, stride = _groups(k, n_groups)
+    i, stride = k.grid_stride()
     with k.loop(i, n_groups, stride):
         j = i if broadcast == "none" else k.op("rem.u32", i, m_groups)
         av = _load(k, a, j if broadcast == "a" else i, vec)
@@ -142,7 +135,7 @@ def copy(vec: int = 4) -> Kernel:
     """y = x, n_groups groups of `vec` floats (the benchmarks' bandwidth yardstick)."""
     k = Kernel(f"copy_v{vec}", [("x", "u64"), ("y", "u64"), ("n_groups", "u32")])
     x, y, n_groups = k.params()
-    i, stride = _groups(k, n_groups)
+    i, stride = k.grid_stride()
     with k.loop(i, n_groups, stride):
         _store(k, y, i, _load(k, x, i, vec))
     return k

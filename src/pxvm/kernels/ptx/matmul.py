@@ -29,8 +29,7 @@ def naive(transpose_b: bool = False) -> Kernel:
     k = Kernel(_name("naive", transpose_b), [("a", "u64"), ("b", "u64"), ("c", "u64"),
                                               ("M", "u32"), ("N", "u32"), ("K", "u32")])
     a, b, c, M, N, K = k.params()
-    i = k.global_index()
-    stride = k.op("mul.lo.u32", k.special("%nctaid.x"), k.special("%ntid.x"))
+    i, stride = k.grid_stride()
     total = k.op("mul.lo.u32", M, N)
     with k.loop(i, total, stride):
         row = k.op("div.u32", i, N)

@@ -96,8 +96,7 @@ def repack_q8_0() -> Kernel:
     k = Kernel("repack_q8_0", [("w", "u64"), ("out", "u64"), ("blocks", "u32"),
                                ("per_row", "u32"), ("row_bytes", "u32"), ("scales", "u32")])
     w, out, blocks, per_row, row_bytes, scales = k.params()
-    i = k.global_index()
-    stride = k.op("mul.lo.u32", k.special("%nctaid.x"), k.special("%ntid.x"))
+    i, stride = k.grid_stride()
     with k.loop(i, blocks, stride):
         n = k.op("div.u32", i, per_row)
         j = k.op("rem.u32", i, per_row)

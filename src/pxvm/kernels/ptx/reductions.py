@@ -25,8 +25,7 @@ def partials(op: str) -> Kernel:
     a, b, partial, n = k.params()
     scratch = k.shared("scratch", "f32", WARPS, 16)
     acc = k.op("mov.f32", f32(float("-inf")) if op == "max" else f32(0.0))
-    i = k.global_index()
-    stride = k.op("mul.lo.u32", k.special("%nctaid.x"), k.special("%ntid.x"))
+    i, stride = k.grid_stride()
     with k.loop(i, n, stride):
         v = k.load("f32", k.element(a, i, 4))
         if op == "dot":

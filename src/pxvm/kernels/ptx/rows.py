@@ -187,8 +187,7 @@ def rope(neox: bool = False) -> Kernel:
                [("x", "u64"), ("table", "u64"), ("y", "u64"), ("pairs", "u32"),
                 ("heads", "u32"), ("half", "u32"), ("pos_offset", "u32")])
     x, table, y, pairs, heads, half, pos_offset = k.params()
-    t = k.global_index()
-    stride = k.op("mul.lo.u32", k.special("%nctaid.x"), k.special("%ntid.x"))
+    t, stride = k.grid_stride()
     with k.loop(t, pairs, stride):
         i = k.op("rem.u32", t, half)
         row = k.op("div.u32", t, half)

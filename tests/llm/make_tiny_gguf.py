@@ -63,8 +63,10 @@ def write_tiny_gguf(path, spec: TinySpec, rng: np.random.Generator) -> dict:
         w.add_value_length(spec.head_dim)
     for key, value in (spec.extra or {}).items():
         key = f"{spec.arch}.{key}"
-        if isinstance(value, bool) or isinstance(value, list):
-            w.add_bool(key, value) if isinstance(value, bool) else w.add_array(key, value)
+        if isinstance(value, bool):
+            w.add_bool(key, value)
+        elif isinstance(value, list):
+            w.add_array(key, value)
         elif isinstance(value, int):
             w.add_uint32(key, value) if value >= 0 else w.add_int32(key, value)
         elif isinstance(value, float):

@@ -231,9 +231,9 @@ class GGUFModelFile:
             local_rope_theta=(self._positive(f"{arch}.rope.freq_base_swa",
                                              family.local_rope_base)
                               if family.local_rope_base or has("rope.freq_base_swa") else None),
-            attention_scale=(self._positive(f"{arch}.attention.scale", None)
-                             if has("attention.scale") else
-                             family.attention_scale(dim, n_heads, head_dim, n_layers)),
+            attention_scale=self._positive(
+                f"{arch}.attention.scale",
+                family.attention_scale(dim, n_heads, head_dim, n_layers)),
             attn_softcap=(self._positive(f"{arch}.attn_logit_softcapping", None,
                                          below=MAX_SOFTCAP)
                           if has("attn_logit_softcapping") else 0.0),

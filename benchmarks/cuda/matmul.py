@@ -29,7 +29,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--kernel", default="tiled")
     parser.add_argument("--shape", default=None,
-                        help="the tensor-core kernel's BLOCK_NxWARP_NxSTAGES, e.g. 128x64x2")
+                        help="the tensor-core kernel's shape: mma.sync's BLOCK_NxWARP_NxSTAGES "
+                             "(e.g. 128x64x2), wgmma's BLOCK_NxSTAGESxIN_FLIGHT (128x4x0)")
+    parser.add_argument("--tc-kernel", choices=["auto", "mma", "wgmma"], default="auto",
+                        help="the tensor-core kernel (auto: wgmma on sm_90)")
     parser.add_argument("--double", action="store_true",
                         help="the FP32 kernel with two K slices in shared memory")
     parser.add_argument("--fp16", action="store_true",
@@ -39,10 +42,16 @@ def main() -> None:
     torch.backends.cuda.matmul.allow_tf32 = False
     module = importlib.import_module("pxvm.ops.matmul")  # the module, not the op
     module.FP32_DOUBLE_BUFFER = args.double
+    module.TENSOR_CORE_KERNEL = args.tc_kernel
     if args.shape:
-        module.TENSOR_CORE_SHAPE = tuple(int(v) for v in args.shape.split("x"))
+        shape = tuple(int(v) for v in args.shape.split("x"))
+        if args.tc_kernel == "mma":
+            module.TENSOR_CORE_SHAPE = shape
+        else:
+            module.WGMMA_SHAPE = shape
     backend = get_backend("cuda")
-    kind = (f"FP16 tensor cores, FP32 accumulation; pxvm's kernel {args.shape or 'default'}"
+    kind = (f"FP16 tensor cores, FP32 accumulation; pxvm's kernel {args.tc_kernel} "
+            f"{args.shape or 'default'}"
             if args.fp16 else f"FP32, TF32 off; pxvm's kernel {'double' if args.double else 'single'}-buffered")
     print(f"device: {backend.describe()}; torch {torch.__version__} (cuBLAS, {kind})\n")
     print("| M x K x N | pxvm ms | pxvm TFLOP/s | cuBLAS ms | cuBLAS TFLOP/s | pxvm / cuBLAS | NMSE |")

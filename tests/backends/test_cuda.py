@@ -17,6 +17,7 @@ import pxvm
 from pxvm.batch import Batch, Graph
 from pxvm.kernels.ptx import quantized as ptx_quantized
 from pxvm.kernels.ptx import tensor_core as ptx_tensor_core
+from pxvm.kernels.ptx import wgmma as ptx_wgmma
 from pxvm.ops.registry import MissingKernelError
 
 matmul_module = importlib.import_module("pxvm.ops.matmul")  # the modules, not the ops
@@ -129,10 +130,49 @@ def test_a_profiled_batch_times_each_launch(cuda_device, rng):
     assert batch.profile == profile  # read again: the same numbers (events freed once)
 
 
-def test_captured_work_is_refused_clearly_for_now(cuda_device):
-    x = pxvm.tensor(np.ones(8, np.float32), backend="cuda")
-    with pytest.raises(pxvm.PxvmError, match="not on the CUDA backend yet"):
-        Graph(cuda_device, lambda: {"y": pxvm.ops.relu(x)}).run("y")
+def test_a_graph_replays_its_launches_on_the_inputs_current_values(cuda_device, rng):
+    x = pxvm.tensor(rng.standard_normal((5, 70)).astype(np.float32), backend="cuda")
+    # the intermediate relu result is dropped by Python: the graph must keep its memory
+    graph = Graph(cuda_device, lambda: {"y": pxvm.ops.softmax(pxvm.ops.relu(x))})
+    assert graph.dispatches == 2
+    for _ in range(3):
+        values = rng.standard_normal((5, 70)).astype(np.float32)
+        x.write(values)
+        # new tensors take whatever pooled memory is free, and are filled with garbage
+        junk = [pxvm.tensor(np.full((5, 70), np.nan, np.float32), backend="cuda")
+                for _ in range(4)]
+        expected = pxvm.ops.softmax.reference(pxvm.ops.relu.reference(values))
+        assert_close(graph.run("y")["y"], expected, NMSE_ELEMENTWISE)
+        del junk
+
+
+def test_a_graph_runs_several_times_in_one_launch_and_is_timed(cuda_device, rng):
+    values = rng.standard_normal(1000).astype(np.float32)
+    x = pxvm.tensor(values, backend="cuda")
+    graph = Graph(cuda_device, lambda: {"y": pxvm.ops.scale(pxvm.ops.tanh(x), factor=3.0)})
+    launch = graph.launch("y", runs=3, timestamps=True)
+    y = launch.result()["y"]
+    assert y.shape == (3, 1000)
+    for row in y:
+        assert_close(row, np.tanh(values.astype(np.float64)) * 3.0, NMSE_ELEMENTWISE)
+    assert 0 < launch.gpu_seconds < 1.0
+    last = graph.launch("y", runs=4, each_run=False).result()["y"]
+    assert last.shape == (1000,)
+    assert_close(last, np.tanh(values.astype(np.float64)) * 3.0, NMSE_ELEMENTWISE)
+
+
+def test_a_graph_repacks_a_weight_once_outside_the_graph(cuda_device, rng):
+    n, k = 40, 64
+    w = gguf_quants.quantize(rng.standard_normal((n, k)).astype(np.float32),
+                             GGMLQuantizationType.Q8_0)
+    x_values = rng.standard_normal((1, k)).astype(np.float32)
+    x = pxvm.tensor(x_values, backend="cuda")
+    tw = pxvm.tensor(w, backend="cuda")
+    graph = Graph(cuda_device, lambda: {"y": pxvm.ops.matmul_quant(x, tw, qtype=8, k=k)})
+    expected = pxvm.ops.matmul_quant.reference(x_values, w, qtype=8, k=k)
+    assert graph.dispatches == 1  # the product only: the repack ran when it was recorded
+    for _ in range(2):
+        assert_close(graph.run("y")["y"], expected, 1e-5)
 
 
 def test_tensors_round_trip_and_write_in_place(cuda_device, rng):
@@ -165,7 +205,25 @@ def test_matmul_matches_its_reference(cuda_device, rng, kernel, transpose_b, m, 
                                    (256, 1024, 384), (128, 32, 128)])
 def test_tensor_core_matmul_matches_its_reference(cuda_device, rng, m, k, n, shape,
                                                   monkeypatch):
+    monkeypatch.setattr(matmul_module, "TENSOR_CORE_KERNEL", "mma")
     monkeypatch.setattr(matmul_module, "TENSOR_CORE_SHAPE", shape)
+    a = rng.standard_normal((m, k)).astype(np.float16)
+    b = rng.standard_normal((n, k)).astype(np.float16)
+    got = pxvm.ops.matmul_f16(a, b, transpose_b=True, backend="cuda").numpy()
+    expected = a.astype(np.float64) @ b.astype(np.float64).T
+    assert got.dtype == np.float32 and got.shape == (m, n)
+    assert_close(got, expected, 1e-10)  # float16 products are exact in float32
+
+
+@pytest.mark.parametrize("shape", ptx_wgmma.SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("m,k,n", [(1, 8, 1), (7, 40, 5), (129, 136, 131), (300, 64, 257),
+                                   (256, 1024, 384), (128, 520, 512)])
+def test_hopper_tensor_core_matmul_matches_its_reference(cuda_device, rng, m, k, n, shape,
+                                                         monkeypatch):
+    if cuda_device.device.info.arch != "sm_90":
+        pytest.skip(f"wgmma needs a Hopper GPU (sm_90), not {cuda_device.device.info.arch}")
+    monkeypatch.setattr(matmul_module, "TENSOR_CORE_KERNEL", "wgmma")
+    monkeypatch.setattr(matmul_module, "WGMMA_SHAPE", shape)
     a = rng.standard_normal((m, k)).astype(np.float16)
     b = rng.standard_normal((n, k)).astype(np.float16)
     got = pxvm.ops.matmul_f16(a, b, transpose_b=True, backend="cuda").numpy()

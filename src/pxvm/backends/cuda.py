@@ -2,7 +2,8 @@
 kernels that pxvm's own Python builders write (pxvm.kernels.ptx), loaded through the
 driver (pxvm.runtime.cuda). Launches queue on one stream as they are recorded; a Batch's
 submit then has nothing left to send, and readbacks copy a result at the point where
-they were recorded.
+they were recorded. Captured work (a Graph: the LLM's decoding step) is kept as a list
+of launches and becomes one CUDA graph, launched again and again.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Callable
 import numpy as np
 
 from ..kernels.ptx.builder import Kernel, module
-from ..runtime.cuda import CudaDevice, DeviceBuffer, get_cuda_device
+from ..runtime.cuda import CudaDevice, CudaGraph, DeviceBuffer, get_cuda_device
 from ..runtime.errors import PxvmError
 from .base import Backend, RecordingContext
 from .tensor import Tensor, as_supported_array, values_for
@@ -22,16 +23,6 @@ from .tensor import Tensor, as_supported_array, values_for
 #: Threads per block of the grid-stride kernels; blocks per multiprocessor they start.
 THREADS = 256
 BLOCKS_PER_SM = 8
-
-
-class CudaGraphsNotYetError(PxvmError):
-    """Captured work (Graph) is not on the CUDA backend yet."""
-
-
-def _graphs_not_yet() -> CudaGraphsNotYetError:
-    return CudaGraphsNotYetError(
-        "captured work (Graph, recorded decoding steps) is not on the CUDA backend yet; "
-        "run it on webgpu, cpu or numpy")
 
 
 @functools.lru_cache(maxsize=None)
@@ -60,11 +51,99 @@ class DeviceReadback:
         return self.result(dtype, count)
 
 
+class HostReadback:
+    """A tensor's values after some runs of a CUDA graph, copied to page-locked host
+    memory (one copy a run, or the last run's only); read once the copies are done."""
+
+    def __init__(self, device: CudaDevice, tensor: Tensor, copies: int):
+        self.device = device
+        self.source = tensor.storage
+        self.nbytes = tensor.storage.nbytes
+        self.copies = copies
+        self.host = device.host_buffer(self.nbytes * copies)
+        self.done = None  # the fence after the copies, once submitted
+
+    def copy(self, index: int) -> None:
+        self.device.copy_to_host(self.host, self.source, self.nbytes, index * self.nbytes)
+
+    def result(self, dtype, count: int | None = None) -> np.ndarray:
+        self.done.wait()
+        data = self.host.array.copy()
+        self.host = None  # back to the pool
+        arr = data.view(np.dtype(dtype))
+        if self.copies > 1:
+            arr = arr.reshape(self.copies, -1)
+            return arr if count is None else arr[:, :count]
+        return arr if count is None else arr[:count]
+
+    async def result_async(self, dtype, count: int | None = None) -> np.ndarray:
+        return self.result(dtype, count)
+
+
+class GraphReplay:
+    """`runs` launches of a captured graph, then the outputs' copies to the host."""
+
+    def __init__(self, work: "CapturedLaunches", outputs: list[Tensor], timestamps: bool,
+                 runs: int, each_run: bool):
+        self.work = work
+        self.runs = runs
+        self.each_run = each_run
+        self.timestamps = timestamps
+        self.staged = [HostReadback(work.device, t, runs if each_run else 1) for t in outputs]
+        self._events = None
+        self._seconds: float | None = None
+
+    def submit(self) -> None:
+        device = self.work.device
+        start = device.event() if self.timestamps else None
+        for run in range(self.runs):
+            self.work.graph.launch()
+            if start is not None and run == self.runs - 1:
+                self._events = (start, device.event())
+            if self.each_run or run == self.runs - 1:
+                for staged in self.staged:
+                    staged.copy(run if self.each_run else 0)
+        done = device.fence()
+        for staged in self.staged:
+            staged.done = done
+
+    @property
+    def gpu_seconds(self) -> float | None:
+        """From the first launch to the end of the last (copies between runs included)."""
+        if self._events is None:
+            return self._seconds
+        start, end = self._events
+        seconds = self.work.device.elapsed(start, end)
+        self.work.device.destroy(start, end)
+        self._events = None
+        self._seconds = seconds
+        return seconds
+
+
+class CapturedLaunches:
+    """A capturing context's launches as one CUDA graph, with every buffer they use kept
+    alive as long as the graph."""
+
+    def __init__(self, device: CudaDevice, work: list[Callable[[], None]],
+                 kept: list[DeviceBuffer]):
+        self.device = device
+        self.graph: CudaGraph = device.graph(work)
+        self.kept = kept
+
+    def __len__(self) -> int:
+        return self.graph.nodes
+
+    def encode(self, outputs: list[Tensor], timestamps: bool = False, runs: int = 1,
+               each_run: bool = True) -> GraphReplay:
+        return GraphReplay(self, outputs, timestamps, runs, each_run)
+
+
 class CudaContext(RecordingContext):
-    """What PTX kernels record into: device memory and launches (queued at once)."""
+    """What PTX kernels record into: device memory and launches (queued at once, or kept
+    for a graph when capturing)."""
 
     def __init__(self, backend: "CudaBackend", timestamps: bool = False,
-                 profile: bool = False):
+                 profile: bool = False, capture: bool = False):
         self.backend = backend
         self.device = backend.device
         self._timed = timestamps
@@ -72,6 +151,10 @@ class CudaContext(RecordingContext):
         self._profiled: list[tuple[str, object, object]] | None = [] if profile else None
         self._profile_result: list[tuple[str, float]] | None = None
         self._seconds: float | None = None
+        #: a capturing context's launches and the buffers they use (None: not capturing)
+        self._captured: list[tuple] | None = [] if capture else None
+        self._kept: dict[int, DeviceBuffer] = {}
+        self._eager = 0  # > 0 while derived forms are made: those run now, not in the graph
 
     # ---- for kernels ------------------------------------------------------------------
     def empty(self, shape, dtype, what: str = "output") -> Tensor:
@@ -94,6 +177,10 @@ class CudaContext(RecordingContext):
         packed = self.device.pack([_value(a, t) for a, t in zip(args, types)])
         grid = (grid, 1, 1) if isinstance(grid, int) else tuple(grid)
         function = self.device.function(text, name)
+        if self._capturing(args):
+            self._captured.append(functools.partial(self.device.launch, function, grid,
+                                                    (block, 1, 1), packed, shared_bytes))
+            return
         # events right around the launch: the host's work before it is not the GPU's
         if self._timed and self._start is None:
             self._start = self.device.event()
@@ -102,11 +189,36 @@ class CudaContext(RecordingContext):
         if start is not None:
             self._profiled.append((name, start, self.device.event()))
 
+    def copy(self, dst: Tensor, src: Tensor, nbytes: int | None = None,
+             dst_offset: int = 0, src_offset: int = 0) -> None:
+        """Copy `nbytes` (all of src) between device tensors, at byte offsets."""
+        nbytes = src.storage.nbytes if nbytes is None else nbytes
+        copy = functools.partial(self.device.copy, dst.storage, src.storage, nbytes,
+                                 dst_offset, src_offset)
+        if self._capturing([dst, src]):
+            self._captured.append(copy)
+        else:
+            copy()
+
+    def _capturing(self, args) -> bool:
+        """Whether work on `args` goes into the graph (then their memory is kept with it)."""
+        if self._captured is None or self._eager:
+            return False
+        for a in args:
+            if isinstance(a, Tensor):
+                self._kept[id(a.storage)] = a.storage
+        return True
+
     def derived(self, tensor: Tensor, key, make: Callable[[], Tensor]) -> Tensor:
         """A form of `tensor` kernels read faster (a weight repacked), made by `make()`
         (recording its work here) on first use and kept with the tensor's memory until
-        the tensor is written or freed."""
-        return self.backend.derived(tensor, key, make)
+        the tensor is written or freed. Made at once even while capturing: a weight is
+        repacked once, not at every run of a graph."""
+        self._eager += 1
+        try:
+            return self.backend.derived(tensor, key, make)
+        finally:
+            self._eager -= 1
 
     def stride_grid(self, groups: int) -> int:
         """Blocks for a grid-stride loop over `groups` items: enough to fill the GPU."""
@@ -128,8 +240,11 @@ class CudaContext(RecordingContext):
     def flush(self) -> None:
         pass  # launches are queued as they are recorded
 
-    def capture(self):
-        raise _graphs_not_yet()
+    def capture(self) -> CapturedLaunches:
+        if self._captured is None:
+            raise PxvmError("capture() needs a context made with capture=True")
+        launches, self._captured = self._captured, None
+        return CapturedLaunches(self.device, launches, list(self._kept.values()))
 
     @property
     def profile(self) -> list[tuple[str, float]] | None:
@@ -168,6 +283,26 @@ class CudaBackend(Backend):
         # id(buffer) -> (a weak reference to it, {key: the tensor derived from it})
         self._derived: dict[int, tuple[weakref.ref, dict]] = {}
 
+    def copy(self, dst: Tensor, src: Tensor, nbytes: int | None = None,
+             dst_offset: int = 0, src_offset: int = 0) -> None:
+        """Copy `nbytes` (all of src) between device tensors, at byte offsets."""
+        nbytes = src.storage.nbytes if nbytes is None else nbytes
+        copy = functools.partial(self.device.copy, dst.storage, src.storage, nbytes,
+                                 dst_offset, src_offset)
+        if self._capturing([dst, src]):
+            self._captured.append(copy)
+        else:
+            copy()
+
+    def _capturing(self, args) -> bool:
+        """Whether work on `args` goes into the graph (then their memory is kept with it)."""
+        if self._captured is None or self._eager:
+            return False
+        for a in args:
+            if isinstance(a, Tensor):
+                self._kept[id(a.storage)] = a.storage
+        return True
+
     def derived(self, tensor: Tensor, key, make: Callable[[], Tensor]) -> Tensor:
         """CudaContext.derived's cache."""
         buffer = tensor.storage
@@ -200,9 +335,7 @@ class CudaBackend(Backend):
 
     def context(self, *, timestamps: bool = False, profile: bool = False,
                 capture: bool = False) -> CudaContext:
-        if capture:
-            raise _graphs_not_yet()
-        return CudaContext(self, timestamps=timestamps, profile=profile)
+        return CudaContext(self, timestamps=timestamps, profile=profile, capture=capture)
 
     async def wait_async(self) -> None:
         self.device.synchronize()

@@ -11,6 +11,7 @@ import numpy as np
 
 from ..kernels.ptx import matmul as ptx_matmul
 from ..kernels.ptx import tensor_core as ptx_tensor_core
+from ..kernels.ptx import wgmma as ptx_wgmma
 from ..runtime.webgpu.params import KernelParams, kernel_params, u32
 from .registry import MissingKernelError, meta, op, require
 
@@ -107,8 +108,12 @@ def matmul(a, b, transpose_b=False, kernel="auto", *, backend="auto"):
     return (a @ (b.T if transpose_b else b)).astype(np.float32)
 
 
-#: (block columns, warp columns, stages) of the tensor-core kernel (benchmarks set it)
+#: (block columns, warp columns, stages) of the mma.sync tensor-core kernel and (block
+#: columns, stages, groups in flight) of Hopper's wgmma one (benchmarks set them); "auto"
+#: launches wgmma on sm_90, mma.sync elsewhere
 TENSOR_CORE_SHAPE = ptx_tensor_core.DEFAULT
+WGMMA_SHAPE = ptx_wgmma.DEFAULT
+TENSOR_CORE_KERNEL = "auto"
 
 
 def _infer_f16(a, b, transpose_b=False):
@@ -123,6 +128,15 @@ def _matmul_f16_cuda(ctx, a, b, transpose_b=False):
             "matmul_f16 on CUDA takes B as (N, K) (transpose_b=True) and K a multiple of 8 "
             f"so far, not {'B as (K, N)' if not transpose_b else f'K = {K}'}; run it on numpy")
     out = ctx.empty((M, N), np.float32)
+    kernel = TENSOR_CORE_KERNEL
+    if kernel == "auto":
+        kernel = "wgmma" if ctx.device.info.arch == "sm_90" else "mma"
+    if kernel == "wgmma":
+        block_n, stages, _ = shape = WGMMA_SHAPE
+        ctx.launch(ptx_wgmma.matmul_f16_wgmma, shape, [a, b, out, M, N, K],
+                   (-(-N // block_n), -(-M // ptx_wgmma.ROWS), 1), block=ptx_wgmma.THREADS,
+                   shared_bytes=ptx_wgmma.shared_bytes(block_n, stages))
+        return out
     block_n, warp_n, stages = shape = TENSOR_CORE_SHAPE
     ctx.launch(ptx_tensor_core.matmul_f16_bt, shape, [a, b, out, M, N, K],
                (-(-N // block_n), -(-M // ptx_tensor_core.TILE), 1),

@@ -5,11 +5,13 @@ events. Everything the CUDA backend (pxvm.backends.cuda) needs and nothing more.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import hashlib
 import os
 import threading
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -67,6 +69,9 @@ class DeviceInfo:
         return f"sm_{self.compute_capability[0]}{self.compute_capability[1]}"
 
 
+#: Dynamic shared memory a launch may use without asking (more needs an attribute set)
+STATIC_SHARED_BYTES = 48 * 1024
+
 #: Allocations are rounded up to this many bytes, so that similar sizes share the pool.
 GRANULE = 512
 
@@ -88,6 +93,72 @@ class DeviceBuffer:
         ptr, self.ptr = getattr(self, "ptr", 0), 0
         if ptr:
             self.device.give_back(ptr, self.capacity)
+
+
+class HostBuffer:
+    """Page-locked host memory of `nbytes` from the device's pool (device-to-host copies
+    into it are asynchronous: the host goes on while they run), as a uint8 array."""
+
+    def __init__(self, device: "CudaDevice", nbytes: int):
+        self.device = device
+        self.capacity = -(-max(nbytes, 4) // GRANULE) * GRANULE
+        self.ptr = device.take_host(self.capacity)
+        self.array = np.frombuffer((ctypes.c_uint8 * self.capacity).from_address(self.ptr),
+                                   np.uint8)[:nbytes]
+
+    def __del__(self):
+        ptr, self.ptr = getattr(self, "ptr", 0), 0
+        if ptr:
+            self.device.give_back_host(ptr, self.capacity)
+
+
+class Fence:
+    """A point in the stream's work the host can wait for (an event without timing,
+    freed with this object)."""
+
+    def __init__(self, device: "CudaDevice"):
+        self.event = device.event(timing=False)
+
+    def wait(self) -> None:
+        _check(_driver().cuEventSynchronize(self.event), "cuEventSynchronize")
+
+    def __del__(self):
+        if getattr(self, "event", None) is not None:
+            _driver().cuEventDestroy(self.event)
+
+
+class CudaGraph:
+    """Work captured from the stream into a CUDA graph, instantiated once: one `launch()`
+    queues it all, with the driver's launch cost paid once per graph. `work`: functions
+    that queue launches or copies on the device's stream."""
+
+    def __init__(self, device: "CudaDevice", work: list[Callable[[], None]]):
+        cu = _driver()
+        self.device = device
+        self.nodes = len(work)
+        # relaxed: another thread's driver calls (an encode's page-locked buffer) during
+        # the capture must not invalidate it
+        _check(cu.cuStreamBeginCapture(
+            device.stream, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED),
+            "cuStreamBeginCapture")
+        try:
+            for queue in work:
+                queue()
+        finally:
+            graph = _check(cu.cuStreamEndCapture(device.stream), "cuStreamEndCapture")
+        self._graph = graph
+        self._exec = _check(cu.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+        _check(cu.cuGraphUpload(self._exec, device.stream), "cuGraphUpload")
+
+    def launch(self) -> None:
+        _check(_driver().cuGraphLaunch(self._exec, self.device.stream), "cuGraphLaunch")
+
+    def __del__(self):
+        cu = _driver()
+        if getattr(self, "_exec", None) is not None:
+            cu.cuGraphExecDestroy(self._exec)
+        if getattr(self, "_graph", None) is not None:
+            cu.cuGraphDestroy(self._graph)
 
 
 def _init() -> int:
@@ -146,6 +217,9 @@ class CudaDevice:
         # freed buffers by capacity, reused before asking the driver: cuMemAlloc of a
         # large buffer takes longer than the kernels that fill it
         self._pool: dict[int, list[int]] = {}
+        self._host_pool: dict[int, list[int]] = {}  # page-locked host memory, the same way
+        self._host_lock = threading.Lock()  # encodes take host buffers on a worker thread
+        self._shared_allowed: dict[int, int] = {}  # function -> dynamic shared bytes allowed
 
     def make_current(self) -> None:
         _check(_driver().cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
@@ -179,6 +253,22 @@ class CudaDevice:
                 _driver().cuMemFree(ptr)
         self._pool.clear()
 
+    def host_buffer(self, nbytes: int) -> HostBuffer:
+        return HostBuffer(self, nbytes)
+
+    def take_host(self, capacity: int) -> int:
+        with self._host_lock:
+            free = self._host_pool.get(capacity)
+            if free:
+                return free.pop()
+        self.make_current()  # maybe a worker thread's first driver call
+        return int(_check(_driver().cuMemAllocHost(capacity),
+                          f"cuMemAllocHost of {capacity:,} bytes"))
+
+    def give_back_host(self, ptr: int, capacity: int) -> None:
+        with self._host_lock:
+            self._host_pool.setdefault(capacity, []).append(ptr)
+
     def upload(self, array: np.ndarray) -> DeviceBuffer:
         array = np.ascontiguousarray(array)
         buf = self.alloc(array.nbytes)
@@ -202,11 +292,19 @@ class CudaDevice:
                    "cuMemcpyDtoH")
         return out
 
-    def copy(self, dst: DeviceBuffer, src: DeviceBuffer, nbytes: int) -> None:
+    def copy(self, dst: DeviceBuffer, src: DeviceBuffer, nbytes: int, dst_offset: int = 0,
+             src_offset: int = 0) -> None:
         """Device-to-device copy, queued on the stream."""
         if nbytes:
-            _check(_driver().cuMemcpyDtoDAsync(dst.ptr, src.ptr, nbytes, self.stream),
-                   "cuMemcpyDtoDAsync")
+            _check(_driver().cuMemcpyDtoDAsync(dst.ptr + dst_offset, src.ptr + src_offset,
+                                               nbytes, self.stream), "cuMemcpyDtoDAsync")
+
+    def copy_to_host(self, dst: HostBuffer, src: DeviceBuffer, nbytes: int,
+                     offset: int = 0) -> None:
+        """Device-to-host copy into page-locked memory at `offset`, queued on the stream."""
+        if nbytes:
+            _check(_driver().cuMemcpyDtoHAsync(dst.ptr + offset, src.ptr, nbytes, self.stream),
+                   "cuMemcpyDtoHAsync")
 
     # ---- kernels ------------------------------------------------------------------------
     def function(self, ptx: str, name: str):
@@ -235,19 +333,39 @@ class CudaDevice:
     def launch(self, function, grid: tuple[int, int, int], block: tuple[int, int, int],
                packed: tuple, shared_bytes: int = 0) -> None:
         """Queue a launch of `function` with pack()ed arguments."""
+        if shared_bytes > STATIC_SHARED_BYTES:
+            self._allow_shared(function, shared_bytes)
         _check(_driver().cuLaunchKernel(function, *grid, *block, shared_bytes, self.stream,
                                         packed[0].ctypes.data, 0), "cuLaunchKernel")
+
+    def graph(self, work: list[Callable[[], None]]) -> CudaGraph:
+        return CudaGraph(self, work)
+
+    def _allow_shared(self, function, shared_bytes: int) -> None:
+        """Past 48 KiB a function's dynamic shared memory must be allowed first."""
+        if self._shared_allowed.get(int(function), 0) < shared_bytes:
+            cu = _driver()
+            _check(cu.cuFuncSetAttribute(
+                function, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                shared_bytes), f"allowing {shared_bytes:,} bytes of shared memory")
+            self._shared_allowed[int(function)] = shared_bytes
 
     # ---- ordering and time --------------------------------------------------------------
     def synchronize(self) -> None:
         _check(_driver().cuStreamSynchronize(self.stream), "cuStreamSynchronize")
 
-    def event(self):
-        """An event recorded now on the stream."""
+    def event(self, timing: bool = True):
+        """An event recorded now on the stream (one that cannot time: cheaper)."""
         cu = _driver()
-        ev = _check(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DEFAULT), "cuEventCreate")
+        flags = (cu.CUevent_flags.CU_EVENT_DEFAULT if timing
+                 else cu.CUevent_flags.CU_EVENT_DISABLE_TIMING)
+        ev = _check(cu.cuEventCreate(flags), "cuEventCreate")
         _check(cu.cuEventRecord(ev, self.stream), "cuEventRecord")
         return ev
+
+    def fence(self) -> Fence:
+        """A fence after the work queued so far."""
+        return Fence(self)
 
     @staticmethod
     def destroy(*events) -> None:

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from typing import Callable
 
-from . import elementwise, matmul, quantized, reductions, rows, tensor_core
+from . import elementwise, matmul, quantized, reductions, rows, tensor_core, wgmma
 from .builder import ARCHS, Kernel, PtxError, module
 
 FAMILIES = {"elementwise": elementwise, "rows": rows, "matmul": matmul,
-            "tensor_core": tensor_core, "quantized": quantized, "reductions": reductions}
+            "tensor_core": tensor_core, "quantized": quantized, "reductions": reductions,
+            "wgmma": wgmma}
 
 
 def kernels() -> dict[str, tuple[Callable[..., Kernel], tuple]]:

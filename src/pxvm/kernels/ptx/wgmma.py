@@ -1,0 +1,153 @@
+"""Tensor-core matrix product on Hopper (sm_90a) in PTX: C (M, N) float32 = A (M, K) @ B^T
+for A and B (N, K) float16, float32 accumulation, with `wgmma`: a warpgroup (4 warps)
+multiplies a 64 x BLOCK_N piece straight from shared memory, without the register traffic
+of Ampere's mma.sync (tensor_core.py).
+
+A block of WARPGROUPS warpgroups computes a (64 * WARPGROUPS) x block_n tile of C. K
+advances DEPTH (64) values a step through `stages` shared slices: cp.async copies later
+steps' slices (16 bytes a copy, zeros past the matrices' edges) while the tensor cores
+multiply the current one. A slice row is 128 bytes (64 float16), laid out in the 128-byte
+swizzle wgmma reads: chunk c of row r is stored at chunk c ^ (r % 8), rows 128 bytes
+apart, so 8 rows make a 1024-byte atom (slices are 1024-byte aligned). `in_flight`:
+wgmma groups left running while the next step's copies are issued.
+
+K must be a multiple of 8 (whole 16-byte chunks); M and N are any size.
+"""
+
+from __future__ import annotations
+
+from .builder import Kernel, Reg, f32
+
+ARCH = "sm_90a"            # wgmma is a Hopper feature of the sm_90a target
+WARPGROUPS = 2
+ROWS = 64 * WARPGROUPS     # C rows of a block
+DEPTH = 64                 # K values a step
+ROW_BYTES = DEPTH * 2      # a slice row: 128 bytes, one swizzle row
+THREADS = 128 * WARPGROUPS
+#: (block columns, stages, wgmma groups in flight) of the kernel the op launches
+DEFAULT = (256, 4, 1)
+#: the shapes the benchmarks try (BENCHMARKS.md)
+SHAPES = ((128, 4, 0), (128, 6, 0), (128, 6, 1), (256, 3, 0), (256, 4, 1))
+
+
+def shared_bytes(block_n: int, stages: int) -> int:
+    """Dynamic shared memory of a block (slices of A then B per stage, plus the
+    1024-byte alignment the swizzle needs)."""
+    return stages * (ROWS + block_n) * ROW_BYTES + 1024
+
+
+def _descriptor(k: Kernel, address: Reg) -> Reg:
+    """wgmma's shared-memory matrix descriptor of a K-major slice at `address`: start
+    address / 16 (bits 0-13), leading byte offset 16 / 16 (bits 16-29; unused by the
+    swizzled layout), stride byte offset 1024 / 16 between 8-row atoms (bits 32-45),
+    128-byte swizzle (mode 1 at bits 62-63)."""
+    low = k.op("or.b32", k.op("and.b32", k.op("shr.u32", address, 4), 0x3FFF), 1 << 16)
+    high = k.op("mov.b32", (1024 >> 4) | (1 << 30))
+    return k.op("mov.b64", f"{{{low}, {high}}}")
+
+
+def _copy_slices(k: Kernel, a: Reg, b: Reg, M: Reg, N: Reg, K: Reg, row0: Reg, col0: Reg,
+                 k0: Reg, tid: Reg, stage: Reg, block_n: int) -> None:
+    """cp.async this thread's chunks of the A and B slices at K offset k0 into `stage`
+    (A's ROWS rows, then B's block_n), then commit them as one group."""
+    for base, src, rows, first, slice_rows in ((0, a, M, row0, ROWS),
+                                               (ROWS * ROW_BYTES, b, N, col0, block_n)):
+        for part in range(slice_rows * 8 // THREADS):
+            chunk = k.op("add.u32", tid, part * THREADS)
+            r = k.op("shr.u32", chunk, 3)
+            c = k.op("and.b32", chunk, 7)
+            row = k.op("add.u32", first, r)
+            kk = k.op("mad.lo.u32", c, 8, k0)
+            ok = k.op("and.pred", k.setp("lt.u32", row, rows), k.setp("lt.u32", kk, K))
+            size = k.op("selp.u32", 16, 0, ok)
+            # an address inside the matrix even when nothing is read (size 0)
+            src_addr = k.element(src, k.op("mad.lo.u32", k.op("selp.u32", row, 0, ok), K,
+                                           k.op("selp.u32", kk, 0, ok)), 2)
+            swizzled = k.op("xor.b32", c, k.op("and.b32", r, 7))
+            dst = k.op("add.u32", k.op("add.u32", stage, base),
+                       k.op("mad.lo.u32", r, ROW_BYTES, k.op("shl.b32", swizzled, 4)))
+            k.emit(f"cp.async.cg.shared.global [{dst}], [{src_addr}], 16, {size}")
+    k.emit("cp.async.commit_group")
+
+
+def matmul_f16_wgmma(block_n: int = 128, stages: int = 4, in_flight: int = 0) -> Kernel:
+    ahead = stages - 1 - in_flight  # steps whose slices are on their way
+    if ahead < 1 or block_n % 64 or not 64 <= block_n <= 256:
+        raise ValueError(f"no wgmma kernel of {block_n} columns, {stages} stages, "
+                         f"{in_flight} in flight")
+    stage_bytes = (ROWS + block_n) * ROW_BYTES
+    k = Kernel(f"matmul_f16_wgmma_{block_n}x{stages}x{in_flight}",
+               [("a", "u64"), ("b", "u64"), ("c", "u64"), ("M", "u32"), ("N", "u32"),
+                ("K", "u32")], arch=ARCH)
+    a, b, c, M, N, K = k.params()
+    dynamic = k.op("mov.u32", k.shared("slices", "b8", None, 1024))
+    # the 128-byte swizzle repeats every 1024 bytes: the slices start on such a boundary
+    buffers = k.op("and.b32", k.op("add.u32", dynamic, 1023), ~1023 & 0xFFFFFFFF)
+    tid = k.special("%tid.x")
+    group = k.op("shr.u32", tid, 7)  # this thread's warpgroup
+    row0 = k.op("mul.lo.u32", k.special("%ctaid.y"), ROWS)
+    col0 = k.op("mul.lo.u32", k.special("%ctaid.x"), block_n)
+    acc = [k.op("mov.f32", f32(0.0)) for _ in range(block_n // 2)]
+    accumulate = k.setp("eq.u32", 0, 0)
+    steps = k.op("shr.u32", k.op("add.u32", K, DEPTH - 1), 6)
+
+    def stage_address(step: Reg) -> Reg:
+        return k.op("mad.lo.u32", k.op("rem.u32", step, stages), stage_bytes, buffers)
+
+    for s in range(ahead):
+        _copy_slices(k, a, b, M, N, K, row0, col0, k.op("mov.u32", s * DEPTH), tid,
+                     k.op("add.u32", buffers, s * stage_bytes), block_n)
+    step = k.op("mov.u32", 0)
+    with k.loop(step, steps, 1):
+        k.emit(f"cp.async.wait_group {ahead - 1}")
+        # the copies were made through the generic proxy, wgmma reads through the async one
+        k.emit("fence.proxy.async.shared::cta")
+        k.emit("bar.sync 0")  # every copy of this step landed; every earlier wgmma done
+        later = k.op("add.u32", step, ahead)  # past the last step: zero-size copies
+        _copy_slices(k, a, b, M, N, K, row0, col0, k.op("shl.b32", later, 6), tid,
+                     stage_address(later), block_n)
+        current = stage_address(step)
+        a_slice = k.op("mad.lo.u32", group, 64 * ROW_BYTES, current)
+        b_slice = k.op("add.u32", current, ROWS * ROW_BYTES)
+        k.emit("wgmma.fence.sync.aligned")
+        for s in range(DEPTH // 16):  # k16 products along the slice: 32 bytes further
+            da = _descriptor(k, k.op("add.u32", a_slice, 32 * s))
+            db = _descriptor(k, k.op("add.u32", b_slice, 32 * s))
+            k.emit(f"wgmma.mma_async.sync.aligned.m64n{block_n}k16.f32.f16.f16 "
+                   f"{{{', '.join(map(str, acc))}}}, {da}, {db}, {accumulate}, 1, 1, 0, 0")
+        k.emit("wgmma.commit_group.sync.aligned")
+        k.emit(f"wgmma.wait_group.sync.aligned {in_flight}")
+    k.emit("wgmma.wait_group.sync.aligned 0")
+    k.emit("cp.async.wait_group 0")
+    # accumulator layout: warp w of the warpgroup holds rows 16w .. 16w + 15; for each 8
+    # columns j, a lane's registers 4j, 4j + 1 are row l / 4, columns 8j + 2 (l % 4) + 0, 1
+    # and registers 4j + 2, 4j + 3 the same columns 8 rows down
+    warp = k.op("and.b32", k.op("shr.u32", tid, 5), 3)
+    lane = k.op("and.b32", tid, 31)
+    top = k.op("add.u32", k.op("add.u32", row0, k.op("shl.b32", group, 6)),
+               k.op("mad.lo.u32", warp, 16, k.op("shr.u32", lane, 2)))
+    pair = k.op("add.u32", col0, k.op("shl.b32", k.op("and.b32", lane, 3), 1))
+    even_n = k.setp("eq.u32", k.op("and.b32", N, 1), 0)
+    for half in range(2):
+        row = k.op("add.u32", top, 8 * half)
+        with k.if_(k.setp("lt.u32", row, M)):
+            line = k.op("mul.lo.u32", row, N)
+            for j in range(block_n // 8):
+                col = k.op("add.u32", pair, 8 * j)
+                values = acc[4 * j + 2 * half: 4 * j + 2 * half + 2]
+                address = k.element(c, k.op("add.u32", line, col), 4)
+                both = k.op("and.pred", even_n, k.setp("lt.u32", col, N))
+                k.emit(f"@{both} st.global.v2.f32 [{address}], "
+                       f"{{{values[0]}, {values[1]}}}")
+                # odd N: the pair is not 8-byte aligned, each value alone
+                with k.if_(k.op("not.pred", both)):
+                    k.emit(f"@{k.setp('lt.u32', col, N)} st.global.f32 [{address}], "
+                           f"{values[0]}")
+                    k.emit(f"@{k.setp('lt.u32', k.op('add.u32', col, 1), N)} "
+                           f"st.global.f32 [{address}+4], {values[1]}")
+    return k
+
+
+def variants():
+    for shape in SHAPES:
+        yield matmul_f16_wgmma, shape

@@ -102,6 +102,11 @@ class Backend(ABC):
     def describe(self) -> str:
         """A one-line description: the backend and the device it runs on."""
 
+    def identity(self) -> str:
+        """The device and driver, as precisely as the backend can tell (what measured
+        choices are kept under: pxvm.ops.tuning)."""
+        return self.describe()
+
     @abstractmethod
     def from_numpy(self, array) -> Tensor:
         """Put host data on this backend (a copy)."""

@@ -149,6 +149,10 @@ class WebGPUBackend(Backend):
         d = self.device.description
         return f"WebGPU on {d.name} ({d.adapter_type}, {d.backend})"
 
+    def identity(self) -> str:
+        info = getattr(self.device.description.adapter, "info", None) or {}
+        return f"{self.describe()}, driver {info.get('description') or 'unknown'}"
+
     @property
     def max_tensor_bytes(self) -> int:
         return self.device.max_binding

@@ -1,4 +1,5 @@
-"""`pxvm info` (adapters, features, limits, and what auto picks) and `pxvm demo`."""
+"""`pxvm info` (adapters, features, limits, what auto picks and what was tuned), `pxvm
+tune` and `pxvm demo`."""
 
 from __future__ import annotations
 
@@ -9,10 +10,13 @@ from importlib import resources
 import numpy as np
 import typer
 from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from .. import ops
-from ..backends import NAMES, WebGPUBackend, get_backend
+from ..backends import NAMES, Backend, WebGPUBackend, get_backend, unavailable_reason
+from ..gpu import tune as tuner
+from ..ops import tuning
 from ..runtime.errors import PxvmError
 from ..runtime.webgpu import choose_adapter, list_adapters
 from ..runtime.webgpu.adapters import KEY_FEATURES, KEY_LIMITS
@@ -41,10 +45,12 @@ def info(
         chosen, reason = None, str(exc)
     cpu = get_backend("cpu").details()
     cuda = cuda_summary()
+    tuned = _tuning_summary(bool(cuda["devices"]))
     if as_json:
         print(json.dumps({
             "cpu": cpu,
             "cuda": cuda,
+            "tuning": tuned,
             "adapters": [{
                 "index": a.index, "name": a.name, "vendor": a.vendor, "backend": a.backend,
                 "type": a.adapter_type, "software": a.is_software, "features": a.features,
@@ -81,6 +87,98 @@ def info(
     else:
         console.print(f"[yellow]auto picks no adapter:[/] {reason}")
     console.print("Override with PXVM_DEVICE=<index or part of a name>.")
+    _print_tuning(tuned)
+
+
+def _tuning_summary(cuda: bool) -> list[dict]:
+    """What `pxvm tune` measured for the WebGPU device pxvm uses (auto's, or
+    PXVM_DEVICE's) and for CUDA, if anything."""
+    out = []
+    for name, present in (("webgpu", True), ("cuda", cuda)):
+        if not present or unavailable_reason(name) is not None:
+            continue
+        try:
+            backend = get_backend(name)
+        except PxvmError:
+            continue
+        t = tuning.tuning_for(backend)
+        out.append({"backend": name, "device": backend.describe(), "file": str(t.path),
+                    "tuned": bool(t.configs or t.crossovers), "configs": t.configs,
+                    "crossovers": t.crossovers, "never": _never(t.measured),
+                    "tuned_at": t.measured.get("tuned at")})
+    return out
+
+
+def _never(measured: dict) -> list[str]:
+    """Ops whose GPU never beat the CPU at the sizes measured."""
+    return [key.split(" ", 1)[1] for key, value in measured.items()
+            if key.startswith("crossover ") and value.get("gpu_faster_from") is None]
+
+
+def _print_tuning(tuned: list[dict]) -> None:
+    for t in tuned:
+        if not t["tuned"]:
+            console.print(f"{t['backend']}: not tuned on this device (defaults); run "
+                          f"`pxvm tune --backend {t['backend']}`")
+            continue
+        table = Table(title=f"Tuned for {t['device']} ({t['tuned_at']})",
+                      title_justify="left", show_header=False)
+        for name, value in sorted(t["configs"].items()):
+            table.add_row(name, str(value))
+        for name, elements in sorted(t["crossovers"].items()):
+            table.add_row(f"{name}: GPU from", f"{elements:,} input elements (CPU below)"
+                          + ("; the CPU won at every size measured" if name in t["never"]
+                             else ""))
+        console.print(table)
+
+
+def tune(
+    backend: str = typer.Option("auto", help="The GPU backend to tune: webgpu, cuda or "
+                                "auto (the GPU auto picks)."),
+    quick: bool = typer.Option(False, "--quick", help="Fewer cases, sizes and repeats "
+                               "(a smoke test; the choices are less sure)."),
+    only: list[str] = typer.Option(None, "--only", help="Tune only this tunable (repeat "
+                                   "for more); `pxvm tune --list` names them."),
+    crossovers: bool = typer.Option(True, "--crossovers/--no-crossovers",
+                                    help="Also measure where the GPU beats the CPU per op."),
+    list_only: bool = typer.Option(False, "--list", help="Name every tunable and exit."),
+):
+    """Measure the fastest kernel configurations on this GPU (each checked against the
+    numpy reference before it is timed) and the input sizes from which the GPU beats
+    the CPU; kept per device, driver and pxvm version, and used from then on (`pxvm
+    info` shows them)."""
+    if list_only:
+        for t in tuning.TUNABLES.values():
+            console.print(f"{t.name}  ({', '.join(t.backends)}): {t.description}; "
+                          f"candidates {', '.join(map(str, t.candidates))}")
+        return
+    unknown = sorted(set(only or ()) - set(tuning.TUNABLES))
+    if unknown:
+        raise PxvmError(f"no tunable {', '.join(unknown)}; `pxvm tune --list` names them")
+    be = _gpu_backend(backend)
+    wanted = set(only) if only else None
+    total = tuner.steps(be, quick, crossovers, wanted)
+    with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                  console=console, transient=True) as bar:
+        task = bar.add_task(f"tuning {be.name}", total=total)
+        result = tuner.tune(be, quick=quick, crossovers=crossovers, only=wanted,
+                            progress=tuner.Progress(total, lambda label: bar.update(
+                                task, advance=1, description=label)))
+    console.print(f"saved {result.path}")
+    _print_tuning([{"backend": be.name, "device": be.describe(), "tuned": True,
+                    "configs": result.configs, "crossovers": result.crossovers,
+                    "never": _never(result.measured),
+                    "tuned_at": result.measured.get("tuned at")}])
+
+
+def _gpu_backend(name: str) -> Backend:
+    if name not in ("auto", "webgpu", "wgpu", "gpu", "cuda"):
+        raise PxvmError(f"pxvm tune tunes a GPU backend (webgpu or cuda), not {name!r}")
+    be = get_backend(name)
+    if be.name not in ("webgpu", "cuda"):
+        raise PxvmError(f"no GPU to tune: auto picked {be.describe()}; ask for one with "
+                        "--backend webgpu (and PXVM_DEVICE for a software adapter)")
+    return be
 
 
 def _print_cuda(cuda: dict) -> None:
@@ -130,4 +228,5 @@ def demo(
 
 def register(app: typer.Typer) -> None:
     app.command("info")(info)
+    app.command("tune")(tune)
     app.command("demo")(demo)

@@ -7,9 +7,11 @@ transformer ops (transformer.py) use too."""
 from __future__ import annotations
 
 import numpy as np
+from gguf import GGMLQuantizationType
 
 from ..kernels.ptx import quantized as ptx_quantized
 from ..runtime.webgpu.params import KernelParams, f32, kernel_params, u32
+from . import tuning
 from .layouts import AttentionPartials
 from .quant_types import dequantize, quant_type
 from .registry import MissingKernelError, meta, op, require
@@ -54,20 +56,68 @@ def infer_product(x, w, qtype=3, k=0, lanes=None):
     return meta((x.shape[0], w.shape[0]), np.float32)
 
 
+#: Products whose lanes `pxvm tune` chooses per device: (tunable, what it is for,
+#: benchmark shapes (M, N, K)). The kernel's own rule (`_lanes`) holds until tuned.
+WIDE_COLUMNS = 16384
+LANES_TUNED = (
+    ("matmul_quant.lanes.prompt", "threads per output column, products of many rows",
+     ((64, 1536, 576), (512, 576, 1536))),
+    ("matmul_quant.lanes.decode", "threads per output column, one-row products",
+     ((1, 1536, 576), (1, 576, 1536), (1, 4096, 4096))),
+    ("matmul_quant.lanes.head", f"threads per output column, one row, >= {WIDE_COLUMNS} "
+     "columns (an LM head)", ((1, 49152, 576),)),
+)
+
+
 def _lanes(ctx, lanes, m, n):
-    """Threads per output column: 1 on CPU drivers (lavapipe), where the reduction's
-    barriers cost more than the parallelism gains. On GPUs, for many rows (prefill) 8;
-    for one row (decoding) a decoded token is a chain of small dispatches, each as long
-    as its longest thread: 64, or 16 for very many columns (an LM head fills the GPU
-    with columns alone). Each was the fastest for its product in SmolLM2's decoding step
-    on the H100 (benchmarks/h100/step_variants.py, BENCHMARKS.md)."""
+    """Threads per output column: as tuned for this device (`pxvm tune`), else 1 on CPU
+    drivers (lavapipe), where the reduction's barriers cost more than the parallelism
+    gains; on GPUs, for many rows (prefill) 8; for one row (decoding) a decoded token is
+    a chain of small dispatches, each as long as its longest thread: 64, or 16 for very
+    many columns (an LM head fills the GPU with columns alone). Each was the fastest for
+    its product in SmolLM2's decoding step on the H100 (benchmarks/h100/step_variants.py,
+    BENCHMARKS.md)."""
     if lanes:
         return int(lanes)
+    situation = 0 if m > 1 else 2 if n >= WIDE_COLUMNS else 1
+    tuned = tuning.choice(ctx.backend, LANES_TUNED[situation][0])
+    if tuned is not None:
+        return tuned
     if ctx.is_software:
         return 1
     if m > 1:
         return 8
-    return 16 if n >= 16384 else 64
+    return 16 if n >= WIDE_COLUMNS else 64
+
+
+def _random_weight(rng, n: int, k: int, qtype: GGMLQuantizationType) -> np.ndarray:
+    """Raw rows of random quants with small finite float16 scales (d, and Q4_K's dmin,
+    lead their blocks): a benchmark weight, for formats gguf cannot quantize."""
+    t = quant_type(int(qtype))
+    blocks = rng.integers(0, 256, (n * k // t.block_values, t.block_bytes), dtype=np.uint8)
+    scales = 2 if qtype != GGMLQuantizationType.Q4_K else 4
+    blocks[:, :2 * scales] = rng.uniform(0.001, 0.01, (len(blocks), scales)).astype(
+        np.float16).view(np.uint8)
+    return blocks.reshape(n, t.row_bytes(k))
+
+
+def _product_cases(shapes):
+    """Benchmark cases of matmul_quant for `shapes`: a 4-bit weight (Q4_K where K allows,
+    else Q4_0) and a Q8_0 one."""
+    def cases(rng, backend) -> list[tuning.Case]:
+        out = []
+        for m, n, k in shapes:
+            four = GGMLQuantizationType.Q4_K if k % 256 == 0 else GGMLQuantizationType.Q4_0
+            for qtype in (four, GGMLQuantizationType.Q8_0):
+                w = _random_weight(rng, n, k, qtype)
+                x = rng.standard_normal((m, k), np.float32)
+                tx, tw = backend.from_numpy(x), backend.from_numpy(w)
+                out.append(tuning.Case(
+                    f"{qtype.name} {m}x{k} @ {n}x{k}^T",
+                    lambda tx=tx, tw=tw, q=int(qtype), k=k: matmul_quant(tx, tw, qtype=q, k=k),
+                    matmul_quant.reference(x, w, qtype=int(qtype), k=k), 1e-5))
+        return out
+    return cases
 
 
 def record_product(ctx, x, w, n, qtype, k, *, gain=None, residual=None, eps=0.0, lanes=None,
@@ -192,3 +242,7 @@ def embedding_quant(ids, w, qtype=3, k=0, first_row=0, *, backend="auto"):
     out = dequantize(w, qtype, k)[np.where(held, rows, 0)].astype(np.float32)
     out[~held] = 0.0
     return out
+
+
+for _name, _what, _shapes in LANES_TUNED:
+    tuning.tunable(_name, _what, (1, 4, 8, 16, 32, 64, 128), ("webgpu",), _product_cases(_shapes))

@@ -31,6 +31,7 @@ import numpy as np
 from ..backends import DTYPES, Backend, RecordingContext, Tensor, as_supported_array, get_backend
 from ..batch import active_batch
 from ..runtime.errors import PxvmError, ShapeError
+from . import tuning
 
 P = ParamSpec("P")
 
@@ -130,7 +131,7 @@ class Op(Generic[P]):
             shape = self.infer(tensors, params)
             return batch.record(lambda ctx: self.run(batch.backend, ctx, tensors, params, shape),
                                 tensors)
-        target = _resolve_backend(inputs, backend)
+        target = _resolve_backend(self.name, inputs, backend)
         tensors = [_on_backend(x, target) for x in inputs]
         shape = self.infer(tensors, params)
         context = target.context()
@@ -203,13 +204,21 @@ def _is_auto(backend) -> bool:
     return isinstance(backend, str) and backend == "auto"
 
 
-def _resolve_backend(inputs, backend) -> Backend:
-    """'auto' follows the inputs: a tensor already on a backend keeps the op there."""
-    if _is_auto(backend):
-        for x in inputs:
-            if isinstance(x, Tensor):
-                return x.backend
-    return get_backend(backend)
+def _resolve_backend(name: str, inputs, backend) -> Backend:
+    """'auto' follows the inputs: a tensor already on a backend keeps the op there. Host
+    arrays go to the best device, except where `pxvm tune` measured the CPU faster for
+    this op at their size (uploading and reading back cost more than the GPU saves)."""
+    if not _is_auto(backend):
+        return get_backend(backend)
+    for x in inputs:
+        if isinstance(x, Tensor):
+            return x.backend
+    target = get_backend("auto")
+    if target.name in ("webgpu", "cuda"):
+        threshold = tuning.crossover(target, name)
+        if threshold is not None and sum(np.size(x) for x in inputs) < threshold:
+            return get_backend("cpu")
+    return target
 
 
 def _on_backend(x, backend: Backend) -> Tensor:

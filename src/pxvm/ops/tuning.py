@@ -15,6 +15,7 @@ does not exist.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import logging
@@ -106,6 +107,7 @@ def cache_dir() -> Path:
     return Path(root) / "tuning"
 
 
+@functools.lru_cache(maxsize=None)
 def pxvm_version() -> str:
     try:
         return metadata.version("pxvm")

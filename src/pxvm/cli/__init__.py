@@ -11,7 +11,8 @@ import traceback
 import typer
 
 from ..runtime.errors import PxvmError
-from . import cuda_commands, device_commands, llm_commands, vm_commands, web_commands
+from . import (bench_commands, cuda_commands, device_commands, llm_commands, vm_commands,
+               web_commands)
 
 app = typer.Typer(
     name="pxvm",
@@ -22,7 +23,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-for _commands in (device_commands, cuda_commands, vm_commands, llm_commands, web_commands):
+for _commands in (device_commands, cuda_commands, vm_commands, llm_commands, bench_commands,
+                  web_commands):
     _commands.register(app)
 
 

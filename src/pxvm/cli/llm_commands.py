@@ -19,6 +19,7 @@ from ..llm.generate import generate as run_generation
 from ..llm.gguf_model import summarize
 from ..llm.sampling import SamplingParams
 from ..llm.tokenizer import Tokenizer
+from .bench_commands import bench
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
@@ -239,6 +240,4 @@ def register(app: typer.Typer) -> None:
     app.command("models")(models)
     app.command("generate")(generate)
     app.command("chat")(chat)
-    bench = typer.Typer(help="Benchmarks.", no_args_is_help=True)
-    bench.command("llm")(bench_llm)
-    app.add_typer(bench, name="bench")
+    bench.command("llm")(bench_llm)  # the group is bench_commands', which adds it to app

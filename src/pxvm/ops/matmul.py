@@ -1,8 +1,10 @@
-"""Matrix product (matmul_naive.wgsl, matmul_tiled.wgsl): C = A @ B or A @ B^T for any
-M, N, K >= 1. Kernels: "naive" (one output per thread), "gemv" (32 threads per
-output, for matrix-vector), "tiled" (64x64 register-blocked tiles) and "tiled_wide"
-(64x128 tiles). `kernel="auto"` picks gemv for small M, naive for tiny products, the
-wide tiles for large ones and the 64x64 tiles in between. On CUDA (pxvm.kernels.ptx.matmul):
+"""Matrix product (matmul_naive.wgsl, matmul_tiled.wgsl, matmul_blocked.wgsl): C = A @ B or
+A @ B^T for any M, N, K >= 1. WebGPU kernels: "naive" (one output per thread), "gemv" (32
+threads per output, for matrix-vector), "tiled" (64x64 tiles, 4x4 a thread), "tiled_wide"
+(64x128 tiles, 4x8 a thread) and "blocked" (8x8 a thread in registers, two K slices in
+workgroup memory; its tile shapes are BLOCKED_SHAPES, "blocked" choosing one by the grid's
+size and "blocked_<shape>" naming one). `kernel="auto"` picks gemv for small M, naive for
+tiny products and the blocked kernel for the rest. On CUDA (pxvm.kernels.ptx.matmul):
 "naive", and "tiled" (128x128 tiles, 8x8 a thread) for the rest."""
 
 from __future__ import annotations
@@ -15,16 +17,41 @@ from ..kernels.ptx import wgmma as ptx_wgmma
 from ..runtime.webgpu.params import KernelParams, kernel_params, u32
 from .registry import MissingKernelError, meta, op, require
 
-KERNELS = ("auto", "naive", "tiled", "tiled_wide", "gemv")
+#: Tile shapes of the register-blocked kernels (matmul_blocked.wgsl, matmul_f16_half.wgsl):
+#: name -> (tile rows, tile columns, K values a slice). Each thread computes 8 x 8 outputs,
+#: so a workgroup has rows/8 x columns/8 threads; each thread moves one or two runs of 4
+#: values of each operand a slice. Workgroup memory: 2 slices x depth x 2 x 128 values
+#: (rows have room for the widest tile), 4 bytes each in f32 and 2 in f16: 16 KiB at
+#: depth 8 in f32, the most WebGPU guarantees; 128x128x16 in f32 needs a device offering
+#: 32 KiB (the f16-product kernel's fits in 16).
+BLOCKED_SHAPES = {
+    "128x128x8": (128, 128, 8),
+    "128x128x16": (128, 128, 16),
+    "128x64x8": (128, 64, 8),
+    "64x128x8": (64, 128, 8),
+    "64x64x8": (64, 64, 8),
+    "64x64x4": (64, 64, 4),
+}
+#: "blocked" (and "auto") take the first of these shapes whose grid has at least
+#: MIN_WORKGROUPS workgroups, else the last: large tiles do the least memory traffic a
+#: flop, small ones keep every multiprocessor busy on small or tall-skinny products (an
+#: H100 holds 132 x 2 workgroups of 128x128 tiles). First guesses, to be set from
+#: benchmarks/webgpu/matmul.py --variants.
+FP32_SHAPES = ("128x128x8", "128x64x8", "64x64x8")
+MIN_WORKGROUPS = 256
+
+KERNELS = ("auto", "naive", "tiled", "tiled_wide", "gemv", "blocked",
+           *(f"blocked_{name}" for name in BLOCKED_SHAPES))
 GEMV_MAX_ROWS = 4
 GEMV_ROWS_PER_WG = 8  # outputs per gemv workgroup: ROWS_PER_WG in matmul_naive.wgsl
 # Above this many outputs the 64x64 tiles lost speed on the H100 (BENCHMARKS.md); 64x128
-# tiles move a quarter less data from memory per flop. The threshold is a first guess,
-# to be set from `bench_ops.py --kernel tiled|tiled_wide`.
+# tiles move a quarter less data from memory per flop. Only an explicit "tiled" or
+# "tiled_wide" uses these kernels now: "auto" takes the blocked kernel.
 WIDE_MIN_OUTPUTS = 2048 * 2048
 
 
-@kernel_params("matmul_naive.wgsl", "matmul_tiled.wgsl", "matmul_f16.wgsl")
+@kernel_params("matmul_naive.wgsl", "matmul_tiled.wgsl", "matmul_blocked.wgsl",
+               "matmul_f16.wgsl", "matmul_f16_half.wgsl")
 class MatmulParams(KernelParams):
     M: u32
     N: u32
@@ -45,13 +72,52 @@ def _infer(a, b, transpose_b=False, kernel="auto"):
 
 
 def choose_kernel(M: int, N: int, K: int) -> str:
+    """The WebGPU kernel "auto" runs for an (M, K) @ (K, N) product."""
     if M <= GEMV_MAX_ROWS:
         return "gemv"
     if M * N < 64 * 64:
         return "naive"
-    if M * N > WIDE_MIN_OUTPUTS and N >= 128:
-        return "tiled_wide"
-    return "tiled"
+    return "blocked"
+
+
+def choose_shape(M: int, N: int, shapes=FP32_SHAPES) -> str:
+    """The first of `shapes` (BLOCKED_SHAPES names) whose grid for an M x N product has at
+    least MIN_WORKGROUPS workgroups, else the last."""
+    for name in shapes:
+        rows, cols, _ = BLOCKED_SHAPES[name]
+        if -(-M // rows) * -(-N // cols) >= MIN_WORKGROUPS:
+            return name
+    return shapes[-1]
+
+
+def blocked_constants(shape: str, transpose_b: bool) -> dict:
+    """The override constants of a BLOCKED_SHAPES shape (matmul_blocked.wgsl's WX, WY, BK)."""
+    rows, cols, depth = BLOCKED_SHAPES[shape]
+    return {"TRANSPOSE_B": int(bool(transpose_b)), "WX": cols // 8, "WY": rows // 8, "BK": depth}
+
+
+def workgroup_bytes(shape: str, value_bytes: int = 4) -> int:
+    """Workgroup memory of a BLOCKED_SHAPES shape's kernel (value_bytes 2: f16 tiles)."""
+    return 2 * 2 * BLOCKED_SHAPES[shape][2] * 128 * value_bytes
+
+
+def aligned_runs(K: int, N: int, transpose_b: bool) -> bool:
+    """Whether the blocked kernels may fetch runs of 4 values with one vector load: every
+    run lies wholly inside or outside its matrix (K and, for B (K, N), N multiples of 4)."""
+    return K % 4 == 0 and (transpose_b or N % 4 == 0)
+
+
+def dispatch_blocked(ctx, a, b, out, transpose_b: bool, shape: str, f16: bool = False) -> None:
+    """Record matmul_blocked.wgsl for out (M, N) = a @ b (b^T): tile shape `shape` (a
+    BLOCKED_SHAPES name); float16 a and b (unpacked to f32) when `f16`."""
+    M, K = a.shape
+    N = out.shape[1]
+    rows, cols, _ = BLOCKED_SHAPES[shape]
+    aligned = aligned_runs(K, N, transpose_b)
+    entry = ("main_f16" + ("_vec" if aligned else "")) if f16 else (
+        "main" + ("_vec4" if aligned else ""))
+    ctx.dispatch("matmul_blocked.wgsl", entry, [a, b, out], MatmulParams(M, N, K),
+                 (-(-N // cols), -(-M // rows), 1), blocked_constants(shape, transpose_b))
 
 
 def _matmul_webgpu(ctx, a, b, transpose_b=False, kernel="auto"):
@@ -61,7 +127,10 @@ def _matmul_webgpu(ctx, a, b, transpose_b=False, kernel="auto"):
     kernel = choose_kernel(M, N, K) if kernel == "auto" else kernel
     consts = {"TRANSPOSE_B": int(bool(transpose_b))}
     params = MatmulParams(M, N, K)
-    if kernel == "tiled_wide":
+    if kernel.startswith("blocked"):
+        shape = kernel.removeprefix("blocked_") if kernel != "blocked" else choose_shape(M, N)
+        dispatch_blocked(ctx, a, b, out, transpose_b, shape)
+    elif kernel == "tiled_wide":
         ctx.dispatch("matmul_tiled.wgsl", "main_wide", [a, b, out], params,
                      ((N + 127) // 128, (M + 63) // 64, 1), consts)
     elif kernel == "tiled":
@@ -144,12 +213,63 @@ def _matmul_f16_cuda(ctx, a, b, transpose_b=False):
     return out
 
 
+#: matmul_f16's WebGPU kernel: "half" multiplies in f16 pairs with f32 totals every
+#: HALF_STEPS values of K (matmul_f16_half.wgsl: needs shader-f16; accurate for inputs
+#: near unit scale, see the file), "blocked" in f32 (matmul_blocked.wgsl's f16 entry
+#: points: products exact, any device), "naive" one output a thread (matmul_f16.wgsl).
+#: "auto": "half" where the device has shader-f16, else "blocked", and "naive" for tiny
+#: products and M <= GEMV_MAX_ROWS.
+F16_KERNELS = ("auto", "half", "blocked", "naive")
+F16_KERNEL = "auto"
+#: the f16-product kernel's shapes, chosen like FP32_SHAPES (f16 tiles are half the bytes:
+#: 128x128x16 fits WebGPU's 16 KiB), and the K values it sums in f16 (a multiple of the
+#: shape's depth)
+HALF_SHAPES = ("128x128x16", "128x64x8", "64x64x8")
+HALF_STEPS = 32
+#: the f32-product kernel's shapes for float16 operands
+F16_BLOCKED_SHAPES = FP32_SHAPES
+
+
+def choose_f16_kernel(M: int, N: int, has_f16: bool) -> str:
+    """The kernel F16_KERNEL = "auto" runs for an M x N matmul_f16, on a device with
+    shader-f16 or not."""
+    if M <= GEMV_MAX_ROWS or M * N < 64 * 64:
+        return "naive"
+    return "half" if has_f16 else "blocked"
+
+
+def dispatch_f16_half(ctx, a, b, out, transpose_b: bool, shape: str, half_steps: int) -> None:
+    """Record matmul_f16_half.wgsl for out = a @ b (b^T), float16 a and b: tile shape
+    `shape` (a BLOCKED_SHAPES name), f16 sums over `half_steps` values of K."""
+    M, K = a.shape
+    N = out.shape[1]
+    rows, cols, depth = BLOCKED_SHAPES[shape]
+    if half_steps % depth:
+        raise ValueError(f"half_steps ({half_steps}) must be a multiple of shape {shape}'s "
+                         f"depth {depth}")
+    entry = "main_vec" if aligned_runs(K, N, transpose_b) else "main"
+    ctx.dispatch("matmul_f16_half.wgsl", entry, [a, b, out], MatmulParams(M, N, K),
+                 (-(-N // cols), -(-M // rows), 1),
+                 {**blocked_constants(shape, transpose_b), "HALF_STEPS": half_steps})
+
+
 def _matmul_f16_webgpu(ctx, a, b, transpose_b=False):
     M, K = a.shape
     N = b.shape[0] if transpose_b else b.shape[1]
     out = ctx.empty((M, N), np.float32)
-    ctx.dispatch("matmul_f16.wgsl", "main", [a, b, out], MatmulParams(M, N, K),
-                 -(-M * N // 64), {"TRANSPOSE_B": int(bool(transpose_b))})
+    kernel = (choose_f16_kernel(M, N, ctx.has("shader-f16")) if F16_KERNEL == "auto"
+              else F16_KERNEL)
+    if kernel == "half":
+        dispatch_f16_half(ctx, a, b, out, transpose_b, choose_shape(M, N, HALF_SHAPES),
+                          HALF_STEPS)
+    elif kernel == "blocked":
+        dispatch_blocked(ctx, a, b, out, transpose_b, choose_shape(M, N, F16_BLOCKED_SHAPES),
+                         f16=True)
+    elif kernel == "naive":
+        ctx.dispatch("matmul_f16.wgsl", "main", [a, b, out], MatmulParams(M, N, K),
+                     -(-M * N // 64), {"TRANSPOSE_B": int(bool(transpose_b))})
+    else:
+        raise ValueError(f"F16_KERNEL must be one of {F16_KERNELS}, not {kernel!r}")
     return out
 
 
@@ -157,7 +277,8 @@ def _matmul_f16_webgpu(ctx, a, b, transpose_b=False):
 def matmul_f16(a, b, transpose_b=False, *, backend="auto"):
     """A @ B (A @ B^T with transpose_b) of float16 matrices, float32 results: on CUDA
     tensor cores with float32 accumulation (pxvm.kernels.ptx.tensor_core); on WebGPU
-    one output a thread (matmul_f16.wgsl)."""
+    register-blocked tiles, multiplying in f16 with float32 totals where the device has
+    shader-f16 and in float32 elsewhere (F16_KERNEL says which)."""
     a = np.asarray(a, np.float64)
     b = np.asarray(b, np.float64)
     return (a @ (b.T if transpose_b else b)).astype(np.float32)

@@ -4,9 +4,9 @@ import importlib
 
 import numpy as np
 import pytest
+from conftest import NMSE_LONG, assert_close
 
 import pxvm
-from conftest import NMSE_LONG, assert_close
 
 # The module, not the op: pxvm.ops.attention is the registered op of the same name.
 attention_module = importlib.import_module("pxvm.ops.attention")
@@ -98,3 +98,53 @@ def test_bad_operands_are_refused_clearly(shapes, message):
     q, k, v = (np.ones(s, np.float32) for s in shapes)
     with pytest.raises(pxvm.ShapeError, match=message):
         pxvm.ops.attention(q, k, v, backend="gpu")
+
+
+F16_CASES = [  # (Sq, Skv, Hq, Hkv, D): odd head dimensions and counts, packed halves
+    (1, 1, 1, 1, 1), (1, 300, 8, 2, 64), (7, 7, 9, 3, 33), (5, 260, 4, 4, 7),
+    (33, 40, 4, 1, 128),
+]
+
+
+def _f16_inputs(rng, sq, skv, hq, hkv, d):
+    return (rng.standard_normal((sq, hq, d)).astype(np.float16),
+            rng.standard_normal((skv, hkv, d)).astype(np.float16),
+            rng.standard_normal((skv, hkv, d)).astype(np.float16))
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("sq,skv,hq,hkv,d", F16_CASES)
+def test_attention_f16_matches_reference_on_webgpu(gpu_device, rng, causal, sq, skv, hq, hkv, d):
+    q, k, v = _f16_inputs(rng, sq, skv, hq, hkv, d)
+    got = pxvm.ops.attention_f16(q, k, v, causal=causal, backend="webgpu").numpy()
+    assert got.dtype == np.float32 and got.shape == (sq, hq, d)
+    assert_close(got, pxvm.ops.attention_f16.reference(q, k, v, causal), NMSE_LONG)
+
+
+def test_attention_f16_uses_a_given_scale_on_webgpu(gpu_device, rng):
+    q, k, v = _f16_inputs(rng, 5, 9, 4, 2, 16)
+    got = pxvm.ops.attention_f16(q, k, v, causal=True, scale=0.7, backend="webgpu").numpy()
+    assert_close(got, pxvm.ops.attention_f16.reference(q, k, v, True, 0.7), NMSE_LONG)
+    assert not np.allclose(got, pxvm.ops.attention_f16.reference(q, k, v, True), atol=1e-3)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_attention_f16_on_numpy_agrees_with_torch_sdpa(rng, causal):
+    torch = pytest.importorskip("torch")
+    sq, skv, hq, hkv, d = 4, 11, 9, 3, 16
+    q, k, v = _f16_inputs(rng, sq, skv, hq, hkv, d)
+    got = pxvm.ops.attention_f16(q, k, v, causal=causal, backend="numpy").numpy()
+    assert got.dtype == np.float32
+    # torch in float64 from the same float16 values
+    tq, tk, tv = (torch.tensor(x.astype(np.float64)).permute(1, 0, 2) for x in (q, k, v))
+    tk, tv = (t.repeat_interleave(hq // hkv, 0) for t in (tk, tv))
+    mask = torch.arange(skv)[None, :] <= torch.arange(sq)[:, None] + (skv - sq)
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        tq, tk, tv, attn_mask=mask if causal else None)
+    assert_close(got, expected.permute(1, 0, 2).numpy(), 1e-12)
+
+
+def test_attention_f16_takes_float16_only():
+    x = np.ones((2, 2, 8), np.float32)
+    with pytest.raises(pxvm.ShapeError, match="attention_f16: input q has dtype float32"):
+        pxvm.ops.attention_f16(x, x, x, backend="numpy")

@@ -9,7 +9,7 @@ The general ops are here by name; the fused ops of a transformer layer are in
 from __future__ import annotations
 
 from . import decoding, transformer
-from .attention import attention
+from .attention import attention, attention_f16
 from .convolution import conv2d, convolve2d
 from .elementwise import (add, clip, div, elu, gelu, gelu_tanh, leaky_relu, maximum, minimum,
                           mul, relu, scale, sigmoid, silu, sub, swish, tanh)
@@ -21,7 +21,7 @@ from .reductions import argmax, dot, max, sum  # noqa: A004 - numpy's names
 from .registry import REGISTRY, MissingKernelError, Op
 
 __all__ = [
-    "REGISTRY", "MissingKernelError", "Op", "add", "argmax", "attention", "clip",
+    "REGISTRY", "MissingKernelError", "Op", "add", "argmax", "attention", "attention_f16", "clip",
     "concat_columns", "conv2d", "convolve2d", "decoding", "div", "dot", "elu",
     "embedding_quant", "gelu", "gelu_tanh", "layer_norm", "leaky_relu", "log_softmax",
     "matmul", "matmul_f16", "matmul_quant", "max", "maximum", "minimum", "mul", "relu", "rmsnorm", "rope",

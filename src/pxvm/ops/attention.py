@@ -1,6 +1,10 @@
 """Multi-head attention (attention.wgsl) with grouped-query heads and a causal mask
 offset for KV caches: query i of Sq sees keys j <= i + Skv - Sq. Few queries over many
-keys split the keys over several workgroups and merge the partial results.
+keys split the keys over several workgroups and merge the partial results. On CUDA a
+warp per (query, head) (pxvm.kernels.ptx.attention.attention_f32).
+`attention_f16`: the same of float16 q, k, v with float32 results; on CUDA the fused
+tensor-core kernel (FlashAttention-2's way: pxvm.kernels.ptx.attention.flash_f16, head
+dimensions 64 and 128), on WebGPU attention_f16.wgsl.
 (The transformer's attention over a KV cache, with RoPE and the cache's append, is
 transformer.attention_cached.)"""
 
@@ -10,8 +14,9 @@ import math
 
 import numpy as np
 
+from ..kernels.ptx import attention as ptx_attention
 from ..runtime.webgpu.params import KernelParams, f32, kernel_params, u32
-from .registry import meta, op, require
+from .registry import MissingKernelError, meta, op, require
 
 KERNEL = "attention.wgsl"
 MAX_HEAD_DIM = 256
@@ -23,7 +28,7 @@ SPLIT_MIN_KEYS = 1024
 SPLIT_LEN = 512
 
 
-@kernel_params(KERNEL)
+@kernel_params(KERNEL, "attention_f16.wgsl")
 class AttentionParams(KernelParams):
     sq: u32
     skv: u32
@@ -79,7 +84,28 @@ def _attention_webgpu(ctx, q, k, v, causal=True, scale=None):
     return out
 
 
-@op(infer=_infer, webgpu=_attention_webgpu)
+def _scale(d: int, scale) -> float:
+    return 1.0 / math.sqrt(d) if scale is None else float(scale)
+
+
+def _key_offset(causal: bool, sq: int, skv: int) -> int:
+    """The CUDA kernels' mask: query i sees keys j < min(Skv, i + offset + 1); without
+    the causal mask an offset of Skv lets it see every key."""
+    return skv - sq if causal else skv
+
+
+def _attention_cuda(ctx, q, k, v, causal=True, scale=None):
+    sq, hq, d = q.shape
+    skv, hkv, _ = k.shape
+    out = ctx.empty(q.shape, np.float32)
+    ctx.launch(ptx_attention.attention_f32, (-(-d // 32),),
+               [q, k, v, out, sq, skv, hq, hkv, d, _key_offset(causal, sq, skv),
+                _scale(d, scale) * ptx_attention.LOG2E],
+               -(-sq * hq // ptx_attention.WARPS), block=ptx_attention.THREADS)
+    return out
+
+
+@op(infer=_infer, webgpu=_attention_webgpu, cuda=_attention_cuda)
 def attention(q, k, v, causal=True, scale=None, *, backend="auto"):
     """softmax(q k^T * scale + mask) v per head; q (Sq, Hq, D), k/v (Skv, Hkv, D); scale
     defaults to 1/sqrt(D)."""
@@ -100,3 +126,47 @@ def attention(q, k, v, causal=True, scale=None, *, backend="auto"):
     p = np.exp(scores)
     p /= p.sum(axis=-1, keepdims=True)
     return np.einsum("hij,jhd->ihd", p, vv).astype(np.float32)
+
+
+#: (head dimension, keys a tile, warps a block) of the CUDA kernel by head dimension, one
+#: of ptx_attention.SHAPES (benchmarks set it)
+FLASH_SHAPE = dict(ptx_attention.DEFAULT)
+
+
+def _attention_f16_cuda(ctx, q, k, v, causal=True, scale=None):
+    sq, hq, d = q.shape
+    skv, hkv, _ = k.shape
+    shape = FLASH_SHAPE.get(d)
+    if shape is None:
+        raise MissingKernelError(
+            f"attention_f16 on CUDA takes head dimensions {', '.join(map(str, FLASH_SHAPE))} "
+            f"so far, not {d}; run it on numpy")
+    if _scale(d, scale) <= 0:
+        # the kernel keeps each row's max of the unscaled scores
+        raise MissingKernelError(
+            f"attention_f16 on CUDA takes a positive scale, not {scale}; run it on numpy")
+    _, _, warps = shape
+    out = ctx.empty(q.shape, np.float32)
+    ctx.launch(ptx_attention.flash_f16, shape,
+               [q, k, v, out, sq, skv, hq, hkv, _key_offset(causal, sq, skv),
+                _scale(d, scale) * ptx_attention.LOG2E],
+               (hq, -(-sq // ptx_attention.flash_rows(warps)), 1), block=32 * warps)
+    return out
+
+
+def _attention_f16_webgpu(ctx, q, k, v, causal=True, scale=None):
+    sq, hq, d = q.shape
+    skv, hkv, _ = k.shape
+    out = ctx.empty(q.shape, np.float32)
+    params = AttentionParams(sq, skv, hq, hkv, d, _scale(d, scale), 1, skv)
+    ctx.dispatch("attention_f16.wgsl", "main", [q, k, v, out], params, sq * hq,
+                 {"CAUSAL": int(bool(causal))})
+    return out
+
+
+@op(infer=_infer, dtypes=("f16",), webgpu=_attention_f16_webgpu, cuda=_attention_f16_cuda)
+def attention_f16(q, k, v, causal=True, scale=None, *, backend="auto"):
+    """attention() of float16 q, k, v (the same shapes and mask), float32 results: on
+    CUDA tensor cores with float32 accumulation and P rounded to float16 for P V, as
+    FlashAttention does; the reference computes in float64 from the float16 values."""
+    return attention.reference(q, k, v, causal, scale)

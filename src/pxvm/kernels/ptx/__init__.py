@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from typing import Callable
 
-from . import elementwise, matmul, quantized, reductions, rows, tensor_core, wgmma
+from . import (attention, elementwise, matmul, quantized, reductions, rows, tensor_core,
+               wgmma)
 from .builder import ARCHS, Kernel, PtxError, module
 
 FAMILIES = {"elementwise": elementwise, "rows": rows, "matmul": matmul,
             "tensor_core": tensor_core, "quantized": quantized, "reductions": reductions,
-            "wgmma": wgmma}
+            "wgmma": wgmma, "attention": attention}
 
 
 def kernels() -> dict[str, tuple[Callable[..., Kernel], tuple]]:

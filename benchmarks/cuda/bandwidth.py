@@ -1,7 +1,7 @@
 """Memory-bound ops on the CUDA backend against the device-to-device copy bandwidth and
-PyTorch, in one run: the issue's goal is 75% of the copy bandwidth on 2^26 elements,
-and for Q8_0 matrix-vector products 75% of it in weight bytes read (both rates of
-memory traffic: the copy's bytes read and written, the product's weights read).
+PyTorch, in one run: the issue's goal is 75% of the copy bandwidth on 2^26 elements.
+(The quantized products' weight bandwidth, the same goal in weight bytes read, is
+benchmarks/cuda/quantized.py's.)
 
     python benchmarks/cuda/bandwidth.py [--log2 26] [--repeats 20]
 
@@ -15,7 +15,6 @@ against its numpy reference once.
 from __future__ import annotations
 
 import argparse
-import importlib
 import statistics
 
 import numpy as np
@@ -122,48 +121,6 @@ def main() -> None:
         torch_cols = (f"{tt_ * 1e3:.3f} | {moved / tt_ / 1e9:.0f}" if tt_ else "- | -")
         print(f"| {name} | {t * 1e3:.3f} | {moved / t / 1e9:.0f} | {moved / t / copy_bw:.0%} "
               f"| {err:.1e} | {torch_cols} |")
-    module = importlib.import_module("pxvm.ops.quantized")  # the module, not the op
-    from pxvm.kernels.ptx.quantized import PLANES_SHAPES
-    for layout, unroll, rows in (("blocks", 0, 1), *(("planes", *s) for s in PLANES_SHAPES)):
-        module.Q8_0_LAYOUT, module.Q8_0_UNROLL, module.Q8_0_ROWS = layout, unroll, rows
-        print(f"\nQ8_0 kernel: {layout}" + (f", {unroll} trip(s) unrolled, {rows} outputs a "
-                                            "block" if unroll else ""))
-        quantized(backend, copy_bw, args.repeats)
-
-
-def quantized(backend, copy_bw: float, repeats: int, per_batch: int = 20) -> None:
-    """Q8_0 matrix-vector products (decoding's shape): the weights' bytes over the GPU
-    time of one product (events around each launch of a profiled batch, queued behind a
-    long copy)."""
-    from gguf import GGMLQuantizationType, quants
-
-    rng = np.random.default_rng(1)
-    print("\n| Q8_0 x @ W^T, W (N, K) | weights MB | pxvm us | weight GB/s | of copy | NMSE |")
-    print("|---|---|---|---|---|---|")
-    for n, k in ((4096, 4096), (11008, 4096), (4096, 11008)):
-        w = quants.quantize(rng.standard_normal((n, k)).astype(np.float32),
-                            GGMLQuantizationType.Q8_0)
-        w = np.ascontiguousarray(w).view(np.uint8).reshape(n, -1)
-        x = rng.standard_normal((1, k)).astype(np.float32)
-        tw, tx = backend.from_numpy(w), backend.from_numpy(x)
-
-        samples = []
-        busy = (backend.device.alloc(1 << 29), backend.device.alloc(1 << 29))
-        for _ in range(repeats // 4 + 1):
-            # a 512 MB copy first keeps the GPU busy while the host queues the products,
-            # so that their events time the GPU's work, not the host's launching
-            backend.device.copy(busy[1], busy[0], 1 << 29)
-            with pxvm.Batch(backend, profile=True) as batch:
-                for _ in range(per_batch):
-                    pxvm.ops.matmul_quant(tx, tw, qtype=8, k=k)
-            batch.execute()
-            samples += [seconds for _, seconds in batch.profile][1:]
-        t = statistics.median(samples)  # each product's own time, between events
-        got = pxvm.ops.matmul_quant(tx, tw, qtype=8, k=k).numpy().astype(np.float64)
-        expected = x.astype(np.float64) @ quants.dequantize(w, GGMLQuantizationType.Q8_0).T
-        err = float(np.sum((got - expected) ** 2) / np.sum(expected ** 2))
-        print(f"| {n} x {k} | {w.nbytes / 1e6:.1f} | {t * 1e6:.1f} | {w.nbytes / t / 1e9:.0f} "
-              f"| {w.nbytes / t / copy_bw:.0%} | {err:.1e} |")
 
 
 if __name__ == "__main__":

@@ -15,13 +15,11 @@ from gguf import quants as gguf_quants
 
 import pxvm
 from pxvm.batch import Batch, Graph
-from pxvm.kernels.ptx import quantized as ptx_quantized
 from pxvm.kernels.ptx import tensor_core as ptx_tensor_core
 from pxvm.kernels.ptx import wgmma as ptx_wgmma
 from pxvm.ops.registry import MissingKernelError
 
 matmul_module = importlib.import_module("pxvm.ops.matmul")  # the modules, not the ops
-quantized_module = importlib.import_module("pxvm.ops.quantized")
 
 UNARY = [("relu", {}), ("leaky_relu", {"alpha": 0.1}), ("elu", {"alpha": 0.7}),
          ("sigmoid", {}), ("tanh", {}), ("silu", {}), ("gelu_tanh", {}),
@@ -239,47 +237,6 @@ def test_tensor_core_matmul_says_what_it_does_not_take_yet(cuda_device):
     with pytest.raises(MissingKernelError, match="transpose_b=True"):
         pxvm.ops.matmul_f16(np.ones((4, 8), np.float16), np.ones((8, 4), np.float16),
                             backend="cuda")
-
-
-def _q8_0(rng, n, k):
-    w = gguf_quants.quantize(rng.standard_normal((n, k)).astype(np.float32),
-                             GGMLQuantizationType.Q8_0)
-    return np.ascontiguousarray(w).view(np.uint8).reshape(n, -1)
-
-
-@pytest.mark.parametrize("layout,unroll,rows", [("blocks", 0, 1)] + [
-    ("planes", *shape) for shape in ptx_quantized.PLANES_SHAPES])
-@pytest.mark.parametrize("m,n,k", [(1, 1, 32), (1, 37, 96), (3, 300, 1024), (1, 4096, 4096),
-                                   (2, 11008, 256), (1, 5, 544)])
-def test_q8_0_product_matches_its_reference(cuda_device, rng, m, n, k, layout, unroll, rows,
-                                            monkeypatch):
-    monkeypatch.setattr(quantized_module, "Q8_0_LAYOUT", layout)
-    monkeypatch.setattr(quantized_module, "Q8_0_UNROLL", unroll)
-    monkeypatch.setattr(quantized_module, "Q8_0_ROWS", rows)
-    w = _q8_0(rng, n, k)
-    x = rng.standard_normal((m, k)).astype(np.float32)
-    got = pxvm.ops.matmul_quant(x, w, qtype=8, k=k, backend="cuda").numpy()
-    expected = x.astype(np.float64) @ gguf_quants.dequantize(w, GGMLQuantizationType.Q8_0).T
-    assert_close(got, expected, NMSE_ELEMENTWISE)
-
-
-def test_quantized_types_without_a_cuda_kernel_say_so(cuda_device, rng):
-    w = np.zeros((4, 18), np.uint8)  # Q4_0 rows of 32 values
-    with pytest.raises(MissingKernelError, match="reads Q8_0 weights so far, not Q4_0"):
-        pxvm.ops.matmul_quant(np.ones((1, 32), np.float32), w, qtype=2, k=32, backend="cuda")
-
-
-def test_a_written_weight_is_repacked_again(cuda_device, rng):
-    k = 64
-    w = cuda_device.from_numpy(_q8_0(rng, 9, k))
-    x = rng.standard_normal((1, k)).astype(np.float32)
-    first = pxvm.ops.matmul_quant(x, w, qtype=8, k=k, backend="cuda").numpy()
-    new = _q8_0(rng, 9, k)
-    cuda_device.write(w, new)
-    again = pxvm.ops.matmul_quant(x, w, qtype=8, k=k, backend="cuda").numpy()
-    expected = x.astype(np.float64) @ gguf_quants.dequantize(new, GGMLQuantizationType.Q8_0).T
-    assert_close(again, expected, NMSE_ELEMENTWISE)
-    assert np.abs(again - first).max() > 1e-3
 
 
 @pytest.mark.parametrize("shape", [(1,), (7,), (33, 257), (5, 3, 576), (70001, 3)])

@@ -190,12 +190,20 @@ def _infer_f16(a, b, transpose_b=False):
 
 
 def _matmul_f16_cuda(ctx, a, b, transpose_b=False):
-    M, K = a.shape
-    N = b.shape[0] if transpose_b else b.shape[1]
+    K = a.shape[1]
     if not transpose_b or K % 8:
         raise MissingKernelError(
             "matmul_f16 on CUDA takes B as (N, K) (transpose_b=True) and K a multiple of 8 "
             f"so far, not {'B as (K, N)' if not transpose_b else f'K = {K}'}; run it on numpy")
+    return record_f16_product(ctx, a, b)
+
+
+def record_f16_product(ctx, a, b):
+    """(M, N) float32 = a (M, K) @ b (N, K)^T of float16 CUDA tensors, K a multiple of 8,
+    on tensor cores: the kernel matmul_f16 launches (and the prompts' quantized products,
+    pxvm.ops.quantized)."""
+    M, K = a.shape
+    N = b.shape[0]
     out = ctx.empty((M, N), np.float32)
     kernel = TENSOR_CORE_KERNEL
     if kernel == "auto":

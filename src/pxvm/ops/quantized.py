@@ -9,10 +9,14 @@ from __future__ import annotations
 import numpy as np
 from gguf import GGMLQuantizationType
 
+from ..backends import Tensor
+from ..kernels.ptx import dequantize as ptx_dequantize
+from ..kernels.ptx import quant_blocks
 from ..kernels.ptx import quantized as ptx_quantized
 from ..runtime.webgpu.params import KernelParams, f32, kernel_params, u32
 from . import tuning
 from .layouts import AttentionPartials
+from .matmul import record_f16_product
 from .quant_types import dequantize, quant_type
 from .registry import MissingKernelError, meta, op, require
 
@@ -155,41 +159,83 @@ def _matmul_quant_cpu(ctx, x, w, qtype=3, k=0, lanes=None):
     return out
 
 
-#: The CUDA Q8_0 product: "planes" reads the weight repacked once (int8 values, then
-#: float16 scales: 16-byte loads), "blocks" the raw 34-byte blocks (2-byte loads); the
-#: planes kernel's trips unrolled and outputs a block (benchmarks set them)
-Q8_0_LAYOUT = "planes"
-Q8_0_UNROLL = 1
-Q8_0_ROWS = 8
+#: From this many rows of x, a product dequantizes W into float16 and multiplies on tensor
+#: cores (llama.cpp's way for prompts); below it the matrix-vector kernel reads the
+#: quantized weight once per row of x. A first guess (benchmarks/cuda/quantized.py sets it).
+PROMPT_MIN_ROWS = 32
+#: (outputs a block, rows a group) of the matrix-vector kernel
+#: (pxvm.kernels.ptx.quantized.matvec), by GGML type; types not named take
+#: ptx_quantized.DEFAULT_SHAPE (benchmarks set them)
+MATVEC_SHAPES: dict[int, tuple[int, int]] = {}
+#: how the matrix-vector kernel prefetches its weights (ptx_quantized.PREFETCHES); "auto":
+#: "bulk" on sm_90, "lines" elsewhere
+MATVEC_PREFETCH = "auto"
+#: rows of x the matrix-vector kernels take (a grid row each: CUDA's grid height)
+MAX_GRID_ROWS = 65535
 
 
-def _q8_0_planes(ctx, w, k):
-    """W's Q8_0 rows as pxvm.kernels.ptx.quantized.repack_q8_0's planes (made on the device)."""
-    n, per_row = w.shape[0], k // 32
-    planes = ctx.empty((n * k + n * per_row * 2,), np.uint8)
-    blocks = n * per_row
-    ctx.launch(ptx_quantized.repack_q8_0, (), [w, planes, blocks, per_row, w.shape[1],
-                                               n * k // 2], ctx.stride_grid(blocks))
-    return planes
+def _planes(ctx, w, qtype, k):
+    """W's GGUF rows repacked on the device into one plane a field (quant_blocks.Planes:
+    every field 16-byte aligned), made once per weight."""
+    fmt = quant_blocks.FORMATS[qtype]
+
+    def make():
+        blocks = w.shape[0] * (k // fmt.block_values)
+        planes = [ctx.empty((blocks * f.size,), np.uint8) for f in fmt.fields]
+        ctx.launch(ptx_quantized.repack, (qtype,), [w, *planes, blocks], ctx.stride_grid(blocks))
+        return planes
+
+    return ctx.derived(w, ("planes", qtype, k), make)
+
+
+def _f16_weight(ctx, w, qtype, k):
+    """W as a float16 (N, K) tensor: F16 rows as they are, the other types dequantized
+    into a new matrix."""
+    n = w.shape[0]
+    if qtype == 1:
+        return Tensor((n, k), np.float16, w.backend, w.storage)
+    out = ctx.empty((n, k), np.float16)
+    scalar = k % quant_blocks.UNIT != 0  # float rows of any length
+    builder = ptx_dequantize.dequantize_float_scalar if scalar else ptx_dequantize.dequantize
+    ctx.launch(builder, (qtype, "f16", False), [w, out, n, k, n, 0],
+               ctx.stride_grid(n * k if scalar else n * k // quant_blocks.UNIT))
+    return out
+
+
+def _prompt_product(ctx, x, w, qtype, k):
+    """x @ W^T as W dequantized to float16 times x in float16 on tensor cores."""
+    m = x.shape[0]
+    x16 = ctx.empty((m, k), np.float16)
+    vec = 4 if (m * k) % 4 == 0 else 1
+    ctx.launch(ptx_dequantize.to_f16, (vec,), [x, x16, m * k], ctx.stride_grid(m * k // vec))
+    return record_f16_product(ctx, x16, _f16_weight(ctx, w, qtype, k))
 
 
 def _matmul_quant_cuda(ctx, x, w, qtype=3, k=0, lanes=None):
-    if qtype != 8:
-        raise MissingKernelError(
-            f"matmul_quant on CUDA reads Q8_0 weights so far, not {quant_type(qtype).name}; "
-            "run it on webgpu, cpu or numpy")
+    """matmul_quant on CUDA (`lanes` is the WebGPU kernel's): the matrix-vector kernel,
+    a grid row per row of x, below PROMPT_MIN_ROWS rows; dequantized W on tensor cores
+    from there (K a multiple of 8)."""
     m, n = x.shape[0], w.shape[0]
+    if m == 0 or n == 0:
+        return ctx.empty((m, n), np.float32)
+    if m >= PROMPT_MIN_ROWS and k % 8 == 0:
+        return _prompt_product(ctx, x, w, qtype, k)
     out = ctx.empty((m, n), np.float32)
-    warps = ptx_quantized.WARPS
-    if Q8_0_LAYOUT == "planes":
-        planes = ctx.derived(w, ("q8_0 planes", k), lambda: _q8_0_planes(ctx, w, k))
-        rows = Q8_0_ROWS
-        ctx.launch(ptx_quantized.matvec_q8_0_planes, (Q8_0_UNROLL, rows),
-                   [x, planes, out, n, k], (-(-n // rows), m, 1),
-                   block=ptx_quantized.THREADS)
-    else:
-        ctx.launch(ptx_quantized.matvec_q8_0, (1,), [x, w, out, n, k, w.shape[1]],
-                   (-(-n // warps), m, 1), block=ptx_quantized.THREADS)
+    fmt = quant_blocks.FORMATS[qtype]
+    if m > MAX_GRID_ROWS:
+        raise MissingKernelError(f"matmul_quant on CUDA multiplies at most {MAX_GRID_ROWS} rows "
+                                 f"of x by {fmt.name} rows of K = {k} at once, not {m}")
+    if k % quant_blocks.UNIT:  # float rows of any length: not 16-byte aligned
+        ctx.launch(ptx_quantized.matvec_float_scalar, (qtype,), [x, w, out, n, k],
+                   (-(-n // ptx_quantized.WARPS), m, 1), block=ptx_quantized.THREADS)
+        return out
+    weights = _planes(ctx, w, qtype, k) if fmt.planes else [w]
+    rows, group = MATVEC_SHAPES.get(qtype, ptx_quantized.DEFAULT_SHAPE)
+    prefetch = MATVEC_PREFETCH
+    if prefetch == "auto":
+        prefetch = "bulk" if ctx.device.info.arch == "sm_90" else "lines"
+    ctx.launch(ptx_quantized.matvec, (qtype, rows, group, prefetch), [x, *weights, out, n, k],
+               (-(-n // rows), m, 1), block=ptx_quantized.threads_for(k))
     return out
 
 
@@ -230,8 +276,20 @@ def _embedding_quant_cpu(ctx, ids, w, qtype=3, k=0, first_row=0):
     return out
 
 
+def _embedding_quant_cuda(ctx, ids, w, qtype=3, k=0, first_row=0):
+    s, n = ids.shape[0], w.shape[0]
+    out = ctx.empty((s, k), np.float32)
+    if s == 0:
+        return out
+    scalar = k % quant_blocks.UNIT != 0  # float rows of any length
+    builder = ptx_dequantize.dequantize_float_scalar if scalar else ptx_dequantize.dequantize
+    ctx.launch(builder, (qtype, "f32", True), [w, ids, out, n, k, s, int(first_row)],
+               ctx.stride_grid(s * k if scalar else s * k // quant_blocks.UNIT))
+    return out
+
+
 @op(infer=_infer_embedding, input_dtypes=("i32", "u8"), webgpu=_embedding_quant_webgpu,
-    cpu=_embedding_quant_cpu)
+    cpu=_embedding_quant_cpu, cuda=_embedding_quant_cuda)
 def embedding_quant(ids, w, qtype=3, k=0, first_row=0, *, backend="auto"):
     """Rows ids of W (N, K) stored as raw GGUF blocks: (len(ids), K) float32. W may hold
     part of a table, its rows first_row .. first_row + N - 1 (a table too large for one

@@ -1,0 +1,252 @@
+"""Quantized products on the CUDA backend (issue 17) in one run: matrix-vector products
+(decoding's: one row of x) of each GGUF type at W 4096 x 4096, 11008 x 4096 and
+4096 x 11008, in GB/s of the weight's GGUF bytes against the device-to-device copy; then
+prompt-shaped products (M rows of x) in TFLOP/s next to PyTorch's float16 matmul of the
+same shape.
+
+    python benchmarks/cuda/quantized.py [--types Q4_K Q8_0 ..] [--repeats 20]
+        [--variants] [--prompt-rows 512] [--threshold]
+
+Timing: every sample is queued behind a 512 MB device-to-device copy, which streams 1 GB
+through L2 (50 MB on the H100), so that L2 holds nothing of W, and keeps the GPU busy
+while the host queues the product: events around each launch (a profiled batch) time
+the GPU's work only. A product's time is the sum of its launches' (one for the
+matrix-vector kernel; the conversion of x, the dequantization and the tensor-core
+product for prompts); the median of --repeats after a warm-up (which also repacks the
+weights that are read as planes, once). The copy of the same bytes as W, and of 512 MB,
+is timed the same way; its GB/s count bytes read and written (bandwidth.py's measure),
+the products' the weight's bytes read. NMSE: each product against float64 numpy of the
+`gguf` package's dequantization, in the same run.
+
+--variants: every kernel shape (pxvm.kernels.ptx.quantized.SHAPES: outputs a block,
+rows loaded together) and prefetch (PREFETCHES) for the types that have them (SWEPT).
+--threshold: the matrix-vector kernel against the dequantize-then-tensor-core path at
+M = 1 .. 128 (pxvm.ops.quantized.PROMPT_MIN_ROWS is where the second takes over).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+import pxvm
+from pxvm.backends import get_backend
+from pxvm.kernels.ptx import quantized as ptx_quantized
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "llm"))
+from gguf_blocks import BY_NAME, FORMATS, dequantize, quantize, random_blocks  # noqa: E402
+
+quantized_module = importlib.import_module("pxvm.ops.quantized")  # the module, not the op
+
+SHAPES = ((4096, 4096), (11008, 4096), (4096, 11008))  # W (N, K)
+TYPES = ("Q4_K", "Q8_0", "Q4_0", "Q6_K", "Q5_K")
+K_TYPES = (10, 11, 12, 13, 14)
+BUSY = 1 << 29  # the copy queued before every sample
+
+
+def weight(rng, qtype: int, n: int, k: int) -> np.ndarray:
+    """Raw GGUF rows (N, row_bytes): quantized normal values, or random valid blocks for
+    the K types (no quantizer here); the speed depends on the shape and type only."""
+    if qtype in K_TYPES:
+        return random_blocks(n, k, qtype, rng, k ** -0.5)
+    return quantize(rng.standard_normal((n, k)).astype(np.float32) * k ** -0.5, qtype)
+
+
+class Timer:
+    """GPU times of work queued behind a copy that empties L2 (see the module's doc)."""
+
+    def __init__(self, backend, repeats: int):
+        self.backend = backend
+        self.device = backend.device
+        self.repeats = repeats
+        self.busy = (self.device.alloc(BUSY), self.device.alloc(BUSY))
+
+    def _flush(self) -> None:
+        self.device.copy(self.busy[1], self.busy[0], BUSY)
+
+    def launches(self, record) -> tuple[float, list[tuple[str, float]]]:
+        """(median total seconds of record()'s launches, one sample's launches)."""
+        samples, last = [], []
+        for i in range(self.repeats + 1):
+            self._flush()
+            with pxvm.Batch(self.backend, profile=True) as batch:
+                record()
+            batch.execute()
+            if i:
+                last = batch.profile
+                samples.append(sum(seconds for _, seconds in last))
+        return statistics.median(samples), last
+
+    def copy(self, nbytes: int) -> float:
+        """Median seconds of a device-to-device copy of nbytes."""
+        src, dst = self.device.alloc(nbytes), self.device.alloc(nbytes)
+        samples = []
+        for i in range(self.repeats + 1):
+            self._flush()
+            start = self.device.event()
+            self.device.copy(dst, src, nbytes)
+            end = self.device.event()
+            seconds = self.device.elapsed(start, end)
+            self.device.destroy(start, end)
+            if i:
+                samples.append(seconds)
+        return statistics.median(samples)
+
+
+def nmse(got, expected) -> float:
+    got = np.asarray(got, np.float64)
+    return float(np.sum((got - expected) ** 2) / np.sum(expected ** 2))
+
+
+def matvec_table(timer, types, rng, variants: bool) -> None:
+    big = timer.copy(BUSY)
+    big_bw = 2 * BUSY / big
+    print(f"device-to-device copy of 512 MB: {big * 1e3:.3f} ms, {big_bw / 1e9:.0f} GB/s "
+          "read + written\n")
+    print("| type | W (N x K) | MB | kernel | us | weight GB/s | copy of W: us, GB/s | "
+          "of that copy | of the 512 MB copy | NMSE |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    copies = {}
+    for name in types:
+        qtype = BY_NAME[name]
+        for n, k in SHAPES:
+            w = weight(rng, qtype, n, k)
+            x = rng.standard_normal((1, k)).astype(np.float32)
+            tw, tx = timer.backend.from_numpy(w), timer.backend.from_numpy(x)
+            expected = x.astype(np.float64) @ dequantize(w, qtype, k).astype(np.float64).T
+            if w.nbytes not in copies:
+                copies[w.nbytes] = timer.copy(w.nbytes)
+            copy = copies[w.nbytes]
+            copy_bw = 2 * w.nbytes / copy
+            configs = [(None, None)]
+            if variants and qtype in ptx_quantized.SWEPT:
+                configs = [(shape, prefetch) for prefetch in ptx_quantized.PREFETCHES
+                           for shape in (ptx_quantized.SHAPES if prefetch != "lines"
+                                         else [ptx_quantized.DEFAULT_SHAPE])]
+            for shape, prefetch in configs:
+                if shape is not None:
+                    quantized_module.MATVEC_SHAPES = {qtype: shape}
+                    quantized_module.MATVEC_PREFETCH = prefetch
+                try:
+                    t, launches = timer.launches(
+                        lambda tx=tx, tw=tw, qtype=qtype, k=k:
+                        pxvm.ops.matmul_quant(tx, tw, qtype=qtype, k=k))
+                    err = nmse(pxvm.ops.matmul_quant(tx, tw, qtype=qtype, k=k).numpy(), expected)
+                finally:
+                    quantized_module.MATVEC_SHAPES = {}
+                    quantized_module.MATVEC_PREFETCH = "auto"
+                kernel = "+".join(name for name, _ in launches)
+                bw = w.nbytes / t
+                print(f"| {name} | {n} x {k} | {w.nbytes / 1e6:.1f} | {kernel} | {t * 1e6:.1f} "
+                      f"| {bw / 1e9:.0f} | {copy * 1e6:.1f}, {copy_bw / 1e9:.0f} "
+                      f"| {bw / copy_bw:.0%} | {bw / big_bw:.0%} | {err:.1e} |", flush=True)
+
+
+def torch_f16(m: int, n: int, k: int, repeats: int) -> float | None:
+    """Median seconds of PyTorch's float16 (M, K) @ (N, K)^T, or None without torch."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+    b = torch.randn(n, k, device="cuda", dtype=torch.float16).t()
+    a @ b
+    samples = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        a @ b
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(samples)
+
+
+def prompt_table(timer, types, rng, m: int) -> None:
+    print("\n| type | M x K x N | pxvm us | pxvm TFLOP/s | its launches (us) | torch f16 us "
+          "| torch TFLOP/s | NMSE |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name in types:
+        qtype = BY_NAME[name]
+        for n, k in SHAPES:
+            w = weight(rng, qtype, n, k)
+            x = rng.standard_normal((m, k)).astype(np.float32)
+            tw, tx = timer.backend.from_numpy(w), timer.backend.from_numpy(x)
+            t, launches = timer.launches(lambda tx=tx, tw=tw, qtype=qtype, k=k:
+                                         pxvm.ops.matmul_quant(tx, tw, qtype=qtype, k=k))
+            got = pxvm.ops.matmul_quant(tx, tw, qtype=qtype, k=k).numpy()
+            err = nmse(got, x.astype(np.float64) @ dequantize(w, qtype, k).astype(np.float64).T)
+            flops = 2.0 * m * n * k
+            tt = torch_f16(m, n, k, timer.repeats)
+            torch_cols = f"{tt * 1e6:.1f} | {flops / tt / 1e12:.1f}" if tt else "- | -"
+            parts = ", ".join(f"{what} {s * 1e6:.1f}" for what, s in launches)
+            print(f"| {name} | {m} x {k} x {n} | {t * 1e6:.1f} | {flops / t / 1e12:.1f} | {parts} "
+                  f"| {torch_cols} | {err:.1e} |", flush=True)
+
+
+def threshold_table(timer, types, rng) -> None:
+    print("\n| type | W (N x K) | M | matrix-vector us | dequantized + tensor cores us |")
+    print("|---|---|---|---|---|")
+    saved = quantized_module.PROMPT_MIN_ROWS
+    try:
+        for name in types:
+            qtype = BY_NAME[name]
+            n, k = SHAPES[0]
+            w = weight(rng, qtype, n, k)
+            tw = timer.backend.from_numpy(w)
+            for m in (1, 2, 4, 8, 16, 32, 64, 128):
+                tx = timer.backend.from_numpy(rng.standard_normal((m, k)).astype(np.float32))
+                times = []
+                for threshold in (1 << 30, 1):
+                    quantized_module.PROMPT_MIN_ROWS = threshold
+                    times.append(timer.launches(
+                        lambda tx=tx, tw=tw, qtype=qtype, k=k:
+                        pxvm.ops.matmul_quant(tx, tw, qtype=qtype, k=k))[0])
+                print(f"| {name} | {n} x {k} | {m} | {times[0] * 1e6:.1f} | {times[1] * 1e6:.1f} |",
+                      flush=True)
+    finally:
+        quantized_module.PROMPT_MIN_ROWS = saved
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--types", nargs="*", default=list(TYPES),
+                        help=f"GGUF type names ({', '.join(FORMATS[t][0] for t in FORMATS)}) "
+                             "or 'all'")
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--variants", action="store_true",
+                        help="every kernel shape and prefetch of the SWEPT types")
+    parser.add_argument("--prompt-rows", type=int, default=512,
+                        help="M of the prompt-shaped products (0: none)")
+    parser.add_argument("--threshold", action="store_true",
+                        help="both paths at M = 1 .. 128 (Q4_K and Q8_0 at 4096 x 4096)")
+    parser.add_argument("--no-matvec", action="store_true")
+    args = parser.parse_args()
+    types = [FORMATS[t][0] for t in sorted(FORMATS)] if args.types == ["all"] else args.types
+    backend = get_backend("cuda")
+    try:
+        import torch
+        torch_version = torch.__version__
+    except ImportError:
+        torch_version = None
+    print(f"device: {backend.describe()}; torch {torch_version}; {args.repeats} samples a "
+          f"product after a warm-up; PROMPT_MIN_ROWS {quantized_module.PROMPT_MIN_ROWS}\n")
+    timer = Timer(backend, args.repeats)
+    rng = np.random.default_rng(0)
+    if not args.no_matvec:
+        matvec_table(timer, types, rng, args.variants)
+    if args.prompt_rows:
+        prompt_table(timer, types, rng, args.prompt_rows)
+    if args.threshold:
+        threshold_table(timer, [t for t in ("Q4_K", "Q8_0") if t in types] or types[:1], rng)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,191 @@
+"""Quantized weights on the CUDA backend (pxvm.kernels.ptx.quantized, dequantize and
+quant_blocks; pxvm.ops.quantized): matmul_quant for every GGUF type pxvm reads, on
+decoding's matrix-vector kernel (every shape the benchmark sweeps) and on the prompts'
+dequantize-then-tensor-core path, and embedding_quant, against float64 or the `gguf`
+package's dequantization on fresh random weights of odd shapes, outputs poisoned before
+each run (conftest). Skipped, saying why, without a driver."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import NMSE_ELEMENTWISE, NMSE_LONG, assert_close
+
+import pxvm
+from pxvm.kernels.ptx import quant_blocks
+from pxvm.kernels.ptx import quantized as ptx_quantized
+from pxvm.ops import quant_types
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "llm"))
+from gguf_blocks import FORMATS, dequantize, quantize, random_blocks  # noqa: E402
+
+quantized_module = importlib.import_module("pxvm.ops.quantized")  # the module, not the op
+
+TYPES = sorted(FORMATS)
+IDS = [FORMATS[t][0] for t in TYPES]
+K_TYPES = (10, 11, 12, 13, 14)
+FLOATS = (0, 1, 30)
+# The matrix-vector kernel sums float32 products of the exact weights (about 1e-12 from
+# float64): the elementwise bound, which one wrong group of 16 values already breaks. The
+# prompts' path rounds x and W to float16 (about 2e-7): the quant tests' bound.
+MATVEC_NMSE = NMSE_ELEMENTWISE
+PROMPT_NMSE = NMSE_LONG / 50
+
+
+def _k(qtype: int, blocks: int = 3) -> int:
+    """K of several blocks (super-blocks of 256 for the K types)."""
+    return blocks * (256 if qtype in K_TYPES else 32)
+
+
+def _weight(rng, qtype: int, n: int, k: int) -> np.ndarray:
+    if qtype in K_TYPES:
+        return random_blocks(n, k, qtype, rng, k ** -0.5)
+    return quantize(rng.standard_normal((n, k)).astype(np.float32) * k ** -0.5, qtype)
+
+
+def _expected(x, w, qtype, k):
+    return x.astype(np.float64) @ dequantize(w, qtype, k).astype(np.float64).T
+
+
+def _product(x, w, qtype, k):
+    got = pxvm.ops.matmul_quant(x, w, qtype=qtype, k=k, backend="cuda").numpy()
+    assert got.shape == (x.shape[0], w.shape[0]) and got.dtype == np.float32
+    return got
+
+
+def test_the_kernels_block_table_agrees_with_quant_types():
+    # the kernels layer keeps its own table (it may not import ops)
+    assert sorted(quant_blocks.FORMATS) == sorted(quant_types.QUANT_TYPES)
+    for code, t in quant_types.QUANT_TYPES.items():
+        fmt = quant_blocks.FORMATS[code]
+        assert fmt.name == t.name
+        if fmt.is_float:  # read as blocks of 32 values
+            assert fmt.block_bytes == 32 * t.block_bytes and t.block_values == 1
+        else:
+            assert (fmt.block_values, fmt.block_bytes) == (t.block_values, t.block_bytes)
+            assert sum(f.size for f in fmt.fields) == fmt.block_bytes
+            assert fmt.planes == (fmt.block_bytes % 16 != 0)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=IDS)
+@pytest.mark.parametrize("m", [1, 3])
+def test_matrix_vector_products_match_float64(cuda_device, rng, qtype, m):
+    n, k = 37, _k(qtype)  # 37 outputs: not a multiple of any block's
+    w = _weight(rng, qtype, n, k)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    assert_close(_product(x, w, qtype, k), _expected(x, w, qtype, k), MATVEC_NMSE)
+
+
+@pytest.mark.parametrize("qtype", [8, 12], ids=["Q8_0", "Q4_K"])
+@pytest.mark.parametrize("m,n,blocks", [(1, 4096, 16), (2, 11008, 1), (3, 300, 4), (1, 5, 17),
+                                          (1, 9, 43)])  # K = 11008: two passes
+def test_decoding_shapes(cuda_device, rng, qtype, m, n, blocks):
+    k = _k(qtype, blocks if qtype in K_TYPES else 8 * blocks)
+    w = _weight(rng, qtype, n, k)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    assert_close(_product(x, w, qtype, k), _expected(x, w, qtype, k), MATVEC_NMSE)
+
+
+@pytest.mark.parametrize("qtype", quant_blocks.FORMATS, ids=lambda c: FORMATS[c][0])
+def test_one_block_and_one_row(cuda_device, rng, qtype):
+    k = _k(qtype, 1)
+    w = _weight(rng, qtype, 1, k)
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    assert_close(_product(x, w, qtype, k), _expected(x, w, qtype, k), MATVEC_NMSE)
+
+
+@pytest.mark.parametrize("shape", ptx_quantized.SHAPES, ids=lambda s: f"r{s[0]}g{s[1]}")
+@pytest.mark.parametrize("qtype", ptx_quantized.SWEPT, ids=lambda c: FORMATS[c][0])
+def test_every_swept_shape_of_the_kernel(cuda_device, rng, qtype, shape, monkeypatch):
+    monkeypatch.setattr(quantized_module, "MATVEC_SHAPES", {qtype: shape})
+    n, k = 45, _k(qtype, 2)
+    w = _weight(rng, qtype, n, k)
+    x = rng.standard_normal((2, k)).astype(np.float32)
+    assert_close(_product(x, w, qtype, k), _expected(x, w, qtype, k), MATVEC_NMSE)
+
+
+@pytest.mark.parametrize("qtype", [12, 8, 2], ids=["Q4_K", "Q8_0", "Q4_0"])
+def test_rows_longer_than_a_block_of_threads_take_several_passes(cuda_device, rng, qtype,
+                                                                monkeypatch):
+    monkeypatch.setattr(ptx_quantized, "MAX_THREADS", 32)  # 32 units of a row a pass
+    n, k = 9, _k(qtype, 40 if qtype not in K_TYPES else 5)
+    assert k // 32 > 32
+    w = _weight(rng, qtype, n, k)
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    assert_close(_product(x, w, qtype, k), _expected(x, w, qtype, k), MATVEC_NMSE)
+
+
+@pytest.mark.parametrize("qtype", FLOATS, ids=["F32", "F16", "BF16"])
+@pytest.mark.parametrize("m", [1, 2, quantized_module.PROMPT_MIN_ROWS + 1])
+def test_float_rows_of_any_length(cuda_device, rng, qtype, m):
+    n, k = 19, 75  # rows not 16-byte aligned: the scalar kernel, at every m
+    w = _weight(rng, qtype, n, k)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    assert_close(_product(x, w, qtype, k), _expected(x, w, qtype, k), MATVEC_NMSE)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=IDS)
+def test_prompt_products_dequantize_to_float16_within_the_quant_bound(cuda_device, rng,
+                                                                       qtype):
+    m = quantized_module.PROMPT_MIN_ROWS + 3
+    n, k = 37, _k(qtype, 2)
+    w = _weight(rng, qtype, n, k)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    got = _product(x, w, qtype, k)
+    expected = _expected(x, w, qtype, k)
+    assert_close(got, expected, PROMPT_NMSE)
+    # float16 rounding shows: the product is the prompts' path, not the matrix-vector one
+    assert np.abs(got - expected).max() > 0
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=IDS)
+def test_dequantized_float16_weights_are_the_exact_values_rounded(cuda_device, rng, qtype):
+    n, k = 5, _k(qtype, 2)
+    w = _weight(rng, qtype, n, k)
+    got = quantized_module._f16_weight(cuda_device.context(), cuda_device.from_numpy(w),
+                                       qtype, k).numpy()
+    assert got.dtype == np.float16 and got.shape == (n, k)
+    np.testing.assert_array_equal(got, dequantize(w, qtype, k).astype(np.float16))
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=IDS)
+def test_embedding_rows_are_the_exact_values(cuda_device, rng, qtype):
+    n, k = 41, _k(qtype, 2)
+    w = _weight(rng, qtype, n, k)
+    ids = rng.integers(0, n, size=9).astype(np.int32)
+    got = pxvm.ops.embedding_quant(ids, w, qtype=qtype, k=k, backend="cuda").numpy()
+    np.testing.assert_array_equal(got, quant_types.dequantize(w, qtype, k)[ids])
+
+
+@pytest.mark.parametrize("qtype", [8, 12, 14, 1], ids=["Q8_0", "Q4_K", "Q6_K", "F16"])
+def test_embedding_of_a_table_in_parts_adds_up_to_the_whole(cuda_device, rng, qtype):
+    n, k = 41, (75 if qtype == 1 else _k(qtype, 1))  # F16: rows of any length
+    w = _weight(rng, qtype, n, k)
+    ids = np.array([0, 16, 17, 40, 5, 33, 16], np.int32)
+    expected = dequantize(w, qtype, k)[ids]
+    parts = [(0, w[:17]), (17, w[17:30]), (30, w[30:])]
+    got = [pxvm.ops.embedding_quant(ids, np.ascontiguousarray(part), qtype=qtype, k=k,
+                                    first_row=first, backend="cuda").numpy()
+           for first, part in parts]
+    for (first, part), rows in zip(parts, got):
+        held = (ids >= first) & (ids < first + part.shape[0])
+        np.testing.assert_array_equal(rows[held], expected[held])
+        assert not rows[~held].any()
+    np.testing.assert_array_equal(sum(got), expected)
+
+
+@pytest.mark.parametrize("qtype", [8, 14], ids=["Q8_0", "Q6_K"])  # repacked types
+def test_a_written_weight_is_repacked_again(cuda_device, rng, qtype):
+    k = _k(qtype, 1)
+    w = cuda_device.from_numpy(_weight(rng, qtype, 9, k))
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    first = _product(x, w, qtype, k)
+    new = _weight(rng, qtype, 9, k)
+    cuda_device.write(w, new)
+    again = _product(x, w, qtype, k)
+    assert_close(again, _expected(x, new, qtype, k), MATVEC_NMSE)
+    assert np.abs(again - first).max() > 1e-3

@@ -102,10 +102,17 @@ def test_one_block_and_one_row(cuda_device, rng, qtype):
                                atol=1e-5 * magnitude)
 
 
+@pytest.mark.parametrize("prefetch", ptx_quantized.PREFETCHES)
 @pytest.mark.parametrize("shape", ptx_quantized.SHAPES, ids=lambda s: f"r{s[0]}g{s[1]}")
 @pytest.mark.parametrize("qtype", ptx_quantized.SWEPT, ids=lambda c: FORMATS[c][0])
-def test_every_swept_shape_of_the_kernel(cuda_device, rng, qtype, shape, monkeypatch):
+def test_every_swept_shape_of_the_kernel(cuda_device, rng, qtype, shape, prefetch,
+                                         monkeypatch):
+    if prefetch == "lines" and shape != ptx_quantized.DEFAULT_SHAPE:
+        pytest.skip("line prefetches come in the default shape only")
+    if prefetch == "bulk" and cuda_device.device.info.arch != "sm_90":
+        pytest.skip("bulk prefetches are Hopper's (sm_90)")
     monkeypatch.setattr(quantized_module, "MATVEC_SHAPES", {qtype: shape})
+    monkeypatch.setattr(quantized_module, "MATVEC_PREFETCH", prefetch)
     n, k = 45, _k(qtype, 2)
     w = _weight(rng, qtype, n, k)
     x = rng.standard_normal((2, k)).astype(np.float32)

@@ -20,7 +20,9 @@ import numpy as np
 import pxvm
 from pxvm.backends import Backend, get_backend
 from pxvm.batch import Batch
+from pxvm.kernels.ptx import PtxError
 from pxvm.ops import tuning
+from pxvm.runtime.errors import PxvmError
 
 #: ops whose crossover is measured: how to make host inputs of about `size` elements
 CROSSOVER_OPS: dict[str, Callable[[np.random.Generator, int], tuple]] = {
@@ -82,8 +84,13 @@ def tune_kernels(backend: Backend, result: tuning.Tuning, quick: bool, progress:
         best, best_time = None, float("inf")
         for candidate in t.candidates:
             with tuning.forcing(t.name, candidate):
-                worst = max(_nmse(case.run().numpy(), case.expected) / case.max_nmse
-                            for case in cases)
+                try:
+                    worst = max(_nmse(case.run().numpy(), case.expected) / case.max_nmse
+                                for case in cases)
+                except (PxvmError, PtxError) as exc:  # a kernel this device cannot run
+                    times[str(candidate)] = f"cannot run: {exc}"
+                    progress.advance(f"{t.name} = {candidate}: cannot run")
+                    continue
                 if not worst <= 1.0:  # NaN fails too
                     times[str(candidate)] = "wrong result"
                     progress.advance(f"{t.name} = {candidate}: wrong result")

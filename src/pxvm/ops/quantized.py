@@ -95,24 +95,28 @@ def _lanes(ctx, lanes, m, n):
 
 
 def _random_weight(rng, n: int, k: int, qtype: GGMLQuantizationType) -> np.ndarray:
-    """Raw rows of random quants with small finite float16 scales (d, and Q4_K's dmin,
-    lead their blocks): a benchmark weight, for formats gguf cannot quantize."""
+    """Raw rows of random quants with small finite float16 scales: a benchmark weight,
+    for formats gguf cannot quantize. d (and the K types' dmin) lead their blocks, except
+    Q6_K's d, which ends them."""
     t = quant_type(int(qtype))
     blocks = rng.integers(0, 256, (n * k // t.block_values, t.block_bytes), dtype=np.uint8)
-    scales = 2 if qtype != GGMLQuantizationType.Q4_K else 4
-    blocks[:, :2 * scales] = rng.uniform(0.001, 0.01, (len(blocks), scales)).astype(
+    scales = {GGMLQuantizationType.Q4_K: 2, GGMLQuantizationType.Q5_K: 2}.get(qtype, 1)
+    at = t.block_bytes - 2 if qtype == GGMLQuantizationType.Q6_K else 0
+    blocks[:, at:at + 2 * scales] = rng.uniform(0.001, 0.01, (len(blocks), scales)).astype(
         np.float16).view(np.uint8)
+    if qtype == GGMLQuantizationType.Q6_K:  # its int8 sub-block scales: small too
+        blocks[:, 192:208] = rng.integers(-8, 8, (len(blocks), 16)).astype(np.int8).view(np.uint8)
     return blocks.reshape(n, t.row_bytes(k))
 
 
-def _product_cases(shapes):
-    """Benchmark cases of matmul_quant for `shapes`: a 4-bit weight (Q4_K where K allows,
-    else Q4_0) and a Q8_0 one."""
+def _product_cases(shapes, types=None):
+    """Benchmark cases of matmul_quant for `shapes`: `types`, else a 4-bit weight (Q4_K
+    where K allows, else Q4_0) and a Q8_0 one."""
     def cases(rng, backend) -> list[tuning.Case]:
         out = []
         for m, n, k in shapes:
             four = GGMLQuantizationType.Q4_K if k % 256 == 0 else GGMLQuantizationType.Q4_0
-            for qtype in (four, GGMLQuantizationType.Q8_0):
+            for qtype in types or (four, GGMLQuantizationType.Q8_0):
                 w = _random_weight(rng, n, k, qtype)
                 x = rng.standard_normal((m, k), np.float32)
                 tx, tw = backend.from_numpy(x), backend.from_numpy(w)
@@ -163,12 +167,15 @@ def _matmul_quant_cpu(ctx, x, w, qtype=3, k=0, lanes=None):
 #: cores (llama.cpp's way for prompts); below it the matrix-vector kernel reads the
 #: quantized weight once per row of x. A first guess (benchmarks/cuda/quantized.py sets it).
 PROMPT_MIN_ROWS = 32
-#: (outputs a block, rows a group) of the matrix-vector kernel
-#: (pxvm.kernels.ptx.quantized.matvec), by GGML type; types not named take
-#: ptx_quantized.DEFAULT_SHAPE (benchmarks set them)
-MATVEC_SHAPES: dict[int, tuple[int, int]] = {}
-#: how the matrix-vector kernel prefetches its weights (ptx_quantized.PREFETCHES); "auto":
-#: "bulk" on sm_90, "lines" elsewhere
+#: (outputs a block, rows a group, weight prefetch) of the matrix-vector kernel
+#: (pxvm.kernels.ptx.quantized.matvec) by GGML type: the fastest over W 4096 x 4096,
+#: 11008 x 4096 and 4096 x 11008 on the H100 (BENCHMARKS.md); `pxvm tune --backend cuda`
+#: measures them per device. Types not named take ptx_quantized.DEFAULT_SHAPE and
+#: "bulk" on sm_90, "lines" elsewhere.
+MATVEC_SHAPES: dict[int, tuple[int, int]] = {12: (16, 8), 8: (16, 8), 2: (8, 8), 14: (4, 4),
+                                              13: (16, 8)}
+MATVEC_PREFETCHES: dict[int, str] = {12: "none", 8: "none", 2: "lines", 14: "none", 13: "none"}
+#: the prefetch of every type instead ("auto": MATVEC_PREFETCHES; benchmarks set it)
 MATVEC_PREFETCH = "auto"
 #: rows of x the matrix-vector kernels take (a grid row each: CUDA's grid height)
 MAX_GRID_ROWS = 65535
@@ -211,6 +218,20 @@ def _prompt_product(ctx, x, w, qtype, k):
     return record_f16_product(ctx, x16, _f16_weight(ctx, w, qtype, k))
 
 
+def _matvec_shape(ctx, qtype: int) -> tuple[int, int, str]:
+    """(rows, group, prefetch) of the matrix-vector kernel for `qtype`: as tuned for
+    this device, else MATVEC_SHAPES / MATVEC_PREFETCHES."""
+    if qtype in ptx_quantized.SWEPT:
+        tuned = tuning.choice(ctx.backend, f"matmul_quant.cuda.{quant_type(qtype).name}")
+        if tuned is not None:
+            return tuned
+    rows, group = MATVEC_SHAPES.get(qtype, ptx_quantized.DEFAULT_SHAPE)
+    prefetch = MATVEC_PREFETCH if MATVEC_PREFETCH != "auto" else MATVEC_PREFETCHES.get(qtype)
+    if prefetch is None or (prefetch == "bulk" and ctx.device.info.arch != "sm_90"):
+        prefetch = "bulk" if ctx.device.info.arch == "sm_90" else "lines"
+    return rows, group, prefetch
+
+
 def _matmul_quant_cuda(ctx, x, w, qtype=3, k=0, lanes=None):
     """matmul_quant on CUDA (`lanes` is the WebGPU kernel's): the matrix-vector kernel,
     a grid row per row of x, below PROMPT_MIN_ROWS rows; dequantized W on tensor cores
@@ -230,10 +251,7 @@ def _matmul_quant_cuda(ctx, x, w, qtype=3, k=0, lanes=None):
                    (-(-n // ptx_quantized.WARPS), m, 1), block=ptx_quantized.THREADS)
         return out
     weights = _planes(ctx, w, qtype, k) if fmt.planes else [w]
-    rows, group = MATVEC_SHAPES.get(qtype, ptx_quantized.DEFAULT_SHAPE)
-    prefetch = MATVEC_PREFETCH
-    if prefetch == "auto":
-        prefetch = "bulk" if ctx.device.info.arch == "sm_90" else "lines"
+    rows, group, prefetch = _matvec_shape(ctx, qtype)
     ctx.launch(ptx_quantized.matvec, (qtype, rows, group, prefetch), [x, *weights, out, n, k],
                (-(-n // rows), m, 1), block=ptx_quantized.threads_for(k))
     return out
@@ -304,3 +322,11 @@ def embedding_quant(ids, w, qtype=3, k=0, first_row=0, *, backend="auto"):
 
 for _name, _what, _shapes in LANES_TUNED:
     tuning.tunable(_name, _what, (1, 4, 8, 16, 32, 64, 128), ("webgpu",), _product_cases(_shapes))
+for _code in ptx_quantized.SWEPT:
+    _type = GGMLQuantizationType(_code)
+    tuning.tunable(
+        f"matmul_quant.cuda.{_type.name}",
+        f"{_type.name} matrix-vector kernel: outputs a block, rows a group, weight prefetch",
+        [(r, g, p) for r, g in ptx_quantized.SHAPES for p in ptx_quantized.PREFETCHES
+         if p != "lines" or (r, g) == ptx_quantized.DEFAULT_SHAPE], ("cuda",),
+        _product_cases(((1, 4096, 4096), (1, 11008, 4096)), (_type,)))

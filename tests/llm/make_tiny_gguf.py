@@ -37,6 +37,8 @@ class TinySpec:
     extra: dict | None = None
     #: extra F32 tensors, e.g. {"rope_freqs.weight": factors}
     extra_tensors: dict | None = None
+    #: the vocabulary (vocab_size tokens; default "t0", "t1", .., which spell no text)
+    tokens: list | None = None
 
 
 # The tensors each architecture's layers carry besides attn_norm, attn_output, ffn_norm
@@ -85,7 +87,7 @@ def write_tiny_gguf(path, spec: TinySpec, rng: np.random.Generator) -> dict:
     if spec.rope_scaling is not None:
         w.add_string(f"{spec.arch}.rope.scaling.type", spec.rope_scaling)
     w.add_string("tokenizer.ggml.model", "llama")
-    w.add_array("tokenizer.ggml.tokens", [f"t{i}" for i in range(spec.vocab_size)])
+    w.add_array("tokenizer.ggml.tokens", spec.tokens or [f"t{i}" for i in range(spec.vocab_size)])
 
     stored = {}
 

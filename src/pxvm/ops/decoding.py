@@ -2,13 +2,15 @@
 are and written into a decoding state [token, position, history...], so that steps
 chain on the device without the host. `greedy_step` takes the argmax; `sample_step`
 the argmax of logits / temperature plus Gumbel noise from a counter-based hash, a draw
-from softmax(logits / temperature) that is the same on every backend."""
+from softmax(logits / temperature) that is the same on every backend. On CUDA both are
+pxvm.kernels.ptx.decoding's two launches."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from ..backends.cpu import kernel as cpu_kernel
+from ..kernels.ptx import decoding as ptx_decoding
 from .reductions import argmax, nonempty, record_flat_argmax
 from .registry import meta, op, require
 
@@ -111,3 +113,31 @@ def _sample_cpu(ctx, logits, state, sampler):
 
 greedy_step.kernel("cpu")(_greedy_cpu)
 sample_step.kernel("cpu")(_sample_cpu)
+
+
+def _argmax_step_cuda(ctx, logits, state, sampler=None):
+    """The step as pxvm.kernels.ptx.decoding's launches: the chunks' best, then the
+    state's token (and the sampler's counter, when sampling)."""
+    sample = sampler is not None
+    chunks = -(-logits.size // ptx_decoding.CHUNK)
+    values = ctx.empty((chunks,), np.float32, "chunk maxima")
+    indices = ctx.empty((chunks,), np.int32, "chunk argmax")
+    sampler = logits if sampler is None else sampler  # unread without SAMPLE
+    threads = ptx_decoding.THREADS
+    ctx.launch(ptx_decoding.argmax_chunks, (sample,),
+               [logits, sampler, values, indices, logits.size], chunks, block=threads)
+    ctx.launch(ptx_decoding.argmax_finish, (sample,),
+               [values, indices, state, sampler, chunks, state.size - 2], 1, block=threads)
+    return state
+
+
+def _greedy_cuda(ctx, logits, state):
+    return _argmax_step_cuda(ctx, logits, state)
+
+
+def _sample_cuda(ctx, logits, state, sampler):
+    return _argmax_step_cuda(ctx, logits, state, sampler)
+
+
+greedy_step.kernel("cuda")(_greedy_cuda)
+sample_step.kernel("cuda")(_sample_cuda)

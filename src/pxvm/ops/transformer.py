@@ -14,6 +14,9 @@ several, each named for what it computes.
   itself, so a layer's attention is two dispatches however many keys it sees.
 
 Weights are raw GGUF blocks (quantized.py); references are the unfused ops' references.
+On CUDA the fused products are for now their unfused launches in a row (the norm, the
+product of matmul_quant's CUDA kernel, then the residual's add or the GLU), and the
+attention is pxvm.kernels.ptx.transformer's kernels.
 """
 
 from __future__ import annotations
@@ -22,16 +25,37 @@ import math
 
 import numpy as np
 
+from ..kernels.ptx import elementwise as ptx_elementwise
+from ..kernels.ptx import rows as ptx_rows
+from ..kernels.ptx import transformer as ptx_transformer
 from ..runtime.webgpu.params import KernelParams, f32, kernel_params, u32
 from .attention import MAX_HEAD_DIM, attention
-from .elementwise import gelu_tanh, silu
+from .elementwise import add, gelu_tanh, silu
 from .layouts import AttentionPartials
 from .normalization import NormParams, check_rope, rmsnorm, rope, rope_table
 from .quantized import MAX_MERGED, infer_product, matmul_quant, record_product
-from .registry import meta, op, require
+from .registry import MissingKernelError, meta, op, require
 
 # ---- fused products -------------------------------------------------------------------
 WEIGHT_INPUTS = ("f32", "f32", "u8")  # x, gain, W
+
+
+def _cuda(unfused, what: str):
+    """Op `unfused`'s CUDA kernel (the fused ops' CUDA kernels are made of them)."""
+    kernel = unfused.kernels.get("cuda")
+    if kernel is None:
+        raise MissingKernelError(f"op {what} on CUDA needs op {unfused.name}'s CUDA kernel, "
+                                 "which it has not yet; run it on webgpu, cpu or numpy")
+    return kernel
+
+
+def _product_cuda(ctx, x, w, qtype, k, lanes, what: str):
+    """x @ W^T by matmul_quant's CUDA kernel (MissingKernelError for types it lacks)."""
+    return _cuda(matmul_quant, what)(ctx, x, w, qtype=qtype, k=k, lanes=lanes)
+
+
+def _normed_cuda(ctx, x, gain, eps, what: str):
+    return _cuda(rmsnorm, what)(ctx, x, gain, eps=eps)
 
 
 def _infer_norm_product(x, gain, w, qtype=3, k=0, eps=1e-6, lanes=None):
@@ -50,8 +74,13 @@ def _rmsnorm_matmul_quant_cpu(ctx, x, gain, w, qtype=3, k=0, eps=1e-6, lanes=Non
     return out
 
 
+def _rmsnorm_matmul_quant_cuda(ctx, x, gain, w, qtype=3, k=0, eps=1e-6, lanes=None):
+    what = "rmsnorm_matmul_quant"
+    return _product_cuda(ctx, _normed_cuda(ctx, x, gain, eps, what), w, qtype, k, lanes, what)
+
+
 @op(infer=_infer_norm_product, input_dtypes=WEIGHT_INPUTS, webgpu=_rmsnorm_matmul_quant_webgpu,
-    cpu=_rmsnorm_matmul_quant_cpu)
+    cpu=_rmsnorm_matmul_quant_cpu, cuda=_rmsnorm_matmul_quant_cuda)
 def rmsnorm_matmul_quant(x, gain, w, qtype=3, k=0, eps=1e-6, lanes=None, *, backend="auto"):
     """rmsnorm(x, gain, eps) @ W^T for W stored as raw GGUF blocks."""
     return matmul_quant.reference(rmsnorm.reference(x, gain, eps), w, qtype, k)
@@ -75,8 +104,13 @@ def _matmul_quant_add_cpu(ctx, x, w, residual, qtype=3, k=0, lanes=None):
     return out
 
 
+def _matmul_quant_add_cuda(ctx, x, w, residual, qtype=3, k=0, lanes=None):
+    what = "matmul_quant_add"
+    return _cuda(add, what)(ctx, _product_cuda(ctx, x, w, qtype, k, lanes, what), residual)
+
+
 @op(infer=_infer_product_add, input_dtypes=("f32", "u8", "f32"), webgpu=_matmul_quant_add_webgpu,
-    cpu=_matmul_quant_add_cpu)
+    cpu=_matmul_quant_add_cpu, cuda=_matmul_quant_add_cuda)
 def matmul_quant_add(x, w, residual, qtype=3, k=0, lanes=None, *, backend="auto"):
     """residual + x @ W^T for W stored as raw GGUF blocks."""
     return np.asarray(np.asarray(residual, np.float32) + matmul_quant.reference(x, w, qtype, k),
@@ -111,8 +145,21 @@ def _rmsnorm_glu_quant_cpu(ctx, x, gain, w, qtype=3, k=0, eps=1e-6, lanes=None,
     return out
 
 
+def _rmsnorm_glu_quant_cuda(ctx, x, gain, w, qtype=3, k=0, eps=1e-6, lanes=None,
+                            activation="silu"):
+    what = "rmsnorm_glu_quant"
+    both = _product_cuda(ctx, _normed_cuda(ctx, x, gain, eps, what), w, qtype, k, lanes, what)
+    m, f = x.shape[0], w.shape[0] // 2
+    out = ctx.empty((m, f), np.float32)
+    vec = 4 if f % 4 == 0 else 1
+    groups = m * f // vec
+    ctx.launch(ptx_elementwise.glu, (activation, vec), [both, out, groups, f // vec],
+               ctx.stride_grid(groups))
+    return out
+
+
 @op(infer=_infer_glu, input_dtypes=WEIGHT_INPUTS, webgpu=_rmsnorm_glu_quant_webgpu,
-    cpu=_rmsnorm_glu_quant_cpu)
+    cpu=_rmsnorm_glu_quant_cpu, cuda=_rmsnorm_glu_quant_cuda)
 def rmsnorm_glu_quant(x, gain, w, qtype=3, k=0, eps=1e-6, lanes=None, activation="silu", *,
                       backend="auto"):
     """act(h @ Wg^T) * (h @ Wu^T), h = rmsnorm(x, gain, eps), for W = [Wg; Wu] (2F rows
@@ -147,7 +194,17 @@ def _qk_norm_webgpu(ctx, qkv, q_gain, k_gain, n_heads=1, n_kv_heads=1, eps=1e-6)
     return out
 
 
-@op(infer=_infer_qk_norm, input_dtypes=("f32", "f32", "f32"), webgpu=_qk_norm_webgpu)
+def _qk_norm_cuda(ctx, qkv, q_gain, k_gain, n_heads=1, n_kv_heads=1, eps=1e-6):
+    out = ctx.empty(qkv.shape, np.float32)
+    d = q_gain.shape[0]
+    heads = qkv.size // d
+    ctx.launch(ptx_rows.qk_norm, (), [qkv, q_gain, k_gain, out, heads, n_heads, n_kv_heads, d,
+                                      eps], -(-heads // ptx_rows.WARPS), block=ptx_rows.THREADS)
+    return out
+
+
+@op(infer=_infer_qk_norm, input_dtypes=("f32", "f32", "f32"), webgpu=_qk_norm_webgpu,
+    cuda=_qk_norm_cuda)
 def qk_norm(qkv, q_gain, k_gain, n_heads=1, n_kv_heads=1, eps=1e-6, *, backend="auto"):
     """qkv (S, (n_heads + 2 n_kv_heads) D) with each query head rmsnorm'ed by q_gain and
     each key head by k_gain (D values each); the value heads unchanged."""
@@ -298,8 +355,59 @@ def _attention_cached_cpu(ctx, qkv, k_cache, v_cache, state, n_heads=1, theta=10
     return out
 
 
+#: On CUDA, where fewer than CUDA_SPLIT_MAX_BLOCKS (token, query head) pairs meet more
+#: than CUDA_RANGE_KEYS keys (decoding), the keys are cut into at most CUDA_MAX_RANGES
+#: ranges of a multiple of CUDA_RANGE_KEYS keys, a block each, merged by `combine`: one
+#: block per pair would leave most of a large GPU idle (132 SMs on an H100) while it
+#: walks a long cache. CUDA_RANGE_KEYS is one trip of `attend` (tests set fewer, to cut
+#: short caches into ranges).
+CUDA_SPLIT_MAX_BLOCKS = 512
+CUDA_MAX_RANGES = 16
+CUDA_RANGE_KEYS = ptx_transformer.CHUNK
+
+
+def cuda_key_ranges(bound: int, pairs: int) -> tuple[int, int]:
+    """(ranges, keys per range) of the CUDA attention over `bound` keys for `pairs`
+    (token, query head) pairs."""
+    if pairs >= CUDA_SPLIT_MAX_BLOCKS or bound <= CUDA_RANGE_KEYS:
+        return 1, bound
+    range_len = CUDA_RANGE_KEYS * -(-bound // (CUDA_RANGE_KEYS * CUDA_MAX_RANGES))
+    return -(-bound // range_len), range_len
+
+
+def _attention_cached_cuda(ctx, qkv, k_cache, v_cache, state, n_heads=1, theta=10000.0,
+                           style="interleaved", scale=None, max_keys=None, freq_factors=None,
+                           attn_factor=1.0, softcap=0.0, window=0):
+    """pxvm.kernels.ptx.transformer's `append`, `attend` (and `combine` where the keys
+    are cut into ranges)."""
+    s = qkv.shape[0]
+    n_ctx, hkv, d = k_cache.shape
+    bound = max_keys or n_ctx
+    neox, ring = style == "neox", bound > n_ctx  # a ring: max_keys beyond the cache
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    table = rope_table(ctx, theta, d, max(n_ctx, bound), freq_factors, attn_factor)
+    elements = s * hkv * d
+    ctx.launch(ptx_transformer.append, (neox, ring),
+               [qkv, k_cache, v_cache, state, table, elements, n_heads, hkv, d, n_ctx, bound],
+               ctx.stride_grid(elements))
+    n_ranges, range_len = cuda_key_ranges(bound, s * n_heads)
+    out = ctx.empty((s, n_heads * d), np.float32)
+    part = ctx.empty((s * n_heads * n_ranges, d + 2) if n_ranges > 1 else (1,), np.float32,
+                     "attention partial sums")  # AttentionPartials' records
+    vec = next(v for v in ptx_transformer.VECS if d % v == 0)
+    ctx.launch(ptx_transformer.attend, (neox, ring, vec),
+               [qkv, k_cache, v_cache, state, table, part, out, n_heads, hkv, d, n_ctx,
+                n_ranges, range_len, bound, scale, float(softcap), int(window)],
+               (n_ranges, n_heads, s), block=ptx_transformer.THREADS)
+    if n_ranges > 1:
+        ctx.launch(ptx_transformer.combine, (),
+                   [part, state, out, n_heads, d, n_ranges, range_len, bound], (n_heads, s),
+                   block=-(-d // 32) * 32)
+    return out
+
+
 @op(infer=_infer_cached, input_dtypes=("f32", "f32", "f32", "i32"),
-    webgpu=_attention_cached_webgpu, cpu=_attention_cached_cpu)
+    webgpu=_attention_cached_webgpu, cpu=_attention_cached_cpu, cuda=_attention_cached_cuda)
 def attention_cached(qkv, k_cache, v_cache, state, n_heads=1, theta=10000.0,
                      style="interleaved", scale=None, max_keys=None, freq_factors=None,
                      attn_factor=1.0, softcap=0.0, window=0, *, backend="auto"):
@@ -399,8 +507,20 @@ def _attention_cached_matmul_quant_add_cpu(ctx, qkv, k_cache, v_cache, state, w,
     return _matmul_quant_add_cpu(ctx, attended, w, residual, qtype, k)
 
 
+def _attention_cached_matmul_quant_add_cuda(ctx, qkv, k_cache, v_cache, state, w, residual,
+                                            n_heads=1, theta=10000.0, style="interleaved",
+                                            scale=None, max_keys=None, qtype=3, k=0,
+                                            lanes=None, freq_factors=None, attn_factor=1.0,
+                                            softcap=0.0, window=0):
+    attended = _attention_cached_cuda(ctx, qkv, k_cache, v_cache, state, n_heads, theta, style,
+                                      scale, max_keys, freq_factors, attn_factor, softcap,
+                                      window)
+    return _matmul_quant_add_cuda(ctx, attended, w, residual, qtype, k, lanes)
+
+
 @op(infer=_infer_cached_product, input_dtypes=("f32", "f32", "f32", "i32", "u8", "f32"),
-    webgpu=_attention_cached_matmul_quant_add_webgpu, cpu=_attention_cached_matmul_quant_add_cpu)
+    webgpu=_attention_cached_matmul_quant_add_webgpu, cpu=_attention_cached_matmul_quant_add_cpu,
+    cuda=_attention_cached_matmul_quant_add_cuda)
 def attention_cached_matmul_quant_add(qkv, k_cache, v_cache, state, w, residual, n_heads=1,
                                       theta=10000.0, style="interleaved", scale=None,
                                       max_keys=None, qtype=3, k=0, lanes=None,

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from typing import Callable
 
-from . import (attention, dequantize, elementwise, matmul, quantized, reductions, rows,
-               tensor_core, wgmma)
+from . import (attention, decoding, dequantize, elementwise, matmul, quantized, reductions,
+               rows, tensor_core, transformer, wgmma)
 from .builder import ARCHS, Kernel, PtxError, module
 
 FAMILIES = {"elementwise": elementwise, "rows": rows, "matmul": matmul,
             "tensor_core": tensor_core, "quantized": quantized, "reductions": reductions,
-            "wgmma": wgmma, "attention": attention, "dequantize": dequantize}
+            "wgmma": wgmma, "attention": attention, "dequantize": dequantize,
+            "transformer": transformer, "decoding": decoding}
 
 
 def kernels() -> dict[str, tuple[Callable[..., Kernel], tuple]]:

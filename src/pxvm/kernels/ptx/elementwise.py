@@ -4,7 +4,9 @@ VEC elements (4: one 16-byte load per operand; 1 where counts are not multiples 
 
 `binary` takes its operands at the same size, or one of them repeated over the other's
 leading dimensions (a row of biases added to every row: BROADCAST "b", or "a").
-`copy` is the bandwidth yardstick of the benchmarks.
+`glu` is a gated feed-forward's act(gate) * up. `copy` is the bandwidth yardstick of
+the benchmarks; `copy_rows` copies rows into a window of another matrix (slicing rows,
+joining columns, writing rows in place).
 
 Transcendentals use ex2.approx (relative error ~2^-22) in forms that stay finite where
 the references' do: sigmoid 1/(1+e^-x), tanh by e^-2|x|, GELU's tanh form as x
@@ -18,6 +20,8 @@ from .builder import Kernel, Reg, f32
 UNARY = ("relu", "leaky_relu", "elu", "sigmoid", "tanh", "silu", "gelu_tanh", "clip", "scale")
 BINARY = ("add", "sub", "mul", "div", "maximum", "minimum")
 BROADCASTS = ("none", "a", "b")
+#: the gate activations of `glu`: SwiGLU's and GeGLU's
+GLU = ("silu", "gelu_tanh")
 VECS = (1, 4)
 THREADS = 256
 LOG2E = 1.4426950408889634
@@ -141,9 +145,48 @@ def copy(vec: int = 4) -> Kernel:
     return k
 
 
+def glu(act: str, vec: int = 4) -> Kernel:
+    """out (M, F) = act(both[:, :F]) * both[:, F:] for both (M, 2F): the gate's columns,
+    then the up projection's; n_groups = M F / vec, f_groups = F / vec."""
+    k = Kernel(f"glu_{act}_v{vec}", [("both", "u64"), ("out", "u64"), ("n_groups", "u32"),
+                                     ("f_groups", "u32")])
+    both, out, n_groups, f_groups = k.params()
+    i, stride = k.grid_stride()
+    with k.loop(i, n_groups, stride):
+        row = k.op("div.u32", i, f_groups)
+        gate = k.op("add.u32", i, k.op("mul.lo.u32", row, f_groups))  # row 2F + column
+        up = k.op("add.u32", gate, f_groups)
+        values = zip(_load(k, both, gate, vec), _load(k, both, up, vec))
+        _store(k, out, i, [k.op("mul.f32", _unary_math(k, act, g, g, g), u) for g, u in values])
+    return k
+
+
+def copy_rows(vec: int = 4) -> Kernel:
+    """dst[dst_row0 + r, dst_col0 + c] = src[src_row0 + r, c] for n_groups / row_groups
+    rows of row_groups groups of `vec` floats; dst rows are dst_row_groups groups long
+    (every count in groups)."""
+    k = Kernel(f"copy_rows_v{vec}",
+               [("src", "u64"), ("dst", "u64"), ("n_groups", "u32"), ("row_groups", "u32"),
+                ("src_row0", "u32"), ("dst_row0", "u32"), ("dst_row_groups", "u32"),
+                ("dst_col0", "u32")])
+    src, dst, n_groups, row_groups, src_row0, dst_row0, dst_row_groups, dst_col0 = k.params()
+    i, stride = k.grid_stride()
+    with k.loop(i, n_groups, stride):
+        r = k.op("div.u32", i, row_groups)
+        c = k.op("rem.u32", i, row_groups)
+        source = k.op("mad.lo.u32", k.op("add.u32", src_row0, r), row_groups, c)
+        target = k.op("mad.lo.u32", k.op("add.u32", dst_row0, r), dst_row_groups,
+                      k.op("add.u32", dst_col0, c))
+        _store(k, dst, target, _load(k, src, source, vec))
+    return k
+
+
 def variants():
     """(kernel builder, its arguments) of every kernel this family emits."""
     for vec in VECS:
+        for act in GLU:
+            yield glu, (act, vec)
+        yield copy_rows, (vec,)
         for op in UNARY:
             yield unary, (op, vec)
         for op in BINARY:

@@ -3,7 +3,8 @@ log-softmax, one block of THREADS threads per row (grid.x = rows), reading the r
 groups of VEC values (4: 16-byte loads, where the row length allows; 1 otherwise). A
 row's sums and maxima are reduced within each warp by butterfly shuffles, then across
 the warps through shared memory. And `rope`, the rotary embedding of rows of heads, a
-thread a pair."""
+thread a pair; `qk_norm`, rmsnorm of the query and key heads of projected qkv rows, a
+warp a head."""
 
 from __future__ import annotations
 
@@ -167,6 +168,7 @@ def layer_norm(vec: int = 4) -> Kernel:
 def variants():
     yield rope, (False,)
     yield rope, (True,)
+    yield qk_norm, ()
     for vec in VECS:
         yield layer_norm, (vec,)
         yield rmsnorm, (vec, False)
@@ -175,7 +177,7 @@ def variants():
         yield softmax, (True, vec)
 
 
-__all__ = ["THREADS", "layer_norm", "rmsnorm", "rope", "softmax", "variants"]
+__all__ = ["THREADS", "layer_norm", "qk_norm", "rmsnorm", "rope", "softmax", "variants"]
 
 
 def rope(neox: bool = False) -> Kernel:
@@ -206,4 +208,42 @@ def rope(neox: bool = False) -> Kernel:
                 k.op("sub.f32", k.op("mul.f32", a, cos), k.op("mul.f32", b, sin)))
         k.store("f32", k.element(y, j1, 4),
                 k.op("fma.rn.f32", a, sin, k.op("mul.f32", b, cos)))
+    return k
+
+
+def qk_norm() -> Kernel:
+    """qkv rows of Hq query, Hkv key and Hkv value heads of D values: out = each query
+    head rmsnorm'ed by q_gain, each key head by k_gain, value heads copied. A warp a head
+    (heads = rows * (Hq + 2 Hkv) of them, WARPS a block), its lanes taking elements
+    lane, lane + 32, .. and summing their squares by shuffles."""
+    k = Kernel("qk_norm", [("qkv", "u64"), ("q_gain", "u64"), ("k_gain", "u64"), ("out", "u64"),
+                           ("heads", "u32"), ("hq", "u32"), ("hkv", "u32"),
+                           ("head_dim", "u32"), ("eps", "f32")])
+    qkv, q_gain, k_gain, out, heads, hq, hkv, d, eps = k.params()
+    tid = k.special("%tid.x")
+    lane = k.op("and.b32", tid, 31)
+    head = k.op("mad.lo.u32", k.special("%ctaid.x"), WARPS, k.op("shr.u32", tid, 5))
+    with k.if_(k.setp("lt.u32", head, heads)):  # the same for the whole warp
+        kind = k.op("rem.u32", head, k.op("add.u32", hq, k.op("shl.b32", hkv, 1)))
+        is_query = k.setp("lt.u32", kind, hq)
+        is_value = k.setp("ge.u32", kind, k.op("add.u32", hq, hkv))
+        gain = k.op("selp.b64", q_gain, k_gain, is_query)
+        first = k.op("mul.lo.u32", head, d)
+        squares = k.op("mov.f32", f32(0.0))
+        c = k.op("mov.u32", lane)
+        with k.loop(c, d, 32):
+            v = k.load("f32", k.element(qkv, k.op("add.u32", first, c), 4))
+            k.to(squares, "fma.rn.f32", v, v, squares)
+        for offset in (16, 8, 4, 2, 1):
+            k.to(squares, "add.f32", squares,
+                 k.op("shfl.sync.bfly.b32", squares, offset, "0x1f", "0xffffffff"))
+        mean = k.op("div.rn.f32", squares, k.op("cvt.rn.f32.u32", d))
+        scale = k.op("rsqrt.approx.f32", k.op("add.f32", mean, eps))
+        c = k.op("mov.u32", lane)
+        with k.loop(c, d, 32):
+            i = k.op("add.u32", first, c)
+            v = k.load("f32", k.element(qkv, i, 4))
+            g = k.load("f32", k.element(gain, c, 4))
+            normed = k.op("mul.f32", k.op("mul.f32", v, scale), g)
+            k.store("f32", k.element(out, i, 4), k.op("selp.f32", v, normed, is_value))
     return k

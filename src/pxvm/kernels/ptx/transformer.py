@@ -1,0 +1,318 @@
+"""Attention over a KV cache in PTX (pxvm.ops.transformer.attention_cached on CUDA): S new
+tokens at positions pos .. pos + S - 1, pos = state[1] read on the device, so that one
+captured decoding step serves every position.
+
+qkv (S, (Hq + 2 Hkv) D) holds each token's query heads, key heads and value heads; the
+caches are (n_ctx, Hkv, D), position j in row j (in row j % n_ctx where RING: a
+sliding-window layer's cache, big enough that the new rows overwrite only keys no new
+token sees). Rotary embedding comes from a host table (positions, D / 2, [cos, sin]);
+NEOX rotates pairs (c, c + D/2), else (2c, 2c + 1).
+
+Three kernels, launched in this order on one stream:
+- `append`: the new keys (rotated) and values into the caches, a thread an element; so
+  `attend` reads every key from the cache, none racing with its write.
+- `attend`: block (range r, query head h, token i) attends over keys r * range_len ..
+  (those token i sees: up to its own position, its last `window` where window > 0),
+  CHUNK keys a trip with an online softmax: a thread scores a key (its dot product with
+  the staged query), the block takes the chunk's max (earlier sums are rescaled to it),
+  then threads (value group g, element d) add up exp(score) * V over the group's keys.
+  With one range it writes the normalised output; with several, each range's partial
+  result: pxvm.ops.layouts.AttentionPartials' record (D sums, max, sum of exps).
+- `combine`: block (h, i) merges token i's ranges, rescaled to their common max.
+Tokens at max_keys and beyond (which the host cannot check, as the position lives on
+the device) get NaN rows and are not appended.
+"""
+
+from __future__ import annotations
+
+from .builder import Kernel, Reg, f32
+from .elementwise import _exp, _unary_math
+from .rows import THREADS, _block_reduce
+
+#: Keys a trip of `attend` scores: one a thread.
+CHUNK = THREADS
+#: A key's head elements read per trip of its dot product: 16 (four 16-byte loads) where
+#: D is a multiple of 16, 4 where of 4, else 2 (D is even).
+VECS = (16, 4, 2)
+#: Keys of a value group whose loads are issued before their products.
+VALUE_UNROLL = 8
+#: The score of a key outside the range: finite, so exp(EMPTY - max) is 0 without inf
+#: arithmetic.
+EMPTY = -3.0e38
+
+
+def _name(base: str, neox: bool, ring: bool) -> str:
+    return f"{base}_{'neox' if neox else 'interleaved'}{'_ring' if ring else ''}"
+
+
+def rotated(k: Kernel, qkv: Reg, table: Reg, base: Reg, c: Reg, pos: Reg, half: Reg,
+            neox: bool) -> Reg:
+    """Element c of the head vector qkv[base .. base + D) rotated to position `pos`."""
+    if neox:
+        first = k.setp("lt.u32", c, half)
+        below = k.op("sub.u32", c, half)
+        pair = k.op("selp.u32", c, below, first)
+        partner = k.op("selp.u32", k.op("add.u32", c, half), below, first)
+    else:
+        first = k.setp("eq.u32", k.op("and.b32", c, 1), 0)
+        pair = k.op("shr.u32", c, 1)
+        partner = k.op("xor.b32", c, 1)
+    entry = k.element(table, k.op("mad.lo.u32", pos, half, pair), 8)
+    cos, sin = k.load("f32", entry), k.load("f32", f"{entry}+4")
+    a = k.load("f32", k.element(qkv, k.op("add.u32", base, c), 4))
+    b = k.load("f32", k.element(qkv, k.op("add.u32", base, partner), 4))
+    # the pair (x0, x1) becomes (x0 cos - x1 sin, x0 sin + x1 cos); a is this element
+    as_first = k.op("sub.f32", k.op("mul.f32", a, cos), k.op("mul.f32", b, sin))
+    as_second = k.op("fma.rn.f32", b, sin, k.op("mul.f32", a, cos))
+    return k.op("selp.f32", as_first, as_second, first)
+
+
+def _position(k: Kernel, state: Reg, token: Reg, max_keys: Reg) -> tuple[Reg, Reg]:
+    """(token's position pos + token, whether it is beyond max_keys): a negative pos
+    reads as a huge unsigned one, beyond too."""
+    pos = k.load("u32", f"{state}+4")
+    at = k.op("add.u32", pos, token)
+    beyond = k.op("or.pred", k.setp("ge.u32", pos, max_keys), k.setp("ge.u32", at, max_keys))
+    return at, beyond
+
+
+def _cache_row(k: Kernel, position: Reg, n_ctx: Reg, ring: bool) -> Reg:
+    return k.op("rem.u32", position, n_ctx) if ring else position
+
+
+def append(neox: bool, ring: bool) -> Kernel:
+    """k_cache[row(pos + i), kvh, c] = rotated key element, v_cache[..] = value element,
+    a thread an element of the S * Hkv * D (grid-stride)."""
+    k = Kernel(_name("cached_append", neox, ring),
+               [("qkv", "u64"), ("k_cache", "u64"), ("v_cache", "u64"), ("state", "u64"),
+                ("table", "u64"), ("elements", "u32"), ("hq", "u32"), ("hkv", "u32"),
+                ("head_dim", "u32"), ("n_ctx", "u32"), ("max_keys", "u32")])
+    qkv, k_cache, v_cache, state, table, elements, hq, hkv, d, n_ctx, max_keys = k.params()
+    half = k.op("shr.u32", d, 1)
+    row_len = k.op("mul.lo.u32", k.op("add.u32", hq, k.op("shl.b32", hkv, 1)), d)
+    t, stride = k.grid_stride()
+    with k.loop(t, elements, stride):
+        c = k.op("rem.u32", t, d)
+        head_row = k.op("div.u32", t, d)  # token * Hkv + kv head
+        kvh = k.op("rem.u32", head_row, hkv)
+        token = k.op("div.u32", head_row, hkv)
+        at, beyond = _position(k, state, token, max_keys)
+        with k.if_(k.op("not.pred", beyond)):
+            head = k.op("add.u32", hq, kvh)  # the key head's place among the row's heads
+            key = k.op("mad.lo.u32", token, row_len, k.op("mul.lo.u32", head, d))
+            value = k.op("add.u32", key, k.op("mul.lo.u32", hkv, d))
+            row = _cache_row(k, at, n_ctx, ring)
+            slot = k.op("mad.lo.u32", k.op("mad.lo.u32", row, hkv, kvh), d, c)
+            k.store("f32", k.element(k_cache, slot, 4),
+                    rotated(k, qkv, table, key, c, at, half, neox))
+            k.store("f32", k.element(v_cache, slot, 4),
+                    k.load("f32", k.element(qkv, k.op("add.u32", value, c), 4)))
+    return k
+
+
+def _dot(k: Kernel, key: Reg, query: Reg, d: Reg, vec: int) -> Reg:
+    """sum over c < D of key[c] * query[c]: key a global address, query a shared one,
+    `vec` elements a trip."""
+    acc = [k.op("mov.f32", f32(0.0)) for _ in range(2)]
+    c = k.op("mov.u32", 0)
+    with k.loop(c, d, vec):
+        offset = k.op("mul.lo.u32", c, 4)
+        key_at = k.op("add.u64", key, k.op("cvt.u64.u32", offset))
+        query_at = k.op("add.u32", query, offset)
+        width = min(vec, 4)
+        for part in range(vec // width):
+            keys = k.load_vector("f32", f"{key_at}+{16 * part}", width)
+            queries = k.load_vector("f32", f"{query_at}+{16 * part}", width, space="shared")
+            for e, (x, y) in enumerate(zip(keys, queries)):
+                k.to(acc[e % 2], "fma.rn.f32", x, y, acc[e % 2])
+    return k.op("add.f32", acc[0], acc[1])
+
+
+def _weighted_values(k: Kernel, v_first: Reg, key_first: Reg, g: Reg, groups: Reg,
+                     n_keys: Reg, exps: Reg, n_ctx: Reg, row_stride: Reg, ring: bool) -> Reg:
+    """sum over u = g, g + groups, .. < n_keys of exps[u] (shared) * V element of key
+    key_first + u (v_first: the element's address in the cache row of position 0;
+    row_stride: bytes between cache rows), VALUE_UNROLL keys' loads issued before their
+    products."""
+    def value_at(u: Reg) -> Reg:
+        row = _cache_row(k, k.op("add.u32", key_first, u), n_ctx, ring)
+        return k.load("f32", k.op("add.u64", v_first, k.op("mul.wide.u32", row, row_stride)))
+
+    def weight(u: Reg) -> Reg:
+        return k.load("f32", k.op("mad.lo.u32", u, 4, exps), space="shared")
+
+    total = k.op("mov.f32", f32(0.0))
+    span = k.op("mul.lo.u32", groups, VALUE_UNROLL - 1)
+    last = k.op("add.u32", g, span)  # the trip's last key
+    with k.loop(last, n_keys, k.op("add.u32", span, groups)):
+        first = k.op("sub.u32", last, span)
+        keys = [first] + [k.op("mad.lo.u32", groups, e, first) for e in range(1, VALUE_UNROLL)]
+        values = [value_at(u) for u in keys]
+        for u, v in zip(keys, values):
+            k.to(total, "fma.rn.f32", weight(u), v, total)
+    u = k.op("sub.u32", last, span)
+    with k.loop(u, n_keys, groups):
+        k.to(total, "fma.rn.f32", weight(u), value_at(u), total)
+    return total
+
+
+def attend(neox: bool, ring: bool, vec: int) -> Kernel:
+    """Grid (n_ranges, Hq, S), THREADS threads: token i's query head h over range r's
+    keys (module docstring); D elements of a key read `vec` a trip."""
+    k = Kernel(f"{_name('cached_attend', neox, ring)}_v{vec}",
+               [("qkv", "u64"), ("k_cache", "u64"), ("v_cache", "u64"), ("state", "u64"),
+                ("table", "u64"), ("part", "u64"), ("out", "u64"), ("hq", "u32"),
+                ("hkv", "u32"), ("head_dim", "u32"), ("n_ctx", "u32"), ("n_ranges", "u32"),
+                ("range_len", "u32"), ("max_keys", "u32"), ("scale", "f32"),
+                ("softcap", "f32"), ("window", "u32")])
+    (qkv, k_cache, v_cache, state, table, part, out, hq, hkv, d, n_ctx, n_ranges, range_len,
+     max_keys, scale, softcap, window) = k.params()
+    scratch = k.shared("partial", "f32", THREADS // 32, 16)
+    query = k.op("mov.u32", k.shared("query", "f32", THREADS, 16))
+    exps = k.op("mov.u32", k.shared("exps", "f32", CHUNK, 16))
+    sums = k.op("mov.u32", k.shared("sums", "f32", THREADS, 16))
+    tid = k.special("%tid.x")
+    r, h, token = k.special("%ctaid.x"), k.special("%ctaid.y"), k.special("%ctaid.z")
+    one_range = k.setp("eq.u32", n_ranges, 1)
+    head_out = k.op("mad.lo.u32", k.op("mad.lo.u32", token, hq, h), d, tid)
+    at, beyond = _position(k, state, token, max_keys)
+    with k.if_(beyond):  # NaN rows (`combine` writes them where there are ranges)
+        with k.if_(k.op("and.pred", one_range, k.setp("lt.u32", tid, d))):
+            k.store("f32", k.element(out, head_out, 4), f32(float("nan")))
+        k.emit("ret")
+    begin = k.op("mul.lo.u32", r, range_len)
+    with k.if_(k.setp("gt.u32", begin, at)):  # a range past the token's keys: not read
+        k.emit("ret")
+    seen = k.op("add.u32", at, 1)
+    end = k.op("min.u32", k.op("add.u32", begin, range_len), seen)
+    windowed = k.op("and.pred", k.setp("ne.u32", window, 0), k.setp("gt.u32", seen, window))
+    lowest = k.op("selp.u32", k.op("sub.u32", seen, window), 0, windowed)
+
+    # the query head, rotated and scaled, staged in shared memory
+    row_len = k.op("mul.lo.u32", k.op("add.u32", hq, k.op("shl.b32", hkv, 1)), d)
+    kvh = k.op("div.u32", h, k.op("div.u32", hq, hkv))
+    with k.if_(k.setp("lt.u32", tid, d)):
+        base = k.op("mad.lo.u32", token, row_len, k.op("mul.lo.u32", h, d))
+        q = rotated(k, qkv, table, base, tid, at, k.op("shr.u32", d, 1), neox)
+        k.store("f32", k.op("mad.lo.u32", tid, 4, query), k.op("mul.f32", q, scale),
+                space="shared")
+    k.emit("bar.sync 0")
+
+    row_stride = k.op("mul.lo.u32", k.op("mul.lo.u32", hkv, d), 4)  # bytes between rows
+    head_offset = k.op("mul.wide.u32", k.op("mul.lo.u32", kvh, d), 4)
+    k_head = k.op("add.u64", k_cache, head_offset)
+    groups = k.op("max.u32", k.op("div.u32", THREADS, d), 1)  # value groups of D threads
+    g = k.op("div.u32", tid, d)
+    element = k.op("rem.u32", tid, d)
+    in_group = k.setp("lt.u32", g, groups)
+    v_first = k.op("add.u64", k.op("add.u64", v_cache, head_offset),
+                   k.op("mul.wide.u32", element, 4))
+    capped = k.setp("gt.f32", softcap, f32(0.0))
+
+    m_run = k.op("mov.f32", f32(EMPTY))  # the range's max score so far
+    l_run = k.op("mov.f32", f32(0.0))    # this thread's keys' exps, relative to m_run
+    acc = k.op("mov.f32", f32(0.0))      # element `element` of group g's sum, the same
+    c0 = k.op("max.u32", begin, lowest)
+    with k.loop(c0, end, CHUNK):
+        n_keys = k.op("min.u32", k.op("sub.u32", end, c0), CHUNK)
+        mine = k.setp("lt.u32", tid, n_keys)
+        score = k.op("mov.f32", f32(EMPTY))
+        with k.if_(mine):
+            row = _cache_row(k, k.op("add.u32", c0, tid), n_ctx, ring)
+            key = k.op("add.u64", k_head, k.op("mul.wide.u32", row, row_stride))
+            dot = _dot(k, key, query, d, vec)
+            cap = k.op("mul.f32", softcap, _unary_math(k, "tanh", k.op("div.rn.f32", dot, softcap),
+                                                       softcap, softcap))
+            k.to(score, "selp.f32", cap, dot, capped)
+        top = k.op("max.f32", m_run, _block_reduce(k, score, "max.f32", scratch))
+        rescale = _exp(k, k.op("sub.f32", m_run, top))  # 0 at the first chunk
+        e = k.op("selp.f32", _exp(k, k.op("sub.f32", score, top)), f32(0.0), mine)
+        k.store("f32", k.op("mad.lo.u32", tid, 4, exps), e, space="shared")
+        k.to(l_run, "fma.rn.f32", l_run, rescale, e)
+        k.to(m_run, "mov.f32", top)
+        k.emit("bar.sync 0")
+        with k.if_(in_group):
+            weighted = _weighted_values(k, v_first, c0, g, groups, n_keys, exps, n_ctx,
+                                        row_stride, ring)
+            k.to(acc, "fma.rn.f32", acc, rescale, weighted)
+        k.emit("bar.sync 0")  # exps is rewritten by the next chunk
+
+    total = _block_reduce(k, l_run, "add.f32", scratch)
+    k.store("f32", k.op("mad.lo.u32", tid, 4, sums), k.op("selp.f32", acc, f32(0.0), in_group),
+            space="shared")
+    k.emit("bar.sync 0")
+    with k.if_(k.setp("lt.u32", tid, d)):
+        value = k.op("mov.f32", f32(0.0))
+        u = k.op("mov.u32", 0)
+        with k.loop(u, groups, 1):
+            slot = k.op("mad.lo.u32", k.op("mad.lo.u32", u, d, tid), 4, sums)
+            k.to(value, "add.f32", value, k.load("f32", slot, space="shared"))
+        with k.if_(one_range):
+            k.store("f32", k.element(out, head_out, 4), k.op("div.rn.f32", value, total))
+        with k.if_(k.op("not.pred", one_range)):
+            record = k.op("mul.lo.u32", k.op("mad.lo.u32", k.op("mad.lo.u32", token, hq, h),
+                                             n_ranges, r), k.op("add.u32", d, 2))
+            k.store("f32", k.element(part, k.op("add.u32", record, tid), 4), value)
+            with k.if_(k.setp("eq.u32", tid, 0)):
+                tail = k.element(part, k.op("add.u32", record, d), 4)
+                k.store("f32", tail, m_run)
+                k.store("f32", f"{tail}+4", total)
+    return k
+
+
+def combine() -> Kernel:
+    """Grid (Hq, S), at least D threads: out[i, h, c] = sum over token i's ranges of
+    exp(max_r - max) * sums_r[c] / sum over them of exp(max_r - max) * exps_r."""
+    k = Kernel("cached_combine",
+               [("part", "u64"), ("state", "u64"), ("out", "u64"), ("hq", "u32"),
+                ("head_dim", "u32"), ("n_ranges", "u32"), ("range_len", "u32"),
+                ("max_keys", "u32")])
+    part, state, out, hq, d, n_ranges, range_len, max_keys = k.params()
+    tid = k.special("%tid.x")
+    h, token = k.special("%ctaid.x"), k.special("%ctaid.y")
+    with k.if_(k.setp("lt.u32", tid, d)):
+        at, beyond = _position(k, state, token, max_keys)
+        head = k.op("mad.lo.u32", token, hq, h)
+        target = k.element(out, k.op("mad.lo.u32", head, d, tid), 4)
+        with k.if_(beyond):
+            k.store("f32", target, f32(float("nan")))
+        with k.if_(k.op("not.pred", beyond)):
+            used = k.op("min.u32", k.op("add.u32", k.op("div.u32", at, range_len), 1), n_ranges)
+            stride = k.op("add.u32", d, 2)
+            first = k.element(part, k.op("mul.lo.u32", k.op("mul.lo.u32", head, n_ranges),
+                                         stride), 4)
+            stride_bytes = k.op("mul.lo.u32", stride, 4)
+            d_bytes = k.op("mul.lo.u32", d, 4)
+
+            def record(r: Reg) -> Reg:
+                return k.op("add.u64", first, k.op("mul.wide.u32", r, stride_bytes))
+
+            top = k.op("mov.f32", f32(EMPTY))
+            r = k.op("mov.u32", 0)
+            with k.loop(r, used, 1):
+                k.to(top, "max.f32", top,
+                     k.load("f32", k.op("add.u64", record(r), k.op("cvt.u64.u32", d_bytes))))
+            total = k.op("mov.f32", f32(0.0))
+            value = k.op("mov.f32", f32(0.0))
+            r = k.op("mov.u32", 0)
+            with k.loop(r, used, 1):
+                at_record = record(r)
+                tail = k.op("add.u64", at_record, k.op("cvt.u64.u32", d_bytes))
+                w = _exp(k, k.op("sub.f32", k.load("f32", tail), top))
+                k.to(total, "fma.rn.f32", w, k.load("f32", f"{tail}+4"), total)
+                element = k.op("add.u64", at_record, k.op("mul.wide.u32", tid, 4))
+                k.to(value, "fma.rn.f32", w, k.load("f32", element), value)
+            k.store("f32", target, k.op("div.rn.f32", value, total))
+    return k
+
+
+def variants():
+    for neox in (False, True):
+        for ring in (False, True):
+            yield append, (neox, ring)
+            for vec in VECS:
+                yield attend, (neox, ring, vec)
+    yield combine, ()
+
+
+__all__ = ["CHUNK", "EMPTY", "VECS", "append", "attend", "combine", "variants"]

@@ -170,12 +170,13 @@ class CudaContext(RecordingContext):
                grid, block: int = THREADS, shared_bytes: int = 0) -> None:
         """Launch kernel `builder(*builder_args)` with `args` in its parameter order:
         tensors (their device addresses) and Python numbers, typed by the kernel's
-        parameter list. `grid`: blocks, an int or (x, y, z)."""
+        parameter list. `grid`: blocks, an int or (x[, y[, z]])."""
         text, name, types = _ptx(builder, tuple(builder_args), self.device.info.arch)
         if len(types) != len(args):
             raise PxvmError(f"kernel {name} takes {len(types)} arguments, got {len(args)}")
         packed = self.device.pack([_value(a, t) for a, t in zip(args, types)])
-        grid = (grid, 1, 1) if isinstance(grid, int) else tuple(grid)
+        grid = (grid,) if isinstance(grid, int) else tuple(grid)
+        grid += (1,) * (3 - len(grid))  # (x,), (x, y): the rest are 1
         function = self.device.function(text, name)
         if self._capturing(args):
             self._captured.append(functools.partial(self.device.launch, function, grid,

@@ -171,13 +171,12 @@ class CudaContext(RecordingContext):
         """Launch kernel `builder(*builder_args)` with `args` in its parameter order:
         tensors (their device addresses) and Python numbers, typed by the kernel's
         parameter list. `grid`: blocks, an int or (x[, y[, z]])."""
-        text, name, types = _ptx(builder, tuple(builder_args), self.device.info.arch)
+        function, name, types = self.backend.kernel(builder, tuple(builder_args))
         if len(types) != len(args):
             raise PxvmError(f"kernel {name} takes {len(types)} arguments, got {len(args)}")
         packed = self.device.pack([_value(a, t) for a, t in zip(args, types)])
         grid = (grid,) if isinstance(grid, int) else tuple(grid)
         grid += (1,) * (3 - len(grid))  # (x,), (x, y): the rest are 1
-        function = self.device.function(text, name)
         if self._capturing(args):
             self._captured.append(functools.partial(self.device.launch, function, grid,
                                                     (block, 1, 1), packed, shared_bytes))
@@ -283,6 +282,7 @@ class CudaBackend(Backend):
         self.device = device if device is not None else get_cuda_device()
         # id(buffer) -> (a weak reference to it, {key: the tensor derived from it})
         self._derived: dict[int, tuple[weakref.ref, dict]] = {}
+        self._kernels: dict[tuple, tuple] = {}  # (builder, its arguments) -> kernel()
 
     def copy(self, dst: Tensor, src: Tensor, nbytes: int | None = None,
              dst_offset: int = 0, src_offset: int = 0) -> None:
@@ -303,6 +303,16 @@ class CudaBackend(Backend):
             if isinstance(a, Tensor):
                 self._kept[id(a.storage)] = a.storage
         return True
+
+    def kernel(self, builder: Callable[..., Kernel], builder_args: tuple) -> tuple:
+        """(loaded function, name, parameter types) of kernel `builder(*builder_args)`,
+        looked up once: finding a module by its text's hash took longer than a launch."""
+        key = (builder, builder_args)
+        found = self._kernels.get(key)
+        if found is None:
+            text, name, types = _ptx(builder, builder_args, self.device.info.arch)
+            found = self._kernels[key] = (self.device.function(text, name), name, types)
+        return found
 
     def derived(self, tensor: Tensor, key, make: Callable[[], Tensor]) -> Tensor:
         """CudaContext.derived's cache."""

@@ -93,6 +93,13 @@ def test_cuda_is_named_but_says_why_where_there_is_no_driver():
     assert get_backend("auto").name != "cuda"
 
 
+def test_a_model_on_auto_runs_where_ops_do_without_cuda(monkeypatch):
+    monkeypatch.setattr(backends, "unavailable_reason",
+                        lambda name: "no driver" if name == "cuda" else None)
+    backend, reason = backends.model_backend("auto")
+    assert backend is backends.get_backend("auto") and reason is None
+
+
 def test_reset_backends_makes_a_new_device_on_next_use(fresh_backends, gpu_device):
     first = get_backend("webgpu")
     assert first.device is not gpu_device   # made afresh: the shared one was forgotten

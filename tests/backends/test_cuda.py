@@ -14,6 +14,7 @@ from gguf import GGMLQuantizationType
 from gguf import quants as gguf_quants
 
 import pxvm
+from pxvm.backends import model_backend
 from pxvm.batch import Batch, Graph
 from pxvm.kernels.ptx import tensor_core as ptx_tensor_core
 from pxvm.kernels.ptx import wgmma as ptx_wgmma
@@ -268,3 +269,9 @@ def test_rope_matches_its_reference(cuda_device, rng, style, seq, heads, d, offs
               "freq_factors": tuple(1.0 + rng.random(d // 2)), "attn_factor": 1.1}
     assert_close(pxvm.ops.rope(x, backend="cuda", **params).numpy(),
                  pxvm.ops.rope.reference(x, **params), NMSE_ELEMENTWISE)
+
+
+def test_a_model_on_auto_runs_on_cuda_and_says_why(cuda_device):
+    backend, reason = model_backend("auto")
+    assert backend is cuda_device and "CUDA" in reason
+    assert model_backend("numpy")[1] is None  # asked for by name: no reason to give

@@ -19,6 +19,7 @@ class ScriptedModel:
     `decode` feeds forward one token at a time, drawing as the device's steps do."""
 
     backend_name = "fake"
+    backend_reason = None
     device_name = "scripted test model"
 
     def __init__(self, metadata, script=(), context_length=8192, random_logits=False):

@@ -94,6 +94,18 @@ def get_backend(name: str | Backend = "auto") -> Backend:
     return {"numpy": _numpy, "cpu": _cpu}.get(ALIASES[key]) or webgpu_backend()
 
 
+def model_backend(name: str | Backend = "auto") -> tuple[Backend, str | None]:
+    """The backend a language model runs on, and why when "auto" chose it: CUDA where an
+    NVIDIA GPU and its driver are there (every op a model records has a CUDA kernel, and
+    on the H100 it decodes and prefills faster than WebGPU: BENCHMARKS.md), else as
+    get_backend("auto") chooses."""
+    if isinstance(name, Backend) or str(name).lower() != "auto":
+        return get_backend(name), None
+    if unavailable_reason("cuda") is None:
+        return cuda_backend(), "auto: CUDA runs language models faster than WebGPU on NVIDIA GPUs"
+    return get_backend("auto"), None
+
+
 def reset_backends() -> None:
     """Drop the shared device: the next GPU use picks an adapter again (after a device
     loss, or to honour a new PXVM_DEVICE)."""
@@ -107,6 +119,7 @@ __all__ = [
     "ALIASES", "DTYPES", "NAMES", "Backend", "CapturedDispatches", "CapturedWork",
     "CpuBackend", "CpuContext", "CudaBackend", "CudaContext", "NumpyBackend", "Readback", "RecordingContext", "Replay",
     "Tensor", "UnknownBackendError", "WebGPUBackend", "WebGPUContext", "as_supported_array",
-    "cuda_backend", "dtype_name", "get_backend", "reset_backends", "unavailable_reason",
+    "cuda_backend", "dtype_name", "get_backend", "model_backend", "reset_backends",
+    "unavailable_reason",
     "values_for", "webgpu_backend",
 ]

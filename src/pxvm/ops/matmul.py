@@ -15,6 +15,7 @@ from ..kernels.ptx import matmul as ptx_matmul
 from ..kernels.ptx import tensor_core as ptx_tensor_core
 from ..kernels.ptx import wgmma as ptx_wgmma
 from ..runtime.webgpu.params import KernelParams, kernel_params, u32
+from . import tuning
 from .registry import MissingKernelError, meta, op, require
 
 #: Tile shapes of the register-blocked kernels (matmul_blocked.wgsl, matmul_f16_half.wgsl):
@@ -225,8 +226,8 @@ def record_f16_product(ctx, a, b):
 #: HALF_STEPS values of K (matmul_f16_half.wgsl: needs shader-f16; accurate for inputs
 #: near unit scale, see the file), "blocked" in f32 (matmul_blocked.wgsl's f16 entry
 #: points: products exact, any device), "naive" one output a thread (matmul_f16.wgsl).
-#: "auto": "half" where the device has shader-f16, else "blocked", and "naive" for tiny
-#: products and M <= GEMV_MAX_ROWS.
+#: "auto": "naive" for tiny products and M <= GEMV_MAX_ROWS, else "blocked" unless `pxvm
+#: tune` measured "half" faster on this device (it was slower on the H100: BENCHMARKS.md).
 F16_KERNELS = ("auto", "half", "blocked", "naive")
 F16_KERNEL = "auto"
 #: the f16-product kernel's shapes, chosen like FP32_SHAPES (f16 tiles are half the bytes:
@@ -238,12 +239,12 @@ HALF_STEPS = 32
 F16_BLOCKED_SHAPES = FP32_SHAPES
 
 
-def choose_f16_kernel(M: int, N: int, has_f16: bool) -> str:
+def choose_f16_kernel(M: int, N: int, has_f16: bool, tuned: str | None = None) -> str:
     """The kernel F16_KERNEL = "auto" runs for an M x N matmul_f16, on a device with
-    shader-f16 or not."""
+    shader-f16 or not, `tuned` the kernel `pxvm tune` chose there (if any)."""
     if M <= GEMV_MAX_ROWS or M * N < 64 * 64:
         return "naive"
-    return "half" if has_f16 else "blocked"
+    return "half" if has_f16 and tuned == "half" else "blocked"
 
 
 def dispatch_f16_half(ctx, a, b, out, transpose_b: bool, shape: str, half_steps: int) -> None:
@@ -265,8 +266,10 @@ def _matmul_f16_webgpu(ctx, a, b, transpose_b=False):
     M, K = a.shape
     N = b.shape[0] if transpose_b else b.shape[1]
     out = ctx.empty((M, N), np.float32)
-    kernel = (choose_f16_kernel(M, N, ctx.has("shader-f16")) if F16_KERNEL == "auto"
-              else F16_KERNEL)
+    kernel = F16_KERNEL
+    if kernel == "auto":
+        kernel = choose_f16_kernel(M, N, ctx.has("shader-f16"),
+                                   tuning.choice(ctx.backend, "matmul_f16.webgpu"))
     if kernel == "half":
         dispatch_f16_half(ctx, a, b, out, transpose_b, choose_shape(M, N, HALF_SHAPES),
                           HALF_STEPS)
@@ -290,3 +293,20 @@ def matmul_f16(a, b, transpose_b=False, *, backend="auto"):
     a = np.asarray(a, np.float64)
     b = np.asarray(b, np.float64)
     return (a @ (b.T if transpose_b else b)).astype(np.float32)
+
+
+def _f16_cases(rng, backend) -> list[tuning.Case]:
+    out = []
+    for m, k, n in ((2048, 2048, 2048), (512, 576, 1536)):
+        a = rng.standard_normal((m, k)).astype(np.float16)
+        b = rng.standard_normal((n, k)).astype(np.float16)
+        ta, tb = backend.from_numpy(a), backend.from_numpy(b)
+        out.append(tuning.Case(f"{m} x {k} x {n}",
+                               lambda ta=ta, tb=tb: matmul_f16(ta, tb, transpose_b=True),
+                               matmul_f16.reference(a, b, transpose_b=True), 1e-5))
+    return out
+
+
+tuning.tunable("matmul_f16.webgpu", "matmul_f16's kernel where the device has shader-f16: "
+               "f16 products (half) or f32 products (blocked)", ("blocked", "half"),
+               ("webgpu",), _f16_cases)

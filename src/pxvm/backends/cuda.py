@@ -284,26 +284,6 @@ class CudaBackend(Backend):
         self._derived: dict[int, tuple[weakref.ref, dict]] = {}
         self._kernels: dict[tuple, tuple] = {}  # (builder, its arguments) -> kernel()
 
-    def copy(self, dst: Tensor, src: Tensor, nbytes: int | None = None,
-             dst_offset: int = 0, src_offset: int = 0) -> None:
-        """Copy `nbytes` (all of src) between device tensors, at byte offsets."""
-        nbytes = src.storage.nbytes if nbytes is None else nbytes
-        copy = functools.partial(self.device.copy, dst.storage, src.storage, nbytes,
-                                 dst_offset, src_offset)
-        if self._capturing([dst, src]):
-            self._captured.append(copy)
-        else:
-            copy()
-
-    def _capturing(self, args) -> bool:
-        """Whether work on `args` goes into the graph (then their memory is kept with it)."""
-        if self._captured is None or self._eager:
-            return False
-        for a in args:
-            if isinstance(a, Tensor):
-                self._kept[id(a.storage)] = a.storage
-        return True
-
     def kernel(self, builder: Callable[..., Kernel], builder_args: tuple) -> tuple:
         """(loaded function, name, parameter types) of kernel `builder(*builder_args)`,
         looked up once: finding a module by its text's hash took longer than a launch."""

@@ -1,7 +1,8 @@
 """Where a 512-token prefill's time goes: the forward's wall time, the host's recording
 against the GPU's time (timestamps around the batch), then every dispatch of the same
 forward timed alone (one pass each), summed per kernel.
-Usage: python prefill_profile.py MODEL.gguf (or through explore_decode.sh)."""
+Usage: python prefill_profile.py MODEL.gguf [BACKEND] (webgpu by default; or through
+explore_decode.sh)."""
 import sys
 import time
 
@@ -10,7 +11,8 @@ import numpy as np
 from pxvm.batch import Batch
 from pxvm.llm.model import load_model
 
-model = load_model(sys.argv[1], backend="webgpu", progress=False)
+model = load_model(sys.argv[1], backend=sys.argv[2] if len(sys.argv) > 2 else "webgpu",
+                   progress=False)
 ids = np.random.default_rng(0).integers(0, model.config.vocab_size, 512).astype(np.int32)
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from pxvm import backends
 from pxvm.backends import cpu as cpu_backend
+from pxvm.ops import tuning
 from pxvm.runtime import cuda as cuda_runtime
 from pxvm.runtime import webgpu
 from pxvm.runtime.webgpu import device as device_module
@@ -67,6 +68,15 @@ def fresh_backends(monkeypatch):
     monkeypatch.setattr(backends, "_webgpu", None)
     monkeypatch.setattr(backends, "_webgpu_failure", None)
     monkeypatch.setattr(backends, "_warned_fallback", False)
+
+
+@pytest.fixture
+def tuning_cache(tmp_path, monkeypatch):
+    """Tuning files (pxvm.ops.tuning) in a fresh folder for one test, read anew."""
+    monkeypatch.setenv(tuning.CACHE_ENV, str(tmp_path))
+    tuning.forget()
+    yield tmp_path
+    tuning.forget()
 
 
 @pytest.fixture(scope="session")

@@ -18,14 +18,6 @@ from pxvm.ops import tuning
 
 
 @pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv(tuning.CACHE_ENV, str(tmp_path))
-    tuning.forget()
-    yield tmp_path
-    tuning.forget()
-
-
-@pytest.fixture
 def wrong_when_fast(monkeypatch, rng):
     """A tunable whose candidate "fast" gives a wrong result (scaled by 3, not 2)."""
     x = rng.standard_normal(4096).astype(np.float32)
@@ -41,7 +33,7 @@ def wrong_when_fast(monkeypatch, rng):
                                        cases))
 
 
-def test_a_candidate_with_a_wrong_result_is_never_chosen(cache, gpu_device, wrong_when_fast):
+def test_a_candidate_with_a_wrong_result_is_never_chosen(tuning_cache, gpu_device, wrong_when_fast):
     backend = get_backend("webgpu")
     result = tuner.tune(backend, quick=True, crossovers=False, only={"test.wrong"})
     assert result.configs["test.wrong"] == "right"
@@ -51,8 +43,8 @@ def test_a_candidate_with_a_wrong_result_is_never_chosen(cache, gpu_device, wron
     assert tuning.choice(backend, "test.wrong") == "right"  # read back from the file
 
 
-def test_tune_measures_the_product_lanes_and_crossovers_and_info_shows_them(cache, gpu_device):
-    env = {**os.environ, tuning.CACHE_ENV: str(cache)}
+def test_tune_measures_the_product_lanes_and_crossovers_and_info_shows_them(tuning_cache, gpu_device):
+    env = {**os.environ, tuning.CACHE_ENV: str(tuning_cache)}
     proc = subprocess.run([sys.executable, "-m", "pxvm", "tune", "--backend", "webgpu",
                            "--quick", "--only", "matmul_quant.lanes.decode"],
                           capture_output=True, text=True, timeout=600, env=env)
@@ -71,7 +63,7 @@ def test_tune_measures_the_product_lanes_and_crossovers_and_info_shows_them(cach
     (["--only", "nope"], "no tunable nope"),
     (["--backend", "cpu"], "tunes a GPU backend"),
 ])
-def test_tune_refuses_bad_flags_clearly(args, message, cache):
+def test_tune_refuses_bad_flags_clearly(args, message, tuning_cache):
     proc = subprocess.run([sys.executable, "-m", "pxvm", "tune", *args], capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode != 0 and message in proc.stderr

@@ -15,14 +15,6 @@ from pxvm.ops import tuning
 LANES = "matmul_quant.lanes.decode"
 
 
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv(tuning.CACHE_ENV, str(tmp_path))
-    tuning.forget()
-    yield tmp_path
-    tuning.forget()
-
-
 def _write(backend, **fields):
     t = tuning.Tuning(tuning.identity(backend), **fields)
     t.save()
@@ -30,13 +22,13 @@ def _write(backend, **fields):
     return t
 
 
-def test_an_untuned_device_keeps_the_kernels_own_rules(cache, gpu_device):
+def test_an_untuned_device_keeps_the_kernels_own_rules(tuning_cache, gpu_device):
     backend = get_backend("webgpu")
     assert tuning.choice(backend, LANES) is None
     assert tuning.crossover(backend, "add") is None
 
 
-def test_a_tuned_choice_is_used_and_forcing_wins_over_it(cache, gpu_device):
+def test_a_tuned_choice_is_used_and_forcing_wins_over_it(tuning_cache, gpu_device):
     backend = get_backend("webgpu")
     _write(backend, configs={LANES: 32})
     assert tuning.choice(backend, LANES) == 32
@@ -47,7 +39,7 @@ def test_a_tuned_choice_is_used_and_forcing_wins_over_it(cache, gpu_device):
 
 @pytest.mark.parametrize("text", ["{not json", json.dumps([1, 2]),
                                   json.dumps({"identity": "another device", "configs": {LANES: 32}})])
-def test_a_broken_or_foreign_file_is_ignored(cache, gpu_device, text, caplog):
+def test_a_broken_or_foreign_file_is_ignored(tuning_cache, gpu_device, text, caplog):
     backend = get_backend("webgpu")
     path = tuning.Tuning(tuning.identity(backend)).path
     path.parent.mkdir(parents=True)
@@ -56,14 +48,14 @@ def test_a_broken_or_foreign_file_is_ignored(cache, gpu_device, text, caplog):
     assert "ignoring the tuning file" in caplog.text
 
 
-def test_a_value_that_is_not_a_candidate_is_ignored(cache, gpu_device):
+def test_a_value_that_is_not_a_candidate_is_ignored(tuning_cache, gpu_device):
     backend = get_backend("webgpu")
     _write(backend, configs={LANES: 3}, crossovers={"add": -5, "sum": "big"})
     assert tuning.choice(backend, LANES) is None
     assert tuning.crossover(backend, "add") is None and tuning.crossover(backend, "sum") is None
 
 
-def test_host_inputs_below_the_crossover_run_on_the_cpu(cache, gpu_device, rng):
+def test_host_inputs_below_the_crossover_run_on_the_cpu(tuning_cache, gpu_device, rng):
     backend = get_backend("auto")
     assert backend.name == "webgpu"  # the tests' adapter
     _write(backend, crossovers={"add": 1000})

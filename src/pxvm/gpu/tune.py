@@ -20,6 +20,7 @@ import numpy as np
 import pxvm
 from pxvm.backends import Backend, get_backend
 from pxvm.batch import Batch
+from pxvm.gpu.bench_ops import median_time
 from pxvm.kernels.ptx import PtxError
 from pxvm.ops import tuning
 from pxvm.runtime.errors import PxvmError
@@ -106,16 +107,6 @@ def tune_kernels(backend: Backend, result: tuning.Tuning, quick: bool, progress:
                                    "cases": [c.label for c in cases]}
 
 
-def _wall(fn, repeats: int) -> float:
-    fn()
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples)
-
-
 def tune_crossovers(backend: Backend, result: tuning.Tuning, quick: bool,
                     progress: Progress) -> None:
     rng = np.random.default_rng(1)
@@ -126,8 +117,8 @@ def tune_crossovers(backend: Backend, result: tuning.Tuning, quick: bool,
         rows = []
         for size in sizes:
             inputs = make(rng, size)
-            gpu_s = _wall(lambda: op(*inputs, backend=backend).numpy(), 3 if quick else 7)
-            cpu_s = _wall(lambda: op(*inputs, backend=cpu).numpy(), 3 if quick else 7)
+            gpu_s = median_time(lambda: op(*inputs, backend=backend).numpy(), 3 if quick else 7)
+            cpu_s = median_time(lambda: op(*inputs, backend=cpu).numpy(), 3 if quick else 7)
             rows.append((sum(np.size(x) for x in inputs), gpu_s, cpu_s))
             progress.advance(f"crossover {name} at {size:,}")
         # the GPU from the smallest size where it wins at that size and every larger one

@@ -97,7 +97,7 @@ def test_one_block_and_one_row(cuda_device, rng, qtype):
     x = rng.standard_normal((1, k)).astype(np.float32)
     # one dot product may cancel to near zero, where a relative bound means nothing:
     # bound its error by float32 rounding of the sum of the terms' magnitudes
-    magnitude = float(np.abs(x) @ np.abs(quant_types.dequantize(w, qtype, k)).T)
+    magnitude = (np.abs(x) @ np.abs(quant_types.dequantize(w, qtype, k)).T).item()
     np.testing.assert_allclose(_product(x, w, qtype, k), _expected(x, w, qtype, k), rtol=0,
                                atol=1e-5 * magnitude)
 

@@ -1,14 +1,16 @@
-"""The language model's ops on the CUDA backend: the fused products of a transformer layer,
-qk_norm, attention over a KV cache (pxvm.kernels.ptx.transformer: RoPE, the cache's
-append, rings, windows, soft-caps, frequency factors; one key range and several merged),
-the row copies and decoding's steps (pxvm.kernels.ptx.decoding), each against its numpy
-reference or the independent float64 computations of tests/ops on fresh random inputs
-of odd shapes, outputs poisoned before each run (conftest). Skipped, saying why, without
-a driver. The products take Q8_0 weights, and every other type where matmul_quant's CUDA
-kernel reads it (skipped with its MissingKernelError until then)."""
+"""The language model's ops on the CUDA backend: the fused products of a transformer layer
+(for decoding's rows one launch each, of every type, shape and prefetch of the
+matrix-vector kernel), qk_norm, attention over a KV cache (pxvm.kernels.ptx.transformer:
+RoPE, the cache's append, rings, windows, soft-caps, frequency factors; one key range and
+several merged), the row copies and decoding's steps (pxvm.kernels.ptx.decoding), each
+against its numpy reference or the independent float64 computations of tests/ops on
+fresh random inputs of odd shapes, outputs poisoned before each run (conftest). Skipped,
+saying why, without a driver. The products take Q8_0 weights, and every other type where
+matmul_quant's CUDA kernel reads it (skipped with its MissingKernelError until then)."""
 
 from __future__ import annotations
 
+import importlib
 import sys
 from pathlib import Path
 
@@ -18,6 +20,7 @@ from conftest import NMSE_ELEMENTWISE, NMSE_F16, assert_close
 
 import pxvm
 from pxvm.batch import Batch, Graph
+from pxvm.kernels.ptx import quantized as ptx_quantized
 from pxvm.ops import transformer
 from pxvm.ops.decoding import greedy_step, sample_step, sampled_logits
 from pxvm.ops.registry import MissingKernelError
@@ -29,6 +32,7 @@ import test_transformer_attention as attention_cases  # noqa: E402
 import test_transformer_products as product_cases  # noqa: E402
 from test_decoding import GREEDY_CASES  # noqa: E402
 
+quantized_module = importlib.import_module("pxvm.ops.quantized")  # the module, not the op
 Q8_0 = 8
 TOL = NMSE_ELEMENTWISE  # the tests/ops bounds: f32 arithmetic against float64
 
@@ -77,6 +81,62 @@ def test_rmsnorm_glu_quant_takes_its_activation_and_the_gate_rows_first(activati
     swapped = np.concatenate([w[n:], w[:n]])
     other = transformer.rmsnorm_glu_quant(x, gain, swapped, backend="cuda", **params).numpy()
     assert np.abs(other - expected).max() > 1e-3
+
+
+# Decoding's rows (below quantized.PROMPT_MIN_ROWS, K a multiple of 32) take each fused
+# op in one launch of the matrix-vector kernel, the norm, residual and GLU inside it.
+DECODING_FUSIONS = [("rmsnorm_matmul_quant", "silu"), ("matmul_quant_add", "silu"),
+                    ("rmsnorm_glu_quant", "gelu_tanh")]  # (op, the GLU's activation)
+
+
+def _one_launch(cuda_device, name, args, params):
+    """The op's result, checking that a graph of it holds one launch."""
+    tensors = [cuda_device.from_numpy(a) for a in args]
+    op = pxvm.ops.REGISTRY[name]
+    step = Graph(cuda_device, lambda: {"out": op(*tensors, **params)})
+    assert step.dispatches == 1
+    return step.run("out")["out"]
+
+
+@pytest.mark.parametrize("qtype", product_cases.QTYPES, ids=product_cases.QTYPE_IDS)
+@pytest.mark.parametrize("name,activation", DECODING_FUSIONS, ids=lambda v: v)
+def test_fused_products_of_decoding_rows_are_one_launch_for_every_weight_type(
+        name, activation, qtype, cuda_device, rng):
+    k = 512 if qtype in product_cases.K_TYPES else 96  # float rows of whole units too
+    args, params, expected = product_cases._case(name, rng, qtype, m=2, n=37, k=k,
+                                                 activation=activation)
+    assert_close(_one_launch(cuda_device, name, args, params), expected, TOL)
+
+
+@pytest.mark.parametrize("prefetch", ptx_quantized.PREFETCHES)
+@pytest.mark.parametrize("shape", ptx_quantized.SHAPES, ids=lambda s: f"r{s[0]}g{s[1]}")
+@pytest.mark.parametrize("qtype", ptx_quantized.SWEPT, ids=lambda c: product_cases.FORMATS[c][0])
+def test_every_swept_shape_of_the_fused_kernel(qtype, shape, prefetch, cuda_device, rng,
+                                               monkeypatch):
+    # a GLU block's rows are half gate rows, half up rows, in groups of each or of both
+    if prefetch == "lines" and shape != ptx_quantized.DEFAULT_SHAPE:
+        pytest.skip("line prefetches come in the default shape only")
+    if prefetch == "bulk" and cuda_device.device.info.arch != "sm_90":
+        pytest.skip("bulk prefetches are Hopper's (sm_90)")
+    monkeypatch.setattr(quantized_module, "MATVEC_SHAPES", {qtype: shape})
+    monkeypatch.setattr(quantized_module, "MATVEC_PREFETCH", prefetch)
+    k = 512 if qtype in product_cases.K_TYPES else 128
+    for name, activation in DECODING_FUSIONS:
+        args, params, expected = product_cases._case(name, rng, qtype, m=2, n=21, k=k,
+                                                     activation=activation)
+        assert_close(_one_launch(cuda_device, name, args, params), expected, TOL)
+
+
+@pytest.mark.parametrize("qtype", [12, 8], ids=["Q4_K", "Q8_0"])
+@pytest.mark.parametrize("name,activation", DECODING_FUSIONS, ids=lambda v: v)
+def test_fused_products_of_rows_longer_than_a_block_of_threads(name, activation, qtype,
+                                                               cuda_device, rng, monkeypatch):
+    # several passes over the row: each thread's sum of x^2 gathers several units
+    monkeypatch.setattr(ptx_quantized, "MAX_THREADS", 32)  # 32 units of a row a pass
+    k = 256 * 5 if qtype == 12 else 32 * 70
+    args, params, expected = product_cases._case(name, rng, qtype, m=3, n=11, k=k,
+                                                 activation=activation)
+    assert_close(_one_launch(cuda_device, name, args, params), expected, TOL)
 
 
 def test_rmsnorm_matmul_quant_uses_its_eps(cuda_device, rng):

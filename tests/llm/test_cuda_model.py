@@ -4,8 +4,9 @@ prompt position, each decoded token's logits through the KV cache, and the token
 chosen by the device-side decoding loop (captured steps, greedy and sampled, across the
 recorded steps' key bounds); every family's features with Q8_0 weights, and every other
 tensor type where matmul_quant's CUDA kernel reads it (skipped with its
-MissingKernelError until then); and `pxvm generate`, `pxvm bench llm --backend cuda` on a
-tiny model. Skipped, saying why, without a driver."""
+MissingKernelError until then); the launches of a decoding step's layer; and `pxvm
+generate`, `pxvm bench llm --backend cuda` on a tiny model. Skipped, saying why, without
+a driver."""
 
 from __future__ import annotations
 
@@ -132,6 +133,23 @@ def test_warm_up_leaves_no_trace(cuda_device, tmp_path, rng):
     assert nmse(warm.forward(prompt), expected) <= 1e-10
     first = int(np.argmax(expected))
     assert list(warm.decode(first, 6)) == list(cold.decode(first, 6))
+
+
+#: Launches of a decoding step a layer: the norm with the QKV product, RoPE with the
+#: cache's append, the attention, the output product with its residual, the norm with the
+#: gate/up product and the GLU, the down product with its residual (each norm, residual
+#: add and GLU apart, there were 11)
+LAUNCHES_PER_LAYER = 6
+
+
+def test_a_decoding_step_fuses_each_layer_into_six_launches(cuda_device, tmp_path, rng):
+    launches = {}
+    for layers in (1, 3):  # what the layers add, whatever the step's first and last launches
+        path = tmp_path / f"layers{layers}.gguf"
+        write_tiny_gguf(path, _q8_0(TinySpec(n_layers=layers)), rng)
+        model = load_model(str(path), backend="cuda", progress=False)
+        launches[layers] = model.decoder.step(0).dispatches
+    assert launches[3] - launches[1] == 2 * LAUNCHES_PER_LAYER
 
 
 # ---- the commands ----------------------------------------------------------------------

@@ -2,7 +2,8 @@
 weight kept in its raw GGUF blocks and dequantized inside the kernel, `embedding_quant`
 looks rows up. The numpy references dequantize with the `gguf` package's own code
 (quant_types.py). `record_product` is the product's kernel with its fusions, which the
-transformer ops (transformer.py) use too."""
+transformer ops (transformer.py) use too; `record_product_cuda` is CUDA's for decoding's
+rows (the matrix-vector kernel with the norm, residual or GLU fused in)."""
 
 from __future__ import annotations
 
@@ -232,6 +233,51 @@ def _matvec_shape(ctx, qtype: int) -> tuple[int, int, str]:
     return rows, group, prefetch
 
 
+def matvec_takes(m: int, k: int) -> bool:
+    """Whether the matrix-vector kernel (record_product_cuda) multiplies x (m, k):
+    decoding's few rows (prompts take tensor cores from PROMPT_MIN_ROWS rows), rows of
+    whole units (float rows of other lengths take matvec_float_scalar)."""
+    return 0 < m < PROMPT_MIN_ROWS and k % quant_blocks.UNIT == 0
+
+
+def record_product_cuda(ctx, x, w, qtype: int, k: int, gain=None, eps: float = 0.0,
+                        residual=None, activation: str | None = None):
+    """x (M, K) @ W^T in one launch of the matrix-vector kernel (rows of x that
+    matvec_takes), with a transformer's ops around it fused in: `gain` normalises x
+    first (rmsnorm(x, gain, eps)), `residual` (M, N) is added to the product, and
+    `activation` (silu, gelu_tanh) makes it a GLU of W = [W_gate; W_up]: act(x W_gate^T)
+    * (x W_up^T), (M, N / 2). The pairs the kernel is made for: ptx_quantized.FUSIONS."""
+    m, n = x.shape[0], w.shape[0]
+    glu = activation is not None
+    outputs = n // 2 if glu else n
+    epilogue = activation if glu else "add" if residual is not None else "none"
+    if (gain is not None, epilogue) not in ptx_quantized.FUSIONS:
+        raise ValueError(f"the matrix-vector kernel fuses {ptx_quantized.FUSIONS} "
+                         f"(norm, epilogue), not {(gain is not None, epilogue)}")
+    if not matvec_takes(m, k):
+        raise ValueError(f"the matrix-vector kernel takes 1..{PROMPT_MIN_ROWS - 1} rows of "
+                         f"a multiple of {quant_blocks.UNIT} values, not {m} of {k}")
+    out = ctx.empty((m, outputs), np.float32)
+    if outputs == 0:
+        return out
+    fmt = quant_blocks.FORMATS[qtype]
+    weights = _planes(ctx, w, qtype, k) if fmt.planes else [w]
+    rows, group, prefetch = _matvec_shape(ctx, qtype)
+    if glu and rows < 2:  # a gate row and its up row at least
+        rows = 2
+    args = [x, *weights, out, outputs, k]
+    if gain is not None:
+        args += [gain, float(eps)]
+    if residual is not None:
+        args.append(residual)
+    per_block = rows // 2 if glu else rows
+    ctx.launch(ptx_quantized.matvec,
+               ptx_quantized.matvec_args(qtype, rows, group, prefetch, gain is not None,
+                                         epilogue),
+               args, (-(-outputs // per_block), m, 1), block=ptx_quantized.threads_for(k))
+    return out
+
+
 def _matmul_quant_cuda(ctx, x, w, qtype=3, k=0, lanes=None):
     """matmul_quant on CUDA (`lanes` is the WebGPU kernel's): the matrix-vector kernel,
     a grid row per row of x, below PROMPT_MIN_ROWS rows; dequantized W on tensor cores
@@ -241,19 +287,16 @@ def _matmul_quant_cuda(ctx, x, w, qtype=3, k=0, lanes=None):
         return ctx.empty((m, n), np.float32)
     if m >= PROMPT_MIN_ROWS and k % 8 == 0:
         return _prompt_product(ctx, x, w, qtype, k)
-    out = ctx.empty((m, n), np.float32)
+    if matvec_takes(m, k):
+        return record_product_cuda(ctx, x, w, qtype, k)
     fmt = quant_blocks.FORMATS[qtype]
     if m > MAX_GRID_ROWS:
         raise MissingKernelError(f"matmul_quant on CUDA multiplies at most {MAX_GRID_ROWS} rows "
                                  f"of x by {fmt.name} rows of K = {k} at once, not {m}")
-    if k % quant_blocks.UNIT:  # float rows of any length: not 16-byte aligned
-        ctx.launch(ptx_quantized.matvec_float_scalar, (qtype,), [x, w, out, n, k],
-                   (-(-n // ptx_quantized.WARPS), m, 1), block=ptx_quantized.THREADS)
-        return out
-    weights = _planes(ctx, w, qtype, k) if fmt.planes else [w]
-    rows, group, prefetch = _matvec_shape(ctx, qtype)
-    ctx.launch(ptx_quantized.matvec, (qtype, rows, group, prefetch), [x, *weights, out, n, k],
-               (-(-n // rows), m, 1), block=ptx_quantized.threads_for(k))
+    # float rows of any length: not 16-byte aligned
+    out = ctx.empty((m, n), np.float32)
+    ctx.launch(ptx_quantized.matvec_float_scalar, (qtype,), [x, w, out, n, k],
+               (-(-n // ptx_quantized.WARPS), m, 1), block=ptx_quantized.THREADS)
     return out
 
 

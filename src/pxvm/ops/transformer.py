@@ -14,9 +14,10 @@ several, each named for what it computes.
   itself, so a layer's attention is two dispatches however many keys it sees.
 
 Weights are raw GGUF blocks (quantized.py); references are the unfused ops' references.
-On CUDA the fused products are for now their unfused launches in a row (the norm, the
-product of matmul_quant's CUDA kernel, then the residual's add or the GLU), and the
-attention is pxvm.kernels.ptx.transformer's kernels.
+On CUDA a fused product is one launch of the matrix-vector kernel for decoding's rows
+(quantized.record_product_cuda: the norm, the residual's add, the GLU inside it); a
+prompt's are the unfused launches in a row (the norm, the product on tensor cores, then
+the residual's add or the GLU). The attention is pxvm.kernels.ptx.transformer's kernels.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ from .attention import MAX_HEAD_DIM, attention
 from .elementwise import add, gelu_tanh, silu
 from .layouts import AttentionPartials
 from .normalization import NormParams, check_rope, rmsnorm, rope, rope_table
-from .quantized import MAX_MERGED, infer_product, matmul_quant, record_product
+from .quantized import (MAX_MERGED, infer_product, matmul_quant, matvec_takes, record_product,
+                        record_product_cuda)
 from .registry import MissingKernelError, meta, op, require
 
 # ---- fused products -------------------------------------------------------------------
@@ -58,6 +60,31 @@ def _normed_cuda(ctx, x, gain, eps, what: str):
     return _cuda(rmsnorm, what)(ctx, x, gain, eps=eps)
 
 
+def _fused_product_cuda(ctx, x, w, qtype, k, lanes, what: str, gain=None, eps=0.0,
+                        residual=None, activation=None):
+    """[residual +] h @ W^T (act(h Wg^T) * (h Wu^T) with `activation`), h = rmsnorm(x,
+    gain, eps) with a gain, else x: one launch for decoding's rows (quantized.
+    matvec_takes); for a prompt's (tensor cores) and float rows of other lengths the
+    unfused launches in a row."""
+    if matvec_takes(x.shape[0], k):
+        return record_product_cuda(ctx, x, w, qtype, k, gain=gain, eps=eps, residual=residual,
+                                   activation=activation)
+    h = x if gain is None else _normed_cuda(ctx, x, gain, eps, what)
+    product = _product_cuda(ctx, h, w, qtype, k, lanes, what)
+    if residual is not None:
+        return _cuda(add, what)(ctx, product, residual)
+    if activation is None:
+        return product
+    m, f = x.shape[0], w.shape[0] // 2
+    out = ctx.empty((m, f), np.float32)
+    vec = 4 if f % 4 == 0 else 1
+    groups = m * f // vec
+    if groups:
+        ctx.launch(ptx_elementwise.glu, (activation, vec), [product, out, groups, f // vec],
+                   ctx.stride_grid(groups))
+    return out
+
+
 def _infer_norm_product(x, gain, w, qtype=3, k=0, eps=1e-6, lanes=None):
     require(tuple(gain.shape) == (k,), f"the norm's gain must have shape ({k},), got "
             f"{tuple(gain.shape)}")
@@ -75,8 +102,8 @@ def _rmsnorm_matmul_quant_cpu(ctx, x, gain, w, qtype=3, k=0, eps=1e-6, lanes=Non
 
 
 def _rmsnorm_matmul_quant_cuda(ctx, x, gain, w, qtype=3, k=0, eps=1e-6, lanes=None):
-    what = "rmsnorm_matmul_quant"
-    return _product_cuda(ctx, _normed_cuda(ctx, x, gain, eps, what), w, qtype, k, lanes, what)
+    return _fused_product_cuda(ctx, x, w, qtype, k, lanes, "rmsnorm_matmul_quant", gain=gain,
+                               eps=eps)
 
 
 @op(infer=_infer_norm_product, input_dtypes=WEIGHT_INPUTS, webgpu=_rmsnorm_matmul_quant_webgpu,
@@ -105,8 +132,8 @@ def _matmul_quant_add_cpu(ctx, x, w, residual, qtype=3, k=0, lanes=None):
 
 
 def _matmul_quant_add_cuda(ctx, x, w, residual, qtype=3, k=0, lanes=None):
-    what = "matmul_quant_add"
-    return _cuda(add, what)(ctx, _product_cuda(ctx, x, w, qtype, k, lanes, what), residual)
+    return _fused_product_cuda(ctx, x, w, qtype, k, lanes, "matmul_quant_add",
+                               residual=residual)
 
 
 @op(infer=_infer_product_add, input_dtypes=("f32", "u8", "f32"), webgpu=_matmul_quant_add_webgpu,
@@ -147,15 +174,8 @@ def _rmsnorm_glu_quant_cpu(ctx, x, gain, w, qtype=3, k=0, eps=1e-6, lanes=None,
 
 def _rmsnorm_glu_quant_cuda(ctx, x, gain, w, qtype=3, k=0, eps=1e-6, lanes=None,
                             activation="silu"):
-    what = "rmsnorm_glu_quant"
-    both = _product_cuda(ctx, _normed_cuda(ctx, x, gain, eps, what), w, qtype, k, lanes, what)
-    m, f = x.shape[0], w.shape[0] // 2
-    out = ctx.empty((m, f), np.float32)
-    vec = 4 if f % 4 == 0 else 1
-    groups = m * f // vec
-    ctx.launch(ptx_elementwise.glu, (activation, vec), [both, out, groups, f // vec],
-               ctx.stride_grid(groups))
-    return out
+    return _fused_product_cuda(ctx, x, w, qtype, k, lanes, "rmsnorm_glu_quant", gain=gain,
+                               eps=eps, activation=activation)
 
 
 @op(infer=_infer_glu, input_dtypes=WEIGHT_INPUTS, webgpu=_rmsnorm_glu_quant_webgpu,

@@ -14,6 +14,9 @@ in flight at once whatever ptxas's schedule, the block first asks L2 for its row
 (`prefetch`). Types whose blocks are not 16-byte aligned are read repacked into planes
 (`repack`, once per weight; the op keeps them).
 
+A transformer's ops around the product go into the same launch (`FUSIONS`): the RMS norm
+of x before it (`norm`), and after it the residual's add or a GLU (`epilogue`).
+
 `matvec_float_scalar`: F32, F16, BF16 weights whose K is not a multiple of 32 (their rows
 are not 16-byte aligned): a warp an output, a value a lane at a time.
 """
@@ -23,6 +26,7 @@ from __future__ import annotations
 from math import gcd
 
 from .builder import Kernel, f32
+from .elementwise import _unary_math
 from .quant_blocks import (FORMATS, UNIT, Planes, bulk_prefetch, load_half, load_words, source,
                            store_words, unit)
 
@@ -45,6 +49,14 @@ PREFETCHES = ("bulk", "lines", "none")
 #: the types whose SHAPES are all emitted (the ones benchmarked): Q4_K, Q8_0, Q4_0, Q6_K,
 #: Q5_K
 SWEPT = (12, 8, 2, 14, 13)
+#: what `matvec` stores: the product, residual + product ("add"), or act(gate) * up of a
+#: GLU whose activation is named
+EPILOGUES = ("none", "add", "silu", "gelu_tanh")
+GLU_ACTIVATIONS = ("silu", "gelu_tanh")
+#: the (norm, epilogue) pairs `matvec` is emitted with: the plain product, and the
+#: transformer's fused ops (rmsnorm_matmul_quant, matmul_quant_add, rmsnorm_glu_quant)
+FUSIONS = ((False, "none"), (True, "none"), (False, "add"), (True, "silu"),
+           (True, "gelu_tanh"))
 FLOAT_BYTES = {0: 4, 1: 2, 30: 2}
 
 
@@ -100,41 +112,68 @@ def _warp_sums(k: Kernel, acc: list, lane, warp, partial, rows: int) -> None:
         k.store("f32", k.op("mad.lo.u32", slot, 4, partial), total, space="shared")
 
 
-def matvec(code: int, rows: int = 8, group: int = 8, prefetch: str = "bulk") -> Kernel:
-    """Grid (ceil(N / rows), M), block threads_for(K): block (b, m) computes outputs
-    b * rows .. of x row m. Parameters: x, the weight (one pointer, or a plane a field
-    for the repacked types), y, N, K. `prefetch`: PREFETCHES (ptxas moves each load
-    down to its first use where registers are short, so that loads issued together in
-    the PTX do not stay together; prefetches put the bytes in L2 ahead of them)."""
-    if rows & (rows - 1) or rows > 32 or rows % group:
-        raise ValueError(f"rows must be a power of two <= 32 and a multiple of group, "
-                         f"got {rows}, {group}")
+def matvec(code: int, rows: int = 8, group: int = 8, prefetch: str = "bulk",
+           norm: bool = False, epilogue: str = "none") -> Kernel:
+    """Grid (ceil(N / outputs), M), block threads_for(K): block (b, m) computes outputs
+    b * outputs .. of x row m, outputs = rows (rows / 2 for a GLU). Parameters: x, the
+    weight (one pointer, or a plane a field for the repacked types), y, N, K; then gain
+    and eps with `norm`, residual with the "add" epilogue. `prefetch`: PREFETCHES
+    (ptxas moves each load down to its first use where registers are short, so that
+    loads issued together in the PTX do not stay together; prefetches put the bytes in
+    L2 ahead of them).
+
+    `norm`: y = rmsnorm(x, gain, eps) @ W^T, computed as ((x * gain) @ W^T) * s with
+    s = rsqrt(mean(x^2) + eps): an output is linear in x, so s can wait for the end,
+    and the threads sum x^2 from the values they load for the products anyway (the
+    units partition the row: each value is loaded once), the block adding those sums up
+    with the products'. `epilogue` (EPILOGUES): "add" stores residual[m, n] + y; a GLU's
+    W holds 2N rows (the gate's N, then the up projection's), a block's rows are rows / 2
+    gate rows and the same rows / 2 up rows, and it stores act(gate) * up."""
+    glu = epilogue in GLU_ACTIVATIONS
+    if rows & (rows - 1) or rows > 32 or rows % group or (glu and rows < 2):
+        raise ValueError(f"rows must be a power of two <= 32 (>= 2 for a GLU) and a "
+                         f"multiple of group, got {rows}, {group}")
+    if epilogue not in EPILOGUES:
+        raise ValueError(f"epilogue must be one of {', '.join(EPILOGUES)}, got {epilogue!r}")
     fmt = FORMATS[code]
     reader = unit(fmt)
     src = source(fmt, fmt.planes)
-    k = Kernel(f"matvec_{fmt.label}_r{rows}_g{group}_{prefetch}",
-               [("x", "u64"), *src.params(), ("y", "u64"), ("N", "u32"), ("K", "u32")],
-               arch="sm_90a" if prefetch == "bulk" else None)
-    x, *pointers, y, N, K = k.params()
+    fused = ("_norm" if norm else "") + ("" if epilogue == "none" else f"_{epilogue}")
+    extras = ([("gain", "u64"), ("eps", "f32")] if norm else []) + \
+        ([("residual", "u64")] if epilogue == "add" else [])
+    k = Kernel(f"matvec_{fmt.label}_r{rows}_g{group}_{prefetch}{fused}",
+               [("x", "u64"), *src.params(), ("y", "u64"), ("N", "u32"), ("K", "u32"),
+                *extras], arch="sm_90a" if prefetch == "bulk" else None)
+    x, *rest = k.params()
+    fields = len(src.params())
+    pointers, (y, N, K), extra = rest[:fields], rest[fields:fields + 3], rest[fields + 3:]
+    gain, eps = extra[:2] if norm else (None, None)
+    residual = extra[-1] if epilogue == "add" else None
     src.bind(k, pointers, K)
     partial = k.op("mov.u32", k.shared("partial", "f32", MAX_WARPS * rows, 16))
     tid = k.special("%tid.x")
     threads = k.special("%ntid.x")
     lane = k.op("and.b32", tid, 31)
     warp = k.op("shr.u32", tid, 5)
-    first = k.op("mul.lo.u32", k.special("%ctaid.x"), rows)
+    outputs = rows // 2 if glu else rows
+    first = k.op("mul.lo.u32", k.special("%ctaid.x"), outputs)
     m = k.special("%ctaid.y")
-    # rows past N read the last row again (and are not stored)
+    # rows past N read the last row again (and are not stored); a GLU's up rows are the
+    # gate rows' N further
     last = k.op("sub.u32", N, 1)
-    ns = [k.op("min.u32", k.op("add.u32", first, r), last) for r in range(rows)]
+    columns = [k.op("min.u32", k.op("add.u32", first, r), last) for r in range(outputs)]
+    ns = columns + [k.op("add.u32", c, N) for c in columns] if glu else columns
     x_row = k.element(x, k.op("mul.lo.u32", m, K), 4)
     units = k.op("shr.u32", K, 5)
     acc = [k.op("mov.f32", f32(0.0)) for _ in range(rows)]
+    squares = k.op("mov.f32", f32(0.0)) if norm else None  # this thread's sum of x^2
     if prefetch == "bulk":  # one thread asks for every row of the block
         with k.if_(k.setp("eq.u32", tid, 0)):
-            count = k.op("sub.u32", k.op("min.u32", k.op("add.u32", first, rows), N), first)
-            for address, nbytes in src.spans(k, first, count):
-                bulk_prefetch(k, address, nbytes)
+            count = k.op("sub.u32", k.op("min.u32", k.op("add.u32", first, outputs), N),
+                         first)
+            for start in [first, k.op("add.u32", first, N)] if glu else [first]:
+                for address, nbytes in src.spans(k, start, count):
+                    bulk_prefetch(k, address, nbytes)
     u = k.op("mov.u32", tid)
     with k.loop(u, units, threads):
         prep = reader.prepare(k, u)
@@ -148,12 +187,16 @@ def matvec(code: int, rows: int = 8, group: int = 8, prefetch: str = "bulk") -> 
             return [reader.load(k, src, ns[r], prep) for r in range(g * group, (g + 1) * group)]
 
         pending = loads(0)  # the weights first: their loads take longest
-        xs = []
+        xs, raw = [], []
         for start, count in prep.segments:
             address = k.element(x_row, start, 4)
+            gains = k.element(gain, start, 4) if norm else None
             for q in range(count // 4):
-                regs = [k.reg("f32") for _ in range(4)]
-                k.emit(f"ld.global.v4.f32 {{{', '.join(map(str, regs))}}}, [{address}+{16 * q}]")
+                regs = k.load_vector("f32", f"{address}+{16 * q}")
+                if norm:  # the products take x * gain (the sums by group too)
+                    raw += regs
+                    regs = [k.op("mul.f32", v, g)
+                            for v, g in zip(regs, k.load_vector("f32", f"{gains}+{16 * q}"))]
                 xs += regs
         sums, v = [], 0
         for count in reader.groups or ():
@@ -166,20 +209,56 @@ def matvec(code: int, rows: int = 8, group: int = 8, prefetch: str = "bulk") -> 
             for a, total in zip(these, reader.dot_rows(k, pending, prep, xs, sums, these)):
                 k.to(a, "mov.f32", total)
             pending = following
+        # x^2 after the products: ptxas then issues the weights' loads earlier
+        for v in raw:
+            k.to(squares, "fma.rn.f32", v, v, squares)
     _warp_sums(k, acc, lane, warp, partial, rows)
+    if norm:  # each warp's sum of x^2 into squares_partial[warp]
+        squares_partial = k.op("mov.u32", k.shared("squares", "f32", MAX_WARPS, 16))
+        for offset in (16, 8, 4, 2, 1):
+            k.to(squares, "add.f32", squares, _shuffle(k, squares, offset))
+        with k.if_(k.setp("eq.u32", lane, 0)):
+            k.store("f32", k.op("mad.lo.u32", warp, 4, squares_partial), squares,
+                    space="shared")
     k.emit("bar.sync 0")
-    with k.if_(k.setp("lt.u32", tid, rows)):  # thread r adds row r's warps
-        total = k.op("mov.f32", f32(0.0))
+    with k.if_(k.setp("lt.u32", tid, outputs)):  # thread r adds output r's warps
+        # the block's rows of output r: r (a GLU's gate), r + outputs (its up)
+        own = [tid, k.op("add.u32", tid, outputs)] if glu else [tid]
+        totals = [k.op("mov.f32", f32(0.0)) for _ in own]
+        total_squares = k.op("mov.f32", f32(0.0)) if norm else None
         warps = k.op("shr.u32", threads, 5)
         w = k.op("mov.u32", 0)
         with k.loop(w, warps, 1):
-            slot = k.op("mad.lo.u32", w, rows, tid)
-            k.to(total, "add.f32", total,
-                 k.load("f32", k.op("mad.lo.u32", slot, 4, partial), space="shared"))
+            for total, row in zip(totals, own):
+                slot = k.op("mad.lo.u32", w, rows, row)
+                k.to(total, "add.f32", total,
+                     k.load("f32", k.op("mad.lo.u32", slot, 4, partial), space="shared"))
+            if norm:
+                k.to(total_squares, "add.f32", total_squares,
+                     k.load("f32", k.op("mad.lo.u32", w, 4, squares_partial), space="shared"))
+        if norm:  # 1 / rms(x), as the rmsnorm kernel computes it
+            mean = k.op("div.rn.f32", total_squares, k.op("cvt.rn.f32.u32", K))
+            scale = k.op("rsqrt.approx.f32", k.op("add.f32", mean, eps))
+            totals = [k.op("mul.f32", total, scale) for total in totals]
         n = k.op("add.u32", first, tid)
         with k.if_(k.setp("lt.u32", n, N)):
-            k.store("f32", k.element(y, k.op("mad.lo.u32", m, N, n), 4), total)
+            at = k.op("mad.lo.u32", m, N, n)
+            value = totals[0]
+            if glu:  # the glu kernel's math (elementwise.py)
+                value = k.op("mul.f32", _unary_math(k, epilogue, value, value, value),
+                             totals[1])
+            elif residual is not None:
+                value = k.op("add.f32", value, k.load("f32", k.element(residual, at, 4)))
+            k.store("f32", k.element(y, at, 4), value)
     return k
+
+
+def matvec_args(code: int, rows: int, group: int, prefetch: str, norm: bool = False,
+                epilogue: str = "none") -> tuple:
+    """`matvec`'s arguments, as `variants` lists them (the plain product without the
+    fusion's)."""
+    fusion = () if (norm, epilogue) == FUSIONS[0] else (norm, epilogue)
+    return (code, rows, group, prefetch, *fusion)
 
 
 def float_value(k: Kernel, code: int, address) -> object:
@@ -250,7 +329,8 @@ def variants():
         for prefetch in PREFETCHES:
             shapes = SHAPES if code in SWEPT and prefetch != "lines" else (DEFAULT_SHAPE,)
             for rows, group in shapes:
-                yield matvec, (code, rows, group, prefetch)
+                for norm, epilogue in FUSIONS:
+                    yield matvec, matvec_args(code, rows, group, prefetch, norm, epilogue)
         if fmt.planes:
             yield repack, (code,)
         if fmt.is_float:

@@ -178,6 +178,10 @@ MATVEC_SHAPES: dict[int, tuple[int, int]] = {12: (16, 8), 8: (16, 8), 2: (8, 8),
 MATVEC_PREFETCHES: dict[int, str] = {12: "none", 8: "none", 2: "lines", 14: "none", 13: "none"}
 #: the prefetch of every type instead ("auto": MATVEC_PREFETCHES; benchmarks set it)
 MATVEC_PREFETCH = "auto"
+#: the shape of products whose weight has too few rows to fill the GPU with the type's
+#: shape: fastest for SmolLM2's decoding on the H100 (1,745 tokens/s against 1,510 with
+#: 8 x 8 and bulk prefetch: BENCHMARKS.md)
+SMALL_SHAPE = (4, 4, "none")
 #: rows of x the matrix-vector kernels take (a grid row each: CUDA's grid height)
 MAX_GRID_ROWS = 65535
 
@@ -219,17 +223,25 @@ def _prompt_product(ctx, x, w, qtype, k):
     return record_f16_product(ctx, x16, _f16_weight(ctx, w, qtype, k))
 
 
-def _matvec_shape(ctx, qtype: int) -> tuple[int, int, str]:
-    """(rows, group, prefetch) of the matrix-vector kernel for `qtype`: as tuned for
-    this device, else MATVEC_SHAPES / MATVEC_PREFETCHES."""
+def _matvec_shape(ctx, qtype: int, outputs: int) -> tuple[int, int, str]:
+    """(rows, group, prefetch) of the matrix-vector kernel for `qtype` and `outputs`
+    rows of W: SMALL_SHAPE where the type's shape would give fewer blocks than the GPU
+    has multiprocessors (a small model's products), else as tuned for this device, else
+    MATVEC_SHAPES / MATVEC_PREFETCHES ("none" for the types not named). A prefetch set
+    for every type (benchmarks and tests sweeping shapes) takes the table as it is."""
+    if MATVEC_PREFETCH == "auto":
+        rows = MATVEC_SHAPES.get(qtype, ptx_quantized.DEFAULT_SHAPE)[0]
+        if -(-outputs // rows) < ctx.device.info.multiprocessors:
+            return SMALL_SHAPE
     if qtype in ptx_quantized.SWEPT:
         tuned = tuning.choice(ctx.backend, f"matmul_quant.cuda.{quant_type(qtype).name}")
         if tuned is not None:
             return tuned
     rows, group = MATVEC_SHAPES.get(qtype, ptx_quantized.DEFAULT_SHAPE)
-    prefetch = MATVEC_PREFETCH if MATVEC_PREFETCH != "auto" else MATVEC_PREFETCHES.get(qtype)
-    if prefetch is None or (prefetch == "bulk" and ctx.device.info.arch != "sm_90"):
-        prefetch = "bulk" if ctx.device.info.arch == "sm_90" else "lines"
+    prefetch = MATVEC_PREFETCH if MATVEC_PREFETCH != "auto" else MATVEC_PREFETCHES.get(
+        qtype, "none")
+    if prefetch == "bulk" and ctx.device.info.arch != "sm_90":
+        prefetch = "lines"
     return rows, group, prefetch
 
 
@@ -262,7 +274,7 @@ def record_product_cuda(ctx, x, w, qtype: int, k: int, gain=None, eps: float = 0
         return out
     fmt = quant_blocks.FORMATS[qtype]
     weights = _planes(ctx, w, qtype, k) if fmt.planes else [w]
-    rows, group, prefetch = _matvec_shape(ctx, qtype)
+    rows, group, prefetch = _matvec_shape(ctx, qtype, outputs)
     if glu and rows < 2:  # a gate row and its up row at least
         rows = 2
     args = [x, *weights, out, outputs, k]

@@ -154,7 +154,10 @@ class CudaGraph:
         _check(_driver().cuGraphLaunch(self._exec, self.device.stream), "cuGraphLaunch")
 
     def __del__(self):
-        cu = _driver()
+        try:
+            cu = _driver()
+        except CudaUnavailableError:  # the interpreter is shutting down: the driver frees it
+            return
         if getattr(self, "_exec", None) is not None:
             cu.cuGraphExecDestroy(self._exec)
         if getattr(self, "_graph", None) is not None:

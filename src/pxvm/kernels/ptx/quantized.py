@@ -327,7 +327,9 @@ def repack(code: int) -> Kernel:
 def variants():
     for code, fmt in FORMATS.items():
         for prefetch in PREFETCHES:
-            shapes = SHAPES if code in SWEPT and prefetch != "lines" else (DEFAULT_SHAPE,)
+            # every type's small-weight shape (ops.quantized.SMALL_SHAPE) too
+            shapes = SHAPES if code in SWEPT and prefetch != "lines" else (
+                (DEFAULT_SHAPE, (4, 4)) if prefetch == "none" else (DEFAULT_SHAPE,))
             for rows, group in shapes:
                 for norm, epilogue in FUSIONS:
                     yield matvec, matvec_args(code, rows, group, prefetch, norm, epilogue)

@@ -124,7 +124,7 @@ def _print_tuning(tuned: list[dict]) -> None:
         table = Table(title=f"Tuned for {t['device']} ({t['tuned_at']})",
                       title_justify="left", show_header=False)
         for name, value in sorted(t["configs"].items()):
-            table.add_row(name, str(value))
+            table.add_row(name, str(tuple(value) if isinstance(value, list) else value))
         for name, elements in sorted(t["crossovers"].items()):
             table.add_row(f"{name}: GPU from", f"{elements:,} input elements (CPU below)"
                           + ("; the CPU won at every size measured" if name in t["never"]

@@ -16,6 +16,7 @@ import pytest
 from conftest import NMSE_ELEMENTWISE, NMSE_LONG, assert_close
 
 import pxvm
+from pxvm.batch import Batch
 from pxvm.kernels.ptx import quant_blocks
 from pxvm.kernels.ptx import quantized as ptx_quantized
 from pxvm.ops import quant_types
@@ -24,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "llm"))
 from gguf_blocks import FORMATS, dequantize, quantize, random_blocks  # noqa: E402
 
 quantized_module = importlib.import_module("pxvm.ops.quantized")  # the module, not the op
+cuda_backend_module = importlib.import_module("pxvm.backends.cuda")
 
 TYPES = sorted(FORMATS)
 IDS = [FORMATS[t][0] for t in TYPES]
@@ -200,3 +202,22 @@ def test_a_written_weight_is_repacked_again(cuda_device, rng, qtype):
     again = _product(x, w, qtype, k)
     assert_close(again, _expected(x, new, qtype, k), MATVEC_NMSE)
     assert np.abs(again - first).max() > 1e-3
+
+
+@pytest.mark.parametrize("budget,kept", [(2 << 30, True), (0, False)])
+def test_a_prompt_keeps_its_dequantized_weight_within_the_budget(cuda_device, rng, monkeypatch,
+                                                                 budget, kept):
+    monkeypatch.setattr(cuda_backend_module, "OPTIONAL_DERIVED_BYTES", budget)
+    qtype, n = 12, 40
+    k = _k(qtype, 2)
+    w = pxvm.tensor(_weight(rng, qtype, n, k), backend="cuda")
+    launches = []
+    for _ in range(2):
+        x = rng.standard_normal((quantized_module.PROMPT_MIN_ROWS, k)).astype(np.float32)
+        with Batch(cuda_device, profile=True) as batch:
+            y = pxvm.ops.matmul_quant(batch.upload(x), w, qtype=qtype, k=k)
+        batch.execute()
+        assert_close(batch.read(y), _expected(x, w.numpy(), qtype, k), PROMPT_NMSE)
+        launches.append([name for name, _ in batch.profile])
+    assert any(name.startswith("dequantize") for name in launches[0])
+    assert any(name.startswith("dequantize") for name in launches[1]) is not kept

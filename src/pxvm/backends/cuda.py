@@ -23,6 +23,9 @@ from .tensor import Tensor, as_supported_array, values_for
 #: Threads per block of the grid-stride kernels; blocks per multiprocessor they start.
 THREADS = 256
 BLOCKS_PER_SM = 8
+#: Device memory that optional derived forms (weights dequantized for prompts) may keep:
+#: a small model's all fit (SmolLM2's float16 weights are 270 MB), a 7B model's do not.
+OPTIONAL_DERIVED_BYTES = 2 << 30
 
 
 @functools.lru_cache(maxsize=None)
@@ -209,14 +212,17 @@ class CudaContext(RecordingContext):
                 self._kept[id(a.storage)] = a.storage
         return True
 
-    def derived(self, tensor: Tensor, key, make: Callable[[], Tensor]) -> Tensor:
+    def derived(self, tensor: Tensor, key, make: Callable[[], Tensor],
+                optional: bool = False) -> Tensor:
         """A form of `tensor` kernels read faster (a weight repacked), made by `make()`
         (recording its work here) on first use and kept with the tensor's memory until
         the tensor is written or freed. Made at once even while capturing: a weight is
-        repacked once, not at every run of a graph."""
+        repacked once, not at every run of a graph. An `optional` form (a speed-up only,
+        and large: a weight dequantized) is kept while all such forms together stay
+        within OPTIONAL_DERIVED_BYTES, else made anew at each use."""
         self._eager += 1
         try:
-            return self.backend.derived(tensor, key, make)
+            return self.backend.derived(tensor, key, make, optional)
         finally:
             self._eager -= 1
 
@@ -283,6 +289,7 @@ class CudaBackend(Backend):
         # id(buffer) -> (a weak reference to it, {key: the tensor derived from it})
         self._derived: dict[int, tuple[weakref.ref, dict]] = {}
         self._kernels: dict[tuple, tuple] = {}  # (builder, its arguments) -> kernel()
+        self.optional_bytes = 0  # kept optional derived forms (CudaContext.derived)
 
     def kernel(self, builder: Callable[..., Kernel], builder_args: tuple) -> tuple:
         """(loaded function, name, parameter types) of kernel `builder(*builder_args)`,
@@ -294,18 +301,31 @@ class CudaBackend(Backend):
             found = self._kernels[key] = (self.device.function(text, name), name, types)
         return found
 
-    def derived(self, tensor: Tensor, key, make: Callable[[], Tensor]) -> Tensor:
+    def derived(self, tensor: Tensor, key, make: Callable[[], Tensor],
+                optional: bool = False) -> Tensor:
         """CudaContext.derived's cache."""
         buffer = tensor.storage
         entry = self._derived.get(id(buffer))
         if entry is None or entry[0]() is not buffer:
-            entry = (weakref.ref(buffer, lambda _, i=id(buffer), d=self._derived: d.pop(i, None)),
-                     {})
+            entry = (weakref.ref(buffer, lambda _, i=id(buffer): self._forget(i)), {}, [0])
             self._derived[id(buffer)] = entry
         found = entry[1].get(key)
         if found is None:
-            found = entry[1][key] = make()
+            found = make()
+            size = found.storage.nbytes
+            if optional and self.optional_bytes + size > OPTIONAL_DERIVED_BYTES:
+                return found  # over the budget: not kept
+            entry[1][key] = found
+            if optional:
+                entry[2][0] += size
+                self.optional_bytes += size
         return found
+
+    def _forget(self, buffer_id: int) -> None:
+        """A source buffer was freed or written: its derived forms go."""
+        entry = self._derived.pop(buffer_id, None)
+        if entry is not None:
+            self.optional_bytes -= entry[2][0]
 
     def describe(self) -> str:
         i = self.device.info
@@ -321,7 +341,7 @@ class CudaBackend(Backend):
         return self.device.read(tensor.storage, tensor.dtype, tensor.size).reshape(tensor.shape)
 
     def write(self, tensor: Tensor, array) -> None:
-        self._derived.pop(id(tensor.storage), None)  # its repacked forms are stale now
+        self._forget(id(tensor.storage))  # its repacked forms are stale now
         self.device.write(tensor.storage, values_for(tensor, array))
 
     def context(self, *, timestamps: bool = False, profile: bool = False,

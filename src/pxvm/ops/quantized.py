@@ -202,16 +202,22 @@ def _planes(ctx, w, qtype, k):
 
 def _f16_weight(ctx, w, qtype, k):
     """W as a float16 (N, K) tensor: F16 rows as they are, the other types dequantized
-    into a new matrix."""
+    into a matrix kept with W while the backend's budget allows (a prompt then skips
+    the dequantization: one launch a product fewer)."""
     n = w.shape[0]
     if qtype == 1:
         return Tensor((n, k), np.float16, w.backend, w.storage)
-    out = ctx.empty((n, k), np.float16)
-    scalar = k % quant_blocks.UNIT != 0  # float rows of any length
-    builder = ptx_dequantize.dequantize_float_scalar if scalar else ptx_dequantize.dequantize
-    ctx.launch(builder, (qtype, "f16", False), [w, out, n, k, n, 0],
-               ctx.stride_grid(n * k if scalar else n * k // quant_blocks.UNIT))
-    return out
+
+    def make():
+        out = ctx.empty((n, k), np.float16)
+        scalar = k % quant_blocks.UNIT != 0  # float rows of any length
+        builder = (ptx_dequantize.dequantize_float_scalar if scalar
+                   else ptx_dequantize.dequantize)
+        ctx.launch(builder, (qtype, "f16", False), [w, out, n, k, n, 0],
+                   ctx.stride_grid(n * k if scalar else n * k // quant_blocks.UNIT))
+        return out
+
+    return ctx.derived(w, ("float16", qtype, k), make, optional=True)
 
 
 def _prompt_product(ctx, x, w, qtype, k):

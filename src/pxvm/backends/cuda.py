@@ -312,13 +312,13 @@ class CudaBackend(Backend):
         found = entry[1].get(key)
         if found is None:
             found = make()
-            size = found.storage.nbytes
-            if optional and self.optional_bytes + size > OPTIONAL_DERIVED_BYTES:
-                return found  # over the budget: not kept
-            entry[1][key] = found
-            if optional:
+            if optional:  # one tensor, counted against the budget
+                size = found.storage.nbytes
+                if self.optional_bytes + size > OPTIONAL_DERIVED_BYTES:
+                    return found  # over the budget: not kept
                 entry[2][0] += size
                 self.optional_bytes += size
+            entry[1][key] = found
         return found
 
     def _forget(self, buffer_id: int) -> None:

@@ -110,6 +110,7 @@ class Recorder(_Binding):
         self._query = (device.device.create_query_set(type="timestamp", count=2)
                        if timestamps else None)
         self._timestamps: Staged | None = None
+        self._timing_stopped = False  # the end timestamp is written
         self._elapsed_ns: float | None = None
         self.profile: list[tuple[str, float]] | None = None
 
@@ -158,7 +159,9 @@ class Recorder(_Binding):
         self._keep += [src, dst]
 
     def stage(self, alloc: Allocation) -> "Staged":
-        """Record a copy of `alloc` into a mappable buffer; read it after submit."""
+        """Record a copy of `alloc` into a mappable buffer; read it after submit. A timed
+        recorder stops timing first: the readback's copy is not the work being timed."""
+        self._stop_timing()
         staged = self.staging(alloc)
         self.copy_to_staging(alloc, staged, 0)
         return staged
@@ -189,15 +192,21 @@ class Recorder(_Binding):
         return self.stage(resolve)
 
     # ---- submitting -------------------------------------------------------------------
-    def _end_queries(self) -> None:
-        """Close the pass and record the readback of this recorder's timestamps."""
-        if self._query is not None:
-            self._open_pass()
+    def _stop_timing(self) -> None:
+        """Write the end timestamp (once), in a pass of its own so that it follows every
+        dispatch recorded so far."""
+        if self._query is not None and not self._timing_stopped:
+            self._timing_stopped = True
+            self._open_pass()  # the beginning timestamp, where nothing was dispatched
             self._close_pass()
-            # The end timestamp goes in a pass of its own so it follows all dispatches.
             end_pass = self.encoder.begin_compute_pass(
                 timestamp_writes={"query_set": self._query, "end_of_pass_write_index": 1})
             end_pass.end()
+
+    def _end_queries(self) -> None:
+        """Close the pass and record the readback of this recorder's timestamps."""
+        if self._query is not None:
+            self._stop_timing()
             self._timestamps = self._resolve(self._query, 2)
         self._close_pass()
 

@@ -179,8 +179,7 @@ MATVEC_PREFETCHES: dict[int, str] = {12: "none", 8: "none", 2: "lines", 14: "non
 #: the prefetch of every type instead ("auto": MATVEC_PREFETCHES; benchmarks set it)
 MATVEC_PREFETCH = "auto"
 #: the shape of products whose weight has too few rows to fill the GPU with the type's
-#: shape: fastest for SmolLM2's decoding on the H100 (1,745 tokens/s against 1,510 with
-#: 8 x 8 and bulk prefetch: BENCHMARKS.md)
+#: shape: the fastest for SmolLM2's decoding on the H100 (BENCHMARKS.md)
 SMALL_SHAPE = (4, 4, "none")
 #: rows of x the matrix-vector kernels take (a grid row each: CUDA's grid height)
 MAX_GRID_ROWS = 65535

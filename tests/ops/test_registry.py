@@ -60,6 +60,26 @@ def test_bind_splits_a_call_into_inputs_and_parameters():
         pxvm.ops.conv2d.bind((x,), {"strides": 2})
 
 
+@pytest.mark.parametrize("args,kwargs", [
+    ((1, 2), {}), ((1,), {"w": 2, "stride": 3}), ((), {"padding": 4, "x": 1, "w": 2}),
+    ((1, 2, 5, 3, 4), {}), ((1, 2), {"bias": None}),
+])
+def test_bind_agrees_with_python_binding_the_signature(args, kwargs):
+    bound = inspect.signature(pxvm.ops.conv2d.reference).bind(*args, **kwargs)
+    bound.apply_defaults()
+    inputs, params = pxvm.ops.conv2d.bind(args, kwargs)
+    assert inputs == [bound.arguments["x"], bound.arguments["w"]]
+    assert params == {n: bound.arguments[n] for n in ("bias", "stride", "padding")}
+
+
+@pytest.mark.parametrize("args,kwargs", [
+    ((1, 2), {"x": 1}), ((1, 2, 3, 4, 5, 6), {}), ((1,), {}), ((1, 2), {"backend": 1}),
+])
+def test_a_call_python_would_refuse_is_a_type_error_naming_the_op(args, kwargs):
+    with pytest.raises(TypeError, match=r"conv2d\(x, w"):
+        pxvm.ops.conv2d.bind(args, kwargs)
+
+
 @pytest.mark.parametrize("backend", ["numpy", "webgpu"])
 def test_an_input_of_a_wrong_dtype_is_named(backend, request):
     if backend == "webgpu":

@@ -9,13 +9,16 @@ of launches and becomes one CUDA graph, launched again and again.
 from __future__ import annotations
 
 import functools
+import math
+import struct
 import weakref
 from typing import Callable
 
 import numpy as np
 
 from ..kernels.ptx.builder import Kernel, module
-from ..runtime.cuda import CudaDevice, CudaGraph, DeviceBuffer, get_cuda_device
+from ..runtime.cuda import (CudaDevice, CudaGraph, DeviceBuffer, ParameterLayout,
+                            get_cuda_device)
 from ..runtime.errors import PxvmError
 from .base import Backend, RecordingContext
 from .tensor import Tensor, as_supported_array, values_for
@@ -26,6 +29,10 @@ BLOCKS_PER_SM = 8
 #: Device memory that optional derived forms (weights dequantized for prompts) may keep:
 #: a small model's all fit (SmolLM2's float16 weights are 270 MB), a 7B model's do not.
 OPTIONAL_DERIVED_BYTES = 2 << 30
+#: A graph's kernels as programmatic dependent launches (on GPUs that have them): each
+#: one's launch overlaps the end of the one before, which a decoding step of small
+#: kernels spends much of its time on. Benchmarks switch it off to compare.
+GRAPH_DEPENDENT_LAUNCHES = True
 
 
 @functools.lru_cache(maxsize=None)
@@ -162,7 +169,7 @@ class CudaContext(RecordingContext):
     # ---- for kernels ------------------------------------------------------------------
     def empty(self, shape, dtype, what: str = "output") -> Tensor:
         dtype = np.dtype(dtype)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize
         return Tensor(shape, dtype, self.backend, self.device.alloc(nbytes))
 
     def tensor(self, array) -> Tensor:
@@ -174,15 +181,23 @@ class CudaContext(RecordingContext):
         """Launch kernel `builder(*builder_args)` with `args` in its parameter order:
         tensors (their device addresses) and Python numbers, typed by the kernel's
         parameter list. `grid`: blocks, an int or (x[, y[, z]])."""
-        function, name, types = self.backend.kernel(builder, tuple(builder_args))
-        if len(types) != len(args):
-            raise PxvmError(f"kernel {name} takes {len(types)} arguments, got {len(args)}")
-        packed = self.device.pack([_value(a, t) for a, t in zip(args, types)])
+        function, name, layout, pointers = self.backend.kernel(builder, tuple(builder_args))
+        if len(layout.offsets) != len(args):
+            raise PxvmError(f"kernel {name} takes {len(layout.offsets)} arguments, "
+                            f"got {len(args)}")
+        values = list(args)
+        for i in pointers:
+            values[i] = _address(args[i])
+        try:
+            packed = layout.pack(values)
+        except struct.error as exc:
+            raise PxvmError(f"kernel {name}: an argument does not fit its type ({exc})") from None
         grid = (grid,) if isinstance(grid, int) else tuple(grid)
         grid += (1,) * (3 - len(grid))  # (x,), (x, y): the rest are 1
         if self._capturing(args):
             self._captured.append(functools.partial(self.device.launch, function, grid,
-                                                    (block, 1, 1), packed, shared_bytes))
+                                                    (block, 1, 1), packed, shared_bytes,
+                                                    dependent=GRAPH_DEPENDENT_LAUNCHES))
             return
         # events right around the launch: the host's work before it is not the GPU's
         if self._timed and self._start is None:
@@ -225,6 +240,12 @@ class CudaContext(RecordingContext):
             return self.backend.derived(tensor, key, make, optional)
         finally:
             self._eager -= 1
+
+    def counters(self, n: int) -> Tensor:
+        """`n` (or more) 32-bit counts, all zero, for a kernel whose blocks count
+        themselves and leave the counts zero again (attention's ranges): one buffer for
+        every launch, as launches on the stream run one after another."""
+        return self.backend.counters(n)
 
     def stride_grid(self, groups: int) -> int:
         """Blocks for a grid-stride loop over `groups` items: enough to fill the GPU."""
@@ -272,12 +293,11 @@ class CudaContext(RecordingContext):
         return self._seconds
 
 
-def _value(arg, ptx_type: str):
-    if ptx_type == "u64":
-        if not isinstance(arg, Tensor) or not isinstance(arg.storage, DeviceBuffer):
-            raise PxvmError(f"a pointer argument must be a CUDA tensor, got {type(arg).__name__}")
-        return np.uint64(arg.storage.ptr)
-    return {"u32": np.uint32, "s32": np.int32, "f32": np.float32}[ptx_type](arg)
+def _address(arg) -> int:
+    """A pointer argument's device address."""
+    if not isinstance(arg, Tensor) or not isinstance(arg.storage, DeviceBuffer):
+        raise PxvmError(f"a pointer argument must be a CUDA tensor, got {type(arg).__name__}")
+    return arg.storage.ptr
 
 
 class CudaBackend(Backend):
@@ -290,16 +310,27 @@ class CudaBackend(Backend):
         self._derived: dict[int, tuple[weakref.ref, dict]] = {}
         self._kernels: dict[tuple, tuple] = {}  # (builder, its arguments) -> kernel()
         self.optional_bytes = 0  # kept optional derived forms (CudaContext.derived)
+        self._counters: Tensor | None = None  # CudaContext.counters'
 
     def kernel(self, builder: Callable[..., Kernel], builder_args: tuple) -> tuple:
-        """(loaded function, name, parameter types) of kernel `builder(*builder_args)`,
-        looked up once: finding a module by its text's hash took longer than a launch."""
+        """(loaded function, name, its ParameterLayout, the indices of its pointer
+        parameters) of kernel `builder(*builder_args)`, looked up once: finding a module
+        by its text's hash took longer than a launch."""
         key = (builder, builder_args)
         found = self._kernels.get(key)
         if found is None:
             text, name, types = _ptx(builder, builder_args, self.device.info.arch)
-            found = self._kernels[key] = (self.device.function(text, name), name, types)
+            found = self._kernels[key] = (
+                self.device.function(text, name), name, ParameterLayout(types),
+                tuple(i for i, t in enumerate(types) if t == "u64"))
         return found
+
+    def counters(self, n: int) -> Tensor:
+        """CudaContext.counters' buffer (a larger one where asked for more; graphs keep
+        the one they captured)."""
+        if self._counters is None or self._counters.size < n:
+            self._counters = self.from_numpy(np.zeros(max(n, 1024), np.int32))
+        return self._counters
 
     def derived(self, tensor: Tensor, key, make: Callable[[], Tensor],
                 optional: bool = False) -> Tensor:

@@ -55,8 +55,9 @@ def quant_type(code: int) -> QuantType:
     """The type numbered `code`; ShapeError naming the supported ones if pxvm has no
     kernel for it."""
     found = QUANT_TYPES.get(code)
-    require(found is not None, f"unsupported weight type {code}; supported: "
-            + ", ".join(f"{t.code} ({t.name})" for t in QUANT_TYPES.values()))
+    if found is None:  # (the message is built only here: this runs at every product)
+        require(False, f"unsupported weight type {code}; supported: "
+                + ", ".join(f"{t.code} ({t.name})" for t in QUANT_TYPES.values()))
     return found
 
 

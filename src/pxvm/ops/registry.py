@@ -91,6 +91,16 @@ class Op(Generic[P]):
             tuple(DTYPES[d] for d in ((names,) if isinstance(names, str) else names))
             for names in allowed)
         self.kernels: dict[str, Callable] = dict(kernels)
+        # bind()'s fast path: parameters by name, those a call may give by position, the
+        # defaults (signatures with *args, **kwargs or positional-only names take inspect's)
+        kinds = {p.kind for p in self.signature.parameters.values()}
+        self._simple = kinds <= {inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                 inspect.Parameter.KEYWORD_ONLY}
+        self._names = frozenset(self.signature.parameters)
+        self._positional = [p.name for p in self.signature.parameters.values()
+                            if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+        self._defaults = {p.name: p.default for p in self.signature.parameters.values()
+                          if p.default is not inspect.Parameter.empty}
 
     def kernel(self, backend_name: str):
         """Decorator: `fn(context, *tensors, **params)` becomes this op's kernel on
@@ -110,6 +120,14 @@ class Op(Generic[P]):
 
     def bind(self, args, kwargs) -> tuple[list, dict]:
         """A call's arguments split into the inputs and the keyword parameters."""
+        if self._simple and len(args) <= len(self._positional):
+            values = dict(zip(self._positional, args))
+            if (all(k in self._names and k not in values for k in kwargs)
+                    and all(n in values or n in kwargs for n in self.inputs)):
+                values.update(kwargs)
+                return ([values[n] for n in self.inputs],
+                        {n: values.get(n, d) for n, d in self._defaults.items()})
+        # anything else (a wrong call included) as inspect binds it, with its errors
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as exc:

@@ -9,6 +9,7 @@ import ctypes
 import functools
 import hashlib
 import os
+import struct
 import threading
 from dataclasses import dataclass
 from typing import Callable
@@ -21,6 +22,8 @@ from .errors import PxvmError
 #: Fill new allocations with 0xff bytes (NaN floats, -1 integers), so that a kernel that
 #: leaves outputs unwritten fails its tests (they set it; PXVM_POISON=1 elsewhere).
 POISON = os.environ.get("PXVM_POISON") == "1"
+#: The first compute capability with programmatic dependent launch.
+DEPENDENT_LAUNCH_MAJOR = 9
 
 
 class CudaUnavailableError(PxvmError):
@@ -31,6 +34,7 @@ class CudaError(PxvmError):
     """A CUDA driver call failed."""
 
 
+@functools.cache  # looked up once: a launch asks for it several times (a failure is not kept)
 def _driver():
     try:
         from cuda.bindings import driver
@@ -202,6 +206,27 @@ def list_cuda_devices() -> list[DeviceInfo]:
     return [_device_info(i) for i in range(count)]
 
 
+class ParameterLayout:
+    """A kernel's parameters (PTX types u64, u32, s32, f32, in order) as a launch passes
+    them: the values packed into one buffer in the C layout, and an array of pointers to
+    each value, which is what the driver takes."""
+
+    _CODES = {"u64": "Q", "u32": "I", "s32": "i", "f32": "f"}
+
+    def __init__(self, types: tuple[str, ...]):
+        codes = "".join(self._CODES[t] for t in types)
+        self.struct = struct.Struct("@" + codes)
+        self.offsets = np.array(
+            [struct.calcsize("@" + codes[:i + 1]) - struct.calcsize("@" + c)
+             for i, c in enumerate(codes)], np.uint64)
+
+    def pack(self, values: list) -> tuple[int, tuple]:
+        """(the address of the pointer array, what it points to, kept alive with it)."""
+        data = ctypes.create_string_buffer(self.struct.pack(*values), self.struct.size)
+        pointers = self.offsets + np.uint64(ctypes.addressof(data))
+        return pointers.__array_interface__["data"][0], (data, pointers)
+
+
 class CudaDevice:
     """One GPU's primary context and a stream; launches are asynchronous on the stream."""
 
@@ -325,21 +350,36 @@ class CudaDevice:
             self._functions[(key, name)] = found
         return found
 
-    @staticmethod
-    def pack(args: list) -> tuple:
-        """A launch's arguments (numpy scalars: uint64 device pointers, uint32, float32,
-        in the kernel's parameter order) as the driver takes them: (pointer array, the
-        values it points to, kept alive with it)."""
-        values = [np.array([a]) for a in args]
-        return np.array([v.ctypes.data for v in values], np.uint64), values
-
     def launch(self, function, grid: tuple[int, int, int], block: tuple[int, int, int],
-               packed: tuple, shared_bytes: int = 0) -> None:
-        """Queue a launch of `function` with pack()ed arguments."""
+               packed: tuple, shared_bytes: int = 0, dependent: bool = False) -> None:
+        """Queue a launch of `function` with its ParameterLayout.pack()ed arguments.
+        `dependent`: as a
+        programmatic dependent launch (sm_90 on), which may start while the launch before
+        it finishes; its kernel waits for that one's results (builder's griddepcontrol)."""
         if shared_bytes > STATIC_SHARED_BYTES:
             self._allow_shared(function, shared_bytes)
-        _check(_driver().cuLaunchKernel(function, *grid, *block, shared_bytes, self.stream,
-                                        packed[0].ctypes.data, 0), "cuLaunchKernel")
+        cu = _driver()
+        if dependent and self.info.compute_capability[0] >= DEPENDENT_LAUNCH_MAJOR:
+            config = cu.CUlaunchConfig()
+            config.gridDimX, config.gridDimY, config.gridDimZ = grid
+            config.blockDimX, config.blockDimY, config.blockDimZ = block
+            config.sharedMemBytes = shared_bytes
+            config.hStream = self.stream
+            config.attrs = [self._dependent_attribute]
+            config.numAttrs = 1
+            _check(cu.cuLaunchKernelEx(config, function, packed[0], 0),
+                   "cuLaunchKernelEx")
+            return
+        _check(cu.cuLaunchKernel(function, *grid, *block, shared_bytes, self.stream,
+                                 packed[0], 0), "cuLaunchKernel")
+
+    @functools.cached_property
+    def _dependent_attribute(self):
+        cu = _driver()
+        attribute = cu.CUlaunchAttribute()
+        attribute.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attribute.value.programmaticStreamSerializationAllowed = 1
+        return attribute
 
     def graph(self, work: list[Callable[[], None]]) -> CudaGraph:
         return CudaGraph(self, work)

@@ -90,3 +90,14 @@ def test_module_names_version_target_and_refuses_unknown_archs():
 def test_unknown_register_types_are_refused():
     with pytest.raises(PtxError, match="register type"):
         _kernel().reg("f8")
+
+
+def test_sm_90_kernels_wait_for_their_predecessor_before_their_first_instruction():
+    k = Kernel("copy", [("x", "u64")])
+    (x,) = k.params()
+    k.store("f32", x, f32(1.0))
+    on_hopper = module([k], "sm_90").splitlines()
+    body = [line.strip() for line in on_hopper if line.startswith("    ")
+            and not line.strip().startswith((".reg", ".param"))]
+    assert body[:2] == ["griddepcontrol.wait;", "griddepcontrol.launch_dependents;"]
+    assert "griddepcontrol" not in module([k], "sm_80")  # Ampere has no dependent launch

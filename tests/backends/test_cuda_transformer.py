@@ -173,9 +173,11 @@ def test_qk_norm_matches_its_reference_and_leaves_values_exact(s, hq, hkv, d, cu
 @pytest.fixture(params=["one range", "ranges"])
 def key_ranges(request, monkeypatch):
     """"one range" (a block per token and head: prompts, short caches) or "ranges" (the
-    keys cut into ranges merged by `combine`, as decoding over a long cache does; the
-    ranges made short here, so that the tests' caches of a few hundred keys take them)."""
+    keys cut into ranges merged by the last block to finish, as decoding over a long
+    cache does; the ranges made short here, so that the tests' caches of a few hundred
+    keys take them)."""
     if request.param == "ranges":
+        monkeypatch.setattr(transformer, "CUDA_ONE_RANGE_KEYS", 16)
         monkeypatch.setattr(transformer, "CUDA_RANGE_KEYS", 16)
     else:
         monkeypatch.setattr(transformer, "CUDA_SPLIT_MAX_BLOCKS", 0)

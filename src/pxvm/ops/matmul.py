@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..kernels.ptx import elementwise as ptx_elementwise
 from ..kernels.ptx import matmul as ptx_matmul
 from ..kernels.ptx import tensor_core as ptx_tensor_core
 from ..kernels.ptx import wgmma as ptx_wgmma
@@ -199,10 +200,11 @@ def _matmul_f16_cuda(ctx, a, b, transpose_b=False):
     return record_f16_product(ctx, a, b)
 
 
-def record_f16_product(ctx, a, b):
-    """(M, N) float32 = a (M, K) @ b (N, K)^T of float16 CUDA tensors, K a multiple of 8,
-    on tensor cores: the kernel matmul_f16 launches (and the prompts' quantized products,
-    pxvm.ops.quantized)."""
+def record_f16_product(ctx, a, b, residual=None):
+    """(M, N) float32 = a (M, K) @ b (N, K)^T [+ residual (M, N) float32] of float16 CUDA
+    tensors, K a multiple of 8, on tensor cores: the kernel matmul_f16 launches (and the
+    prompts' quantized products, pxvm.ops.quantized). The residual is added in the
+    product's own pass on Hopper (wgmma), by a second launch elsewhere."""
     M, K = a.shape
     N = b.shape[0]
     out = ctx.empty((M, N), np.float32)
@@ -211,7 +213,9 @@ def record_f16_product(ctx, a, b):
         kernel = "wgmma" if ctx.device.info.arch == "sm_90" else "mma"
     if kernel == "wgmma":
         block_n, stages, _ = shape = WGMMA_SHAPE
-        ctx.launch(ptx_wgmma.matmul_f16_wgmma, shape, [a, b, out, M, N, K],
+        added = residual is not None
+        ctx.launch(ptx_wgmma.matmul_f16_wgmma, (*shape, added),
+                   [a, b, out, M, N, K, *([residual] if added else [])],
                    (-(-N // block_n), -(-M // ptx_wgmma.ROWS), 1), block=ptx_wgmma.THREADS,
                    shared_bytes=ptx_wgmma.shared_bytes(block_n, stages))
         return out
@@ -219,7 +223,12 @@ def record_f16_product(ctx, a, b):
     ctx.launch(ptx_tensor_core.matmul_f16_bt, shape, [a, b, out, M, N, K],
                (-(-N // block_n), -(-M // ptx_tensor_core.TILE), 1),
                block=ptx_tensor_core.threads(block_n, warp_n))
-    return out
+    if residual is None or out.size == 0:
+        return out
+    total = ctx.empty((M, N), np.float32)
+    ctx.launch(ptx_elementwise.binary, ("add", "none", 1), [out, residual, total, M * N, M * N],
+               ctx.stride_grid(M * N))
+    return total
 
 
 #: matmul_f16's WebGPU kernel: "half" multiplies in f16 pairs with f32 totals every

@@ -172,13 +172,20 @@ def _softmax_cuda(log: bool):
     return record
 
 
-def _rmsnorm_cuda(ctx, x, weight, eps=1e-6):
-    out = ctx.empty(x.shape, np.float32)
+def record_rmsnorm_cuda(ctx, x, weight, eps=1e-6, half: bool = False):
+    """rmsnorm on CUDA; `half`: the result in float16 (for a prompt's tensor-core
+    product, pxvm.ops.transformer)."""
+    out = ctx.empty(x.shape, np.float16 if half else np.float32)
     vec, row_bytes = _row_vec(x), 4 * x.shape[-1]
     cached = row_bytes <= ptx_rows.MAX_CACHED_ROW_BYTES
-    ctx.launch(ptx_rows.rmsnorm, (vec, cached), [x, weight, out, x.shape[-1] // vec, eps],
+    ctx.launch(ptx_rows.rmsnorm, (vec, cached, half), [x, weight, out, x.shape[-1] // vec,
+                                                       eps],
                _row_count(x), block=ptx_rows.THREADS, shared_bytes=row_bytes if cached else 0)
     return out
+
+
+def _rmsnorm_cuda(ctx, x, weight, eps=1e-6):
+    return record_rmsnorm_cuda(ctx, x, weight, eps)
 
 
 def _layer_norm_cuda(ctx, x, weight, bias, eps=1e-5):

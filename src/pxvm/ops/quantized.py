@@ -219,13 +219,22 @@ def _f16_weight(ctx, w, qtype, k):
     return ctx.derived(w, ("float16", qtype, k), make, optional=True)
 
 
-def _prompt_product(ctx, x, w, qtype, k):
-    """x @ W^T as W dequantized to float16 times x in float16 on tensor cores."""
-    m = x.shape[0]
-    x16 = ctx.empty((m, k), np.float16)
-    vec = 4 if (m * k) % 4 == 0 else 1
-    ctx.launch(ptx_dequantize.to_f16, (vec,), [x, x16, m * k], ctx.stride_grid(m * k // vec))
-    return record_f16_product(ctx, x16, _f16_weight(ctx, w, qtype, k))
+def prompt_takes(m: int, k: int) -> bool:
+    """Whether a product of x (m, k) runs as a prompt's: on tensor cores."""
+    return m >= PROMPT_MIN_ROWS and k % 8 == 0
+
+
+def record_prompt_product(ctx, x, w, qtype, k, residual=None):
+    """x @ W^T [+ residual] as W dequantized to float16 times x in float16 (converted
+    here unless it is already) on tensor cores (prompt_takes)."""
+    if x.dtype != np.float16:
+        m = x.shape[0]
+        x16 = ctx.empty((m, k), np.float16)
+        vec = 4 if (m * k) % 4 == 0 else 1
+        ctx.launch(ptx_dequantize.to_f16, (vec,), [x, x16, m * k],
+                   ctx.stride_grid(m * k // vec))
+        x = x16
+    return record_f16_product(ctx, x, _f16_weight(ctx, w, qtype, k), residual=residual)
 
 
 def _matvec_shape(ctx, qtype: int, outputs: int) -> tuple[int, int, str]:
@@ -302,8 +311,8 @@ def _matmul_quant_cuda(ctx, x, w, qtype=3, k=0, lanes=None):
     m, n = x.shape[0], w.shape[0]
     if m == 0 or n == 0:
         return ctx.empty((m, n), np.float32)
-    if m >= PROMPT_MIN_ROWS and k % 8 == 0:
-        return _prompt_product(ctx, x, w, qtype, k)
+    if prompt_takes(m, k):
+        return record_prompt_product(ctx, x, w, qtype, k)
     if matvec_takes(m, k):
         return record_product_cuda(ctx, x, w, qtype, k)
     fmt = quant_blocks.FORMATS[qtype]

@@ -33,9 +33,10 @@ from ..runtime.webgpu.params import KernelParams, f32, kernel_params, u32
 from .attention import MAX_HEAD_DIM, attention
 from .elementwise import add, gelu_tanh, silu
 from .layouts import AttentionPartials
-from .normalization import NormParams, check_rope, rmsnorm, rope, rope_table
-from .quantized import (MAX_MERGED, infer_product, matmul_quant, matvec_takes, record_product,
-                        record_product_cuda)
+from .normalization import (NormParams, check_rope, record_rmsnorm_cuda, rmsnorm, rope,
+                            rope_table)
+from .quantized import (MAX_MERGED, infer_product, matmul_quant, matvec_takes, prompt_takes,
+                        record_product, record_product_cuda, record_prompt_product)
 from .registry import MissingKernelError, meta, op, require
 
 # ---- fused products -------------------------------------------------------------------
@@ -69,8 +70,14 @@ def _fused_product_cuda(ctx, x, w, qtype, k, lanes, what: str, gain=None, eps=0.
     if matvec_takes(x.shape[0], k):
         return record_product_cuda(ctx, x, w, qtype, k, gain=gain, eps=eps, residual=residual,
                                    activation=activation)
-    h = x if gain is None else _normed_cuda(ctx, x, gain, eps, what)
-    product = _product_cuda(ctx, h, w, qtype, k, lanes, what)
+    if prompt_takes(x.shape[0], k):  # the norm writes float16, the product adds
+        h = x if gain is None else record_rmsnorm_cuda(ctx, x, gain, eps, half=True)
+        product = record_prompt_product(ctx, h, w, qtype, k, residual=residual)
+        if residual is not None:
+            return product
+    else:
+        h = x if gain is None else _normed_cuda(ctx, x, gain, eps, what)
+        product = _product_cuda(ctx, h, w, qtype, k, lanes, what)
     if residual is not None:
         return _cuda(add, what)(ctx, product, residual)
     if activation is None:
@@ -376,20 +383,22 @@ def _attention_cached_cpu(ctx, qkv, k_cache, v_cache, state, n_heads=1, theta=10
 
 
 #: On CUDA, where fewer than CUDA_SPLIT_MAX_BLOCKS (token, query head) pairs meet more
-#: than CUDA_RANGE_KEYS keys (decoding), the keys are cut into at most CUDA_MAX_RANGES
-#: ranges of a multiple of CUDA_RANGE_KEYS keys, a block each, merged by `combine`: one
-#: block per pair would leave most of a large GPU idle (132 SMs on an H100) while it
-#: walks a long cache. CUDA_RANGE_KEYS is one trip of `attend` (tests set fewer, to cut
-#: short caches into ranges).
+#: than CUDA_ONE_RANGE_KEYS keys (decoding), the keys are cut into at most
+#: CUDA_MAX_RANGES ranges of a multiple of CUDA_RANGE_KEYS keys, a block each, merged by
+#: the last of them to finish: one block per pair would leave most of a large GPU idle
+#: (132 SMs on an H100) while it walks a long cache. Up to CUDA_ONE_RANGE_KEYS one block
+#: walks them all: cheaper than ranges and their merge there (both measured: BENCHMARKS.md,
+#: "attention ranges on CUDA"; tests set smaller values, to cut short caches into ranges).
 CUDA_SPLIT_MAX_BLOCKS = 512
-CUDA_MAX_RANGES = 16
-CUDA_RANGE_KEYS = ptx_transformer.CHUNK
+CUDA_ONE_RANGE_KEYS = ptx_transformer.CHUNK
+CUDA_RANGE_KEYS = 64
+CUDA_MAX_RANGES = 64
 
 
 def cuda_key_ranges(bound: int, pairs: int) -> tuple[int, int]:
     """(ranges, keys per range) of the CUDA attention over `bound` keys for `pairs`
     (token, query head) pairs."""
-    if pairs >= CUDA_SPLIT_MAX_BLOCKS or bound <= CUDA_RANGE_KEYS:
+    if pairs >= CUDA_SPLIT_MAX_BLOCKS or bound <= CUDA_ONE_RANGE_KEYS:
         return 1, bound
     range_len = CUDA_RANGE_KEYS * -(-bound // (CUDA_RANGE_KEYS * CUDA_MAX_RANGES))
     return -(-bound // range_len), range_len
@@ -397,9 +406,9 @@ def cuda_key_ranges(bound: int, pairs: int) -> tuple[int, int]:
 
 def _attention_cached_cuda(ctx, qkv, k_cache, v_cache, state, n_heads=1, theta=10000.0,
                            style="interleaved", scale=None, max_keys=None, freq_factors=None,
-                           attn_factor=1.0, softcap=0.0, window=0):
-    """pxvm.kernels.ptx.transformer's `append`, `attend` (and `combine` where the keys
-    are cut into ranges)."""
+                           attn_factor=1.0, softcap=0.0, window=0, half=False):
+    """pxvm.kernels.ptx.transformer's `append` and `attend` (which merges the ranges the
+    keys are cut into, where they are); `half`: the output in float16."""
     s = qkv.shape[0]
     n_ctx, hkv, d = k_cache.shape
     bound = max_keys or n_ctx
@@ -411,18 +420,15 @@ def _attention_cached_cuda(ctx, qkv, k_cache, v_cache, state, n_heads=1, theta=1
                [qkv, k_cache, v_cache, state, table, elements, n_heads, hkv, d, n_ctx, bound],
                ctx.stride_grid(elements))
     n_ranges, range_len = cuda_key_ranges(bound, s * n_heads)
-    out = ctx.empty((s, n_heads * d), np.float32)
+    out = ctx.empty((s, n_heads * d), np.float16 if half else np.float32)
     part = ctx.empty((s * n_heads * n_ranges, d + 2) if n_ranges > 1 else (1,), np.float32,
                      "attention partial sums")  # AttentionPartials' records
+    counts = ctx.counters(s * n_heads if n_ranges > 1 else 1)
     vec = next(v for v in ptx_transformer.VECS if d % v == 0)
-    ctx.launch(ptx_transformer.attend, (neox, ring, vec),
-               [qkv, k_cache, v_cache, state, table, part, out, n_heads, hkv, d, n_ctx,
-                n_ranges, range_len, bound, scale, float(softcap), int(window)],
+    ctx.launch(ptx_transformer.attend, (neox, ring, vec, half),
+               [qkv, k_cache, v_cache, state, table, part, counts, out, n_heads, hkv, d,
+                n_ctx, n_ranges, range_len, bound, scale, float(softcap), int(window)],
                (n_ranges, n_heads, s), block=ptx_transformer.THREADS)
-    if n_ranges > 1:
-        ctx.launch(ptx_transformer.combine, (),
-                   [part, state, out, n_heads, d, n_ranges, range_len, bound], (n_heads, s),
-                   block=-(-d // 32) * 32)
     return out
 
 
@@ -532,9 +538,12 @@ def _attention_cached_matmul_quant_add_cuda(ctx, qkv, k_cache, v_cache, state, w
                                             scale=None, max_keys=None, qtype=3, k=0,
                                             lanes=None, freq_factors=None, attn_factor=1.0,
                                             softcap=0.0, window=0):
+    half = prompt_takes(qkv.shape[0], k)  # attention writes what the product reads
     attended = _attention_cached_cuda(ctx, qkv, k_cache, v_cache, state, n_heads, theta, style,
                                       scale, max_keys, freq_factors, attn_factor, softcap,
-                                      window)
+                                      window, half=half)
+    if half:
+        return record_prompt_product(ctx, attended, w, qtype, k, residual=residual)
     return _matmul_quant_add_cuda(ctx, attended, w, residual, qtype, k, lanes)
 
 

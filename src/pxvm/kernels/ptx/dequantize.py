@@ -13,6 +13,7 @@ themselves (loads as wide as the blocks' alignment allows).
 from __future__ import annotations
 
 from .builder import Kernel, f32
+from .elementwise import _load, _store_half
 from .quant_blocks import FORMATS, Raw, store_words, unit
 from .quantized import FLOAT_BYTES, float_value
 
@@ -116,18 +117,7 @@ def to_f16(vec: int = 4) -> Kernel:
     groups = k.op("shr.u32", count, vec.bit_length() - 1)
     i, stride = k.grid_stride()
     with k.loop(i, groups, stride):
-        if vec == 1:
-            k.store("b16", k.element(y, i, 2),
-                    k.op("cvt.rn.f16.f32", k.load("f32", k.element(x, i, 4))))
-        else:
-            values = k.load_vector("f32", k.element(x, i, 4 * vec), vec)
-            words = []
-            for a, b in zip(values[::2], values[1::2]):
-                halves = [k.op("cvt.rn.f16.f32", v) for v in (a, b)]
-                word = k.reg("b32")
-                k.emit(f"mov.b32 {word}, {{{halves[0]}, {halves[1]}}}")
-                words.append(word)
-            k.store_vector("b32", k.element(y, i, 2 * vec), words)
+        _store_half(k, y, i, _load(k, x, i, vec))
     return k
 
 

@@ -107,6 +107,24 @@ def _store(k: Kernel, base: Reg, group: Reg, values: list[Reg]) -> None:
         k.store("f32", address, values[0])
 
 
+def _store_half(k: Kernel, base: Reg, group: Reg, values: list[Reg]) -> None:
+    """`values` rounded to float16 at group `group` of len(values) float16 values."""
+    halves = [k.op("cvt.rn.f16.f32", v) for v in values]
+    if len(halves) == 1:
+        k.store("b16", k.element(base, group, 2), halves[0])
+        return
+    words = []
+    for low, high in zip(halves[::2], halves[1::2]):
+        word = k.reg("b32")
+        k.emit(f"mov.b32 {word}, {{{low}, {high}}}")
+        words.append(word)
+    address = k.element(base, group, 2 * len(values))
+    if len(words) == 1:
+        k.store("b32", address, words[0])
+    else:
+        k.store_vector("b32", address, words)
+
+
 def unary(op: str, vec: int = 4) -> Kernel:
     """y[i] = op(x[i]) for n_groups groups of `vec` elements."""
     k = Kernel(f"unary_{op}_v{vec}", [("x", "u64"), ("y", "u64"), ("n_groups", "u32"),

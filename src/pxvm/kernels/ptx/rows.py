@@ -9,7 +9,7 @@ warp a head."""
 from __future__ import annotations
 
 from .builder import Kernel, Reg, f32
-from .elementwise import VECS, _exp, _load, _store
+from .elementwise import VECS, _exp, _load, _store, _store_half
 
 THREADS = 256
 WARPS = THREADS // 32
@@ -52,11 +52,12 @@ def _groups(k: Kernel, column: Reg, row_groups: Reg):
     return c, k.loop(c, row_groups, THREADS)
 
 
-def rmsnorm(vec: int = 4, cached: bool = False) -> Kernel:
+def rmsnorm(vec: int = 4, cached: bool = False, half: bool = False) -> Kernel:
     """y = x / sqrt(mean(x^2) + eps) * w, per row of row_groups groups of `vec` values.
     `cached` keeps the row in dynamic shared memory (row_groups * vec * 4 bytes a block)
-    between its two passes, so that x is read from memory once."""
-    k = Kernel(f"rmsnorm_v{vec}{'_cached' if cached else ''}",
+    between its two passes, so that x is read from memory once. `half`: y in float16
+    (what a prompt's tensor-core product reads)."""
+    k = Kernel(f"rmsnorm_v{vec}{'_cached' if cached else ''}{'_f16' if half else ''}",
                [("x", "u64"), ("w", "u64"), ("y", "u64"), ("row_groups", "u32"),
                 ("eps", "f32")])
     x, w, y, row_groups, eps = k.params()
@@ -83,7 +84,8 @@ def rmsnorm(vec: int = 4, cached: bool = False) -> Kernel:
         i = k.op("add.u32", first, c)
         row = _load_shared(k, cache_slot(c), vec) if cached else _load(k, x, i, vec)
         values = zip(row, _load(k, w, c, vec))
-        _store(k, y, i, [k.op("mul.f32", k.op("mul.f32", v, scale), g) for v, g in values])
+        (_store_half if half else _store)(
+            k, y, i, [k.op("mul.f32", k.op("mul.f32", v, scale), g) for v, g in values])
     return k
 
 
@@ -171,8 +173,9 @@ def variants():
     yield qk_norm, ()
     for vec in VECS:
         yield layer_norm, (vec,)
-        yield rmsnorm, (vec, False)
-        yield rmsnorm, (vec, True)
+        for cached in (False, True):
+            for half in (False, True):
+                yield rmsnorm, (vec, cached, half)
         yield softmax, (False, vec)
         yield softmax, (True, vec)
 

@@ -8,7 +8,7 @@ sliding-window layer's cache, big enough that the new rows overwrite only keys n
 token sees). Rotary embedding comes from a host table (positions, D / 2, [cos, sin]);
 NEOX rotates pairs (c, c + D/2), else (2c, 2c + 1).
 
-Three kernels, launched in this order on one stream:
+Two kernels, launched in this order on one stream:
 - `append`: the new keys (rotated) and values into the caches, a thread an element; so
   `attend` reads every key from the cache, none racing with its write.
 - `attend`: block (range r, query head h, token i) attends over keys r * range_len ..
@@ -17,8 +17,9 @@ Three kernels, launched in this order on one stream:
   the staged query), the block takes the chunk's max (earlier sums are rescaled to it),
   then threads (value group g, element d) add up exp(score) * V over the group's keys.
   With one range it writes the normalised output; with several, each range's partial
-  result: pxvm.ops.layouts.AttentionPartials' record (D sums, max, sum of exps).
-- `combine`: block (h, i) merges token i's ranges, rescaled to their common max.
+  result (pxvm.ops.layouts.AttentionPartials' record: D sums, max, sum of exps), and the
+  last of a head's blocks to finish (a count per head, `counts`, zero between launches)
+  merges the records, rescaled to their common max.
 Tokens at max_keys and beyond (which the host cannot check, as the position lives on
 the device) get NaN rows and are not appended.
 """
@@ -156,17 +157,26 @@ def _weighted_values(k: Kernel, v_first: Reg, key_first: Reg, g: Reg, groups: Re
     return total
 
 
-def attend(neox: bool, ring: bool, vec: int) -> Kernel:
+def _put(k: Kernel, out: Reg, index: Reg, value, half: bool) -> None:
+    """Output element `index`: float32, or float16 where `half`."""
+    if half:
+        k.store("b16", k.element(out, index, 2), k.op("cvt.rn.f16.f32", value))
+    else:
+        k.store("f32", k.element(out, index, 4), value)
+
+
+def attend(neox: bool, ring: bool, vec: int, half: bool = False) -> Kernel:
     """Grid (n_ranges, Hq, S), THREADS threads: token i's query head h over range r's
-    keys (module docstring); D elements of a key read `vec` a trip."""
-    k = Kernel(f"{_name('cached_attend', neox, ring)}_v{vec}",
+    keys (module docstring); D elements of a key read `vec` a trip. `half`: the output
+    in float16 (what a prompt's tensor-core output projection reads)."""
+    k = Kernel(f"{_name('cached_attend', neox, ring)}_v{vec}{'_f16' if half else ''}",
                [("qkv", "u64"), ("k_cache", "u64"), ("v_cache", "u64"), ("state", "u64"),
-                ("table", "u64"), ("part", "u64"), ("out", "u64"), ("hq", "u32"),
-                ("hkv", "u32"), ("head_dim", "u32"), ("n_ctx", "u32"), ("n_ranges", "u32"),
-                ("range_len", "u32"), ("max_keys", "u32"), ("scale", "f32"),
-                ("softcap", "f32"), ("window", "u32")])
-    (qkv, k_cache, v_cache, state, table, part, out, hq, hkv, d, n_ctx, n_ranges, range_len,
-     max_keys, scale, softcap, window) = k.params()
+                ("table", "u64"), ("part", "u64"), ("counts", "u64"), ("out", "u64"),
+                ("hq", "u32"), ("hkv", "u32"), ("head_dim", "u32"), ("n_ctx", "u32"),
+                ("n_ranges", "u32"), ("range_len", "u32"), ("max_keys", "u32"),
+                ("scale", "f32"), ("softcap", "f32"), ("window", "u32")])
+    (qkv, k_cache, v_cache, state, table, part, counts, out, hq, hkv, d, n_ctx, n_ranges,
+     range_len, max_keys, scale, softcap, window) = k.params()
     scratch = k.shared("partial", "f32", THREADS // 32, 16)
     query = k.op("mov.u32", k.shared("query", "f32", THREADS, 16))
     exps = k.op("mov.u32", k.shared("exps", "f32", CHUNK, 16))
@@ -174,11 +184,12 @@ def attend(neox: bool, ring: bool, vec: int) -> Kernel:
     tid = k.special("%tid.x")
     r, h, token = k.special("%ctaid.x"), k.special("%ctaid.y"), k.special("%ctaid.z")
     one_range = k.setp("eq.u32", n_ranges, 1)
-    head_out = k.op("mad.lo.u32", k.op("mad.lo.u32", token, hq, h), d, tid)
+    head = k.op("mad.lo.u32", token, hq, h)
+    head_out = k.op("mad.lo.u32", head, d, tid)
     at, beyond = _position(k, state, token, max_keys)
-    with k.if_(beyond):  # NaN rows (`combine` writes them where there are ranges)
-        with k.if_(k.op("and.pred", one_range, k.setp("lt.u32", tid, d))):
-            k.store("f32", k.element(out, head_out, 4), f32(float("nan")))
+    with k.if_(beyond):  # NaN rows, written by the first range's block
+        with k.if_(k.op("and.pred", k.setp("eq.u32", r, 0), k.setp("lt.u32", tid, d))):
+            _put(k, out, head_out, f32(float("nan")), half)
         k.emit("ret")
     begin = k.op("mul.lo.u32", r, range_len)
     with k.if_(k.setp("gt.u32", begin, at)):  # a range past the token's keys: not read
@@ -248,62 +259,72 @@ def attend(neox: bool, ring: bool, vec: int) -> Kernel:
             slot = k.op("mad.lo.u32", k.op("mad.lo.u32", u, d, tid), 4, sums)
             k.to(value, "add.f32", value, k.load("f32", slot, space="shared"))
         with k.if_(one_range):
-            k.store("f32", k.element(out, head_out, 4), k.op("div.rn.f32", value, total))
+            _put(k, out, head_out, k.op("div.rn.f32", value, total), half)
         with k.if_(k.op("not.pred", one_range)):
-            record = k.op("mul.lo.u32", k.op("mad.lo.u32", k.op("mad.lo.u32", token, hq, h),
-                                             n_ranges, r), k.op("add.u32", d, 2))
+            record = k.op("mul.lo.u32", k.op("mad.lo.u32", head, n_ranges, r),
+                          k.op("add.u32", d, 2))
             k.store("f32", k.element(part, k.op("add.u32", record, tid), 4), value)
             with k.if_(k.setp("eq.u32", tid, 0)):
                 tail = k.element(part, k.op("add.u32", record, d), 4)
                 k.store("f32", tail, m_run)
                 k.store("f32", f"{tail}+4", total)
+    with k.if_(k.op("not.pred", one_range)):
+        # the last of the head's ranges to finish merges them all (its count goes back
+        # to 0 for the next launch): no second kernel, no second launch
+        last = k.op("mov.u32", k.shared("last", "u32", 1, 4))
+        k.emit("membar.gl")  # this block's record is visible before it is counted
+        k.emit("bar.sync 0")
+        with k.if_(k.setp("eq.u32", tid, 0)):
+            count = k.element(counts, head, 4)
+            done = k.op("atom.global.add.u32", f"[{count}]", 1)
+            used = _ranges_used(k, at, range_len, n_ranges)
+            is_last = k.setp("eq.u32", k.op("add.u32", done, 1), used)
+            with k.if_(is_last):
+                k.store("u32", count, 0)
+            k.store("u32", last, k.op("selp.u32", 1, 0, is_last), space="shared")
+        k.emit("bar.sync 0")
+        merges = k.setp("ne.u32", k.load("u32", last, space="shared"), 0)
+        with k.if_(k.op("and.pred", merges, k.setp("lt.u32", tid, d))):
+            k.emit("membar.gl")
+            _merge(k, part, out, head_out, head, tid, d, n_ranges,
+                   _ranges_used(k, at, range_len, n_ranges), half)
     return k
 
 
-def combine() -> Kernel:
-    """Grid (Hq, S), at least D threads: out[i, h, c] = sum over token i's ranges of
-    exp(max_r - max) * sums_r[c] / sum over them of exp(max_r - max) * exps_r."""
-    k = Kernel("cached_combine",
-               [("part", "u64"), ("state", "u64"), ("out", "u64"), ("hq", "u32"),
-                ("head_dim", "u32"), ("n_ranges", "u32"), ("range_len", "u32"),
-                ("max_keys", "u32")])
-    part, state, out, hq, d, n_ranges, range_len, max_keys = k.params()
-    tid = k.special("%tid.x")
-    h, token = k.special("%ctaid.x"), k.special("%ctaid.y")
-    with k.if_(k.setp("lt.u32", tid, d)):
-        at, beyond = _position(k, state, token, max_keys)
-        head = k.op("mad.lo.u32", token, hq, h)
-        target = k.element(out, k.op("mad.lo.u32", head, d, tid), 4)
-        with k.if_(beyond):
-            k.store("f32", target, f32(float("nan")))
-        with k.if_(k.op("not.pred", beyond)):
-            used = k.op("min.u32", k.op("add.u32", k.op("div.u32", at, range_len), 1), n_ranges)
-            stride = k.op("add.u32", d, 2)
-            first = k.element(part, k.op("mul.lo.u32", k.op("mul.lo.u32", head, n_ranges),
-                                         stride), 4)
-            stride_bytes = k.op("mul.lo.u32", stride, 4)
-            d_bytes = k.op("mul.lo.u32", d, 4)
+def _ranges_used(k: Kernel, at: Reg, range_len: Reg, n_ranges: Reg) -> Reg:
+    """The ranges holding keys of the token at position `at` (later ones return early)."""
+    return k.op("min.u32", k.op("add.u32", k.op("div.u32", at, range_len), 1), n_ranges)
 
-            def record(r: Reg) -> Reg:
-                return k.op("add.u64", first, k.op("mul.wide.u32", r, stride_bytes))
 
-            top = k.op("mov.f32", f32(EMPTY))
-            r = k.op("mov.u32", 0)
-            with k.loop(r, used, 1):
-                k.to(top, "max.f32", top,
-                     k.load("f32", k.op("add.u64", record(r), k.op("cvt.u64.u32", d_bytes))))
-            total = k.op("mov.f32", f32(0.0))
-            value = k.op("mov.f32", f32(0.0))
-            r = k.op("mov.u32", 0)
-            with k.loop(r, used, 1):
-                at_record = record(r)
-                tail = k.op("add.u64", at_record, k.op("cvt.u64.u32", d_bytes))
-                w = _exp(k, k.op("sub.f32", k.load("f32", tail), top))
-                k.to(total, "fma.rn.f32", w, k.load("f32", f"{tail}+4"), total)
-                element = k.op("add.u64", at_record, k.op("mul.wide.u32", tid, 4))
-                k.to(value, "fma.rn.f32", w, k.load("f32", element), value)
-            k.store("f32", target, k.op("div.rn.f32", value, total))
-    return k
+def _merge(k: Kernel, part: Reg, out: Reg, head_out: Reg, head: Reg, tid: Reg, d: Reg,
+           n_ranges: Reg, used: Reg, half: bool) -> None:
+    """Element `tid` of a head's output (out's element head_out, float16 where `half`)
+    from its `used` ranges' records (D sums, max,
+    sum of exps: AttentionPartials'), rescaled to their common max. Records are read
+    through L2 (.cg): other blocks wrote them during this launch."""
+    stride = k.op("add.u32", d, 2)
+    first = k.element(part, k.op("mul.lo.u32", k.op("mul.lo.u32", head, n_ranges), stride), 4)
+    stride_bytes = k.op("mul.lo.u32", stride, 4)
+    d_bytes = k.op("cvt.u64.u32", k.op("mul.lo.u32", d, 4))
+
+    def record(r: Reg) -> Reg:
+        return k.op("add.u64", first, k.op("mul.wide.u32", r, stride_bytes))
+
+    top = k.op("mov.f32", f32(EMPTY))
+    r = k.op("mov.u32", 0)
+    with k.loop(r, used, 1):
+        k.to(top, "max.f32", top, k.load("f32", k.op("add.u64", record(r), d_bytes), "global.cg"))
+    total = k.op("mov.f32", f32(0.0))
+    value = k.op("mov.f32", f32(0.0))
+    r = k.op("mov.u32", 0)
+    with k.loop(r, used, 1):
+        at_record = record(r)
+        tail = k.op("add.u64", at_record, d_bytes)
+        w = _exp(k, k.op("sub.f32", k.load("f32", tail, "global.cg"), top))
+        k.to(total, "fma.rn.f32", w, k.load("f32", f"{tail}+4", "global.cg"), total)
+        element = k.op("add.u64", at_record, k.op("mul.wide.u32", tid, 4))
+        k.to(value, "fma.rn.f32", w, k.load("f32", element, "global.cg"), value)
+    _put(k, out, head_out, k.op("div.rn.f32", value, total), half)
 
 
 def variants():
@@ -311,8 +332,8 @@ def variants():
         for ring in (False, True):
             yield append, (neox, ring)
             for vec in VECS:
-                yield attend, (neox, ring, vec)
-    yield combine, ()
+                for half in (False, True):
+                    yield attend, (neox, ring, vec, half)
 
 
-__all__ = ["CHUNK", "EMPTY", "VECS", "append", "attend", "combine", "variants"]
+__all__ = ["CHUNK", "EMPTY", "VECS", "append", "attend", "variants"]

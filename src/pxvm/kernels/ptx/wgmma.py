@@ -70,16 +70,19 @@ def _copy_slices(k: Kernel, a: Reg, b: Reg, M: Reg, N: Reg, K: Reg, row0: Reg, c
     k.emit("cp.async.commit_group")
 
 
-def matmul_f16_wgmma(block_n: int = 128, stages: int = 4, in_flight: int = 0) -> Kernel:
+def matmul_f16_wgmma(block_n: int = 128, stages: int = 4, in_flight: int = 0,
+                     residual: bool = False) -> Kernel:
+    """The kernel of one shape; with `residual`, C = A @ B^T + R for R (M, N) float32 (a
+    transformer's residual add, in the same pass)."""
     ahead = stages - 1 - in_flight  # steps whose slices are on their way
     if ahead < 1 or block_n % 64 or not 64 <= block_n <= 256:
         raise ValueError(f"no wgmma kernel of {block_n} columns, {stages} stages, "
                          f"{in_flight} in flight")
     stage_bytes = (ROWS + block_n) * ROW_BYTES
-    k = Kernel(f"matmul_f16_wgmma_{block_n}x{stages}x{in_flight}",
+    k = Kernel(f"matmul_f16_wgmma_{block_n}x{stages}x{in_flight}{'_add' if residual else ''}",
                [("a", "u64"), ("b", "u64"), ("c", "u64"), ("M", "u32"), ("N", "u32"),
-                ("K", "u32")], arch=ARCH)
-    a, b, c, M, N, K = k.params()
+                ("K", "u32"), *([("r", "u64")] if residual else [])], arch=ARCH)
+    a, b, c, M, N, K, *r = k.params()
     dynamic = k.op("mov.u32", k.shared("slices", "b8", None, 1024))
     # the 128-byte swizzle repeats every 1024 bytes: the slices start on such a boundary
     buffers = k.op("and.b32", k.op("add.u32", dynamic, 1023), ~1023 & 0xFFFFFFFF)
@@ -135,19 +138,35 @@ def matmul_f16_wgmma(block_n: int = 128, stages: int = 4, in_flight: int = 0) ->
             for j in range(block_n // 8):
                 col = k.op("add.u32", pair, 8 * j)
                 values = acc[4 * j + 2 * half: 4 * j + 2 * half + 2]
-                address = k.element(c, k.op("add.u32", line, col), 4)
+                index = k.op("add.u32", line, col)
+                address = k.element(c, index, 4)
                 both = k.op("and.pred", even_n, k.setp("lt.u32", col, N))
+                first = k.setp("lt.u32", col, N)
+                second = k.setp("lt.u32", k.op("add.u32", col, 1), N)
+                if residual:
+                    values = _plus_residual(k, r[0], index, values, both, first, second)
                 k.emit(f"@{both} st.global.v2.f32 [{address}], "
                        f"{{{values[0]}, {values[1]}}}")
                 # odd N: the pair is not 8-byte aligned, each value alone
                 with k.if_(k.op("not.pred", both)):
-                    k.emit(f"@{k.setp('lt.u32', col, N)} st.global.f32 [{address}], "
-                           f"{values[0]}")
-                    k.emit(f"@{k.setp('lt.u32', k.op('add.u32', col, 1), N)} "
-                           f"st.global.f32 [{address}+4], {values[1]}")
+                    k.emit(f"@{first} st.global.f32 [{address}], {values[0]}")
+                    k.emit(f"@{second} st.global.f32 [{address}+4], {values[1]}")
     return k
+
+
+def _plus_residual(k: Kernel, r: Reg, index: Reg, values: list[Reg], both: Reg, first: Reg,
+                   second: Reg) -> list[Reg]:
+    """values + R[index], R[index + 1], read as a pair where `both`, else one by one."""
+    address = k.element(r, index, 4)
+    added = [k.reg("f32"), k.reg("f32")]
+    k.emit(f"@{both} ld.global.v2.f32 {{{added[0]}, {added[1]}}}, [{address}]")
+    with k.if_(k.op("not.pred", both)):
+        k.emit(f"@{first} ld.global.f32 {added[0]}, [{address}]")
+        k.emit(f"@{second} ld.global.f32 {added[1]}, [{address}+4]")
+    return [k.op("add.f32", v, x) for v, x in zip(values, added)]
 
 
 def variants():
     for shape in SHAPES:
         yield matmul_f16_wgmma, shape
+    yield matmul_f16_wgmma, (*DEFAULT, True)

@@ -408,24 +408,27 @@ def _attention_cached_cuda(ctx, qkv, k_cache, v_cache, state, n_heads=1, theta=1
                            style="interleaved", scale=None, max_keys=None, freq_factors=None,
                            attn_factor=1.0, softcap=0.0, window=0, half=False):
     """pxvm.kernels.ptx.transformer's `append` and `attend` (which merges the ranges the
-    keys are cut into, where they are); `half`: the output in float16."""
+    keys are cut into, where they are, and appends a single token itself); `half`: the
+    output in float16."""
     s = qkv.shape[0]
     n_ctx, hkv, d = k_cache.shape
     bound = max_keys or n_ctx
     neox, ring = style == "neox", bound > n_ctx  # a ring: max_keys beyond the cache
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     table = rope_table(ctx, theta, d, max(n_ctx, bound), freq_factors, attn_factor)
+    appends = s == 1  # decoding: `attend` appends the token's key and value itself
     elements = s * hkv * d
-    ctx.launch(ptx_transformer.append, (neox, ring),
-               [qkv, k_cache, v_cache, state, table, elements, n_heads, hkv, d, n_ctx, bound],
-               ctx.stride_grid(elements))
+    if not appends:
+        ctx.launch(ptx_transformer.append, (neox, ring),
+                   [qkv, k_cache, v_cache, state, table, elements, n_heads, hkv, d, n_ctx,
+                    bound], ctx.stride_grid(elements))
     n_ranges, range_len = cuda_key_ranges(bound, s * n_heads)
     out = ctx.empty((s, n_heads * d), np.float16 if half else np.float32)
     part = ctx.empty((s * n_heads * n_ranges, d + 2) if n_ranges > 1 else (1,), np.float32,
                      "attention partial sums")  # AttentionPartials' records
     counts = ctx.counters(s * n_heads if n_ranges > 1 else 1)
     vec = next(v for v in ptx_transformer.VECS if d % v == 0)
-    ctx.launch(ptx_transformer.attend, (neox, ring, vec, half),
+    ctx.launch(ptx_transformer.attend, (neox, ring, vec, half, appends),
                [qkv, k_cache, v_cache, state, table, part, counts, out, n_heads, hkv, d,
                 n_ctx, n_ranges, range_len, bound, scale, float(softcap), int(window)],
                (n_ranges, n_heads, s), block=ptx_transformer.THREADS)

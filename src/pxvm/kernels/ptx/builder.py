@@ -146,12 +146,14 @@ class Kernel:
         return self.op("add.u64", base, self.op("mul.wide.u32", index, size))
 
     def load(self, type: str, address: Reg | str, space: str = "global") -> Reg:
-        return self.op(f"ld.{space}.{type}", f"[{address}]")
+        """A load from `space` (global, shared, .. ; "" for a generic address)."""
+        return self.op(f"ld.{space}.{type}" if space else f"ld.{type}", f"[{address}]")
 
     def load_vector(self, type: str, address: Reg | str, width: int = 4,
                     space: str = "global") -> list[Reg]:
         regs = [self.reg(type) for _ in range(width)]
-        self.emit(f"ld.{space}.v{width}.{type} {{{', '.join(map(str, regs))}}}, [{address}]")
+        instr = f"ld.{space}.v{width}.{type}" if space else f"ld.v{width}.{type}"
+        self.emit(f"{instr} {{{', '.join(map(str, regs))}}}, [{address}]")
         return regs
 
     def store(self, type: str, address: Reg | str, value, space: str = "global") -> None:

@@ -111,9 +111,9 @@ def append(neox: bool, ring: bool) -> Kernel:
     return k
 
 
-def _dot(k: Kernel, key: Reg, query: Reg, d: Reg, vec: int) -> Reg:
-    """sum over c < D of key[c] * query[c]: key a global address, query a shared one,
-    `vec` elements a trip."""
+def _dot(k: Kernel, key: Reg, query: Reg, d: Reg, vec: int, space: str = "global") -> Reg:
+    """sum over c < D of key[c] * query[c]: key an address of `space` (global, "":
+    generic), query a shared one, `vec` elements a trip."""
     acc = [k.op("mov.f32", f32(0.0)) for _ in range(2)]
     c = k.op("mov.u32", 0)
     with k.loop(c, d, vec):
@@ -122,7 +122,7 @@ def _dot(k: Kernel, key: Reg, query: Reg, d: Reg, vec: int) -> Reg:
         query_at = k.op("add.u32", query, offset)
         width = min(vec, 4)
         for part in range(vec // width):
-            keys = k.load_vector("f32", f"{key_at}+{16 * part}", width)
+            keys = k.load_vector("f32", f"{key_at}+{16 * part}", width, space=space)
             queries = k.load_vector("f32", f"{query_at}+{16 * part}", width, space="shared")
             for e, (x, y) in enumerate(zip(keys, queries)):
                 k.to(acc[e % 2], "fma.rn.f32", x, y, acc[e % 2])
@@ -130,14 +130,23 @@ def _dot(k: Kernel, key: Reg, query: Reg, d: Reg, vec: int) -> Reg:
 
 
 def _weighted_values(k: Kernel, v_first: Reg, key_first: Reg, g: Reg, groups: Reg,
-                     n_keys: Reg, exps: Reg, n_ctx: Reg, row_stride: Reg, ring: bool) -> Reg:
+                     n_keys: Reg, exps: Reg, n_ctx: Reg, row_stride: Reg, ring: bool,
+                     new: tuple[Reg, Reg] | None = None) -> Reg:
     """sum over u = g, g + groups, .. < n_keys of exps[u] (shared) * V element of key
     key_first + u (v_first: the element's address in the cache row of position 0;
     row_stride: bytes between cache rows), VALUE_UNROLL keys' loads issued before their
-    products."""
+    products. `new`: (position, generic address of its element): that key's value is
+    read there, not from the cache."""
     def value_at(u: Reg) -> Reg:
-        row = _cache_row(k, k.op("add.u32", key_first, u), n_ctx, ring)
-        return k.load("f32", k.op("add.u64", v_first, k.op("mul.wide.u32", row, row_stride)))
+        key = k.op("add.u32", key_first, u)
+        row = _cache_row(k, key, n_ctx, ring)
+        cached = k.op("add.u64", v_first, k.op("mul.wide.u32", row, row_stride))
+        if new is None:
+            return k.load("f32", cached)
+        at, staged = new
+        address = k.op("selp.b64", staged, k.op("cvta.global.u64", cached),
+                       k.setp("eq.u32", key, at))
+        return k.load("f32", address, space="")
 
     def weight(u: Reg) -> Reg:
         return k.load("f32", k.op("mad.lo.u32", u, 4, exps), space="shared")
@@ -165,11 +174,17 @@ def _put(k: Kernel, out: Reg, index: Reg, value, half: bool) -> None:
         k.store("f32", k.element(out, index, 4), value)
 
 
-def attend(neox: bool, ring: bool, vec: int, half: bool = False) -> Kernel:
+def attend(neox: bool, ring: bool, vec: int, half: bool = False,
+           appends: bool = False) -> Kernel:
     """Grid (n_ranges, Hq, S), THREADS threads: token i's query head h over range r's
     keys (module docstring); D elements of a key read `vec` a trip. `half`: the output
-    in float16 (what a prompt's tensor-core output projection reads)."""
-    k = Kernel(f"{_name('cached_attend', neox, ring)}_v{vec}{'_f16' if half else ''}",
+    in float16 (what a prompt's tensor-core output projection reads). `appends` (one
+    token: decoding): `append`'s work done here, one launch fewer: each block stages the
+    new key (rotated) and value in shared memory and reads them there, and the block of
+    the key's range and of its KV head's first query head writes them to the caches (no
+    block of the launch reads that row from the cache)."""
+    k = Kernel(f"{_name('cached_attend', neox, ring)}_v{vec}{'_f16' if half else ''}"
+               f"{'_appends' if appends else ''}",
                [("qkv", "u64"), ("k_cache", "u64"), ("v_cache", "u64"), ("state", "u64"),
                 ("table", "u64"), ("part", "u64"), ("counts", "u64"), ("out", "u64"),
                 ("hq", "u32"), ("hkv", "u32"), ("head_dim", "u32"), ("n_ctx", "u32"),
@@ -207,6 +222,30 @@ def attend(neox: bool, ring: bool, vec: int, half: bool = False) -> Kernel:
         q = rotated(k, qkv, table, base, tid, at, k.op("shr.u32", d, 1), neox)
         k.store("f32", k.op("mad.lo.u32", tid, 4, query), k.op("mul.f32", q, scale),
                 space="shared")
+    new = None
+    if appends:
+        new_key = k.op("mov.u32", k.shared("new_key", "f32", THREADS, 16))
+        new_value = k.op("mov.u32", k.shared("new_value", "f32", THREADS, 16))
+        with k.if_(k.setp("lt.u32", tid, d)):
+            key_base = k.op("mad.lo.u32", token, row_len,
+                            k.op("mul.lo.u32", k.op("add.u32", hq, kvh), d))
+            key = rotated(k, qkv, table, key_base, tid, at, k.op("shr.u32", d, 1), neox)
+            value = k.load("f32", k.element(
+                qkv, k.op("add.u32", k.op("mad.lo.u32", hkv, d, key_base), tid), 4))
+            k.store("f32", k.op("mad.lo.u32", tid, 4, new_key), key, space="shared")
+            k.store("f32", k.op("mad.lo.u32", tid, 4, new_value), value, space="shared")
+            first_of_group = k.setp("eq.u32", k.op("rem.u32", h, k.op("div.u32", hq, hkv)), 0)
+            own_range = k.setp("lt.u32", at, k.op("add.u32", begin, range_len))
+            with k.if_(k.op("and.pred", first_of_group, own_range)):
+                slot = k.op("mad.lo.u32", k.op("mad.lo.u32", _cache_row(k, at, n_ctx, ring),
+                                                hkv, kvh), d, tid)
+                k.store("f32", k.element(k_cache, slot, 4), key)
+                k.store("f32", k.element(v_cache, slot, 4), value)
+
+        def generic(shared_address: Reg) -> Reg:
+            return k.op("cvta.shared.u64", k.op("cvt.u64.u32", shared_address))
+        new_key_address = generic(new_key)
+        new = (at, generic(k.op("mad.lo.u32", k.op("rem.u32", tid, d), 4, new_value)))
     k.emit("bar.sync 0")
 
     row_stride = k.op("mul.lo.u32", k.op("mul.lo.u32", hkv, d), 4)  # bytes between rows
@@ -229,9 +268,15 @@ def attend(neox: bool, ring: bool, vec: int, half: bool = False) -> Kernel:
         mine = k.setp("lt.u32", tid, n_keys)
         score = k.op("mov.f32", f32(EMPTY))
         with k.if_(mine):
-            row = _cache_row(k, k.op("add.u32", c0, tid), n_ctx, ring)
+            position = k.op("add.u32", c0, tid)
+            row = _cache_row(k, position, n_ctx, ring)
             key = k.op("add.u64", k_head, k.op("mul.wide.u32", row, row_stride))
-            dot = _dot(k, key, query, d, vec)
+            if appends:  # the new key from shared memory, through a generic address
+                key = k.op("selp.b64", new_key_address, k.op("cvta.global.u64", key),
+                           k.setp("eq.u32", position, at))
+                dot = _dot(k, key, query, d, vec, space="")
+            else:
+                dot = _dot(k, key, query, d, vec)
             cap = k.op("mul.f32", softcap, _unary_math(k, "tanh", k.op("div.rn.f32", dot, softcap),
                                                        softcap, softcap))
             k.to(score, "selp.f32", cap, dot, capped)
@@ -244,7 +289,7 @@ def attend(neox: bool, ring: bool, vec: int, half: bool = False) -> Kernel:
         k.emit("bar.sync 0")
         with k.if_(in_group):
             weighted = _weighted_values(k, v_first, c0, g, groups, n_keys, exps, n_ctx,
-                                        row_stride, ring)
+                                        row_stride, ring, new)
             k.to(acc, "fma.rn.f32", acc, rescale, weighted)
         k.emit("bar.sync 0")  # exps is rewritten by the next chunk
 
@@ -332,8 +377,8 @@ def variants():
         for ring in (False, True):
             yield append, (neox, ring)
             for vec in VECS:
-                for half in (False, True):
-                    yield attend, (neox, ring, vec, half)
+                for half, appends in ((False, False), (True, False), (False, True)):
+                    yield attend, (neox, ring, vec, half, appends)
 
 
 __all__ = ["CHUNK", "EMPTY", "VECS", "append", "attend", "variants"]

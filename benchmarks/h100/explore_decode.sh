@@ -1,5 +1,5 @@
 for f in .gl/*.deb; do dpkg -x $f /; done; ldconfig
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl >/dev/null 2>&1
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl $(ls .whl_cuda/*.whl 2>/dev/null) >/dev/null 2>&1
 export PYTHONPATH=/tmp/site:$PWD/src:$PWD/tests/llm PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nproc; python3 --version
 [ -f /tmp/shaped.gguf ] || python3 -c "

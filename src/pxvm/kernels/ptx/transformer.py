@@ -9,8 +9,9 @@ token sees). Rotary embedding comes from a host table (positions, D / 2, [cos, s
 NEOX rotates pairs (c, c + D/2), else (2c, 2c + 1).
 
 Two kernels, launched in this order on one stream:
-- `append`: the new keys (rotated) and values into the caches, a thread an element; so
-  `attend` reads every key from the cache, none racing with its write.
+- `append` (prompts): the new keys (rotated) and values into the caches, a thread an
+  element; so `attend` reads every key from the cache, none racing with its write. A
+  single token's (decoding's) `attend` appends it itself (its `appends`).
 - `attend`: block (range r, query head h, token i) attends over keys r * range_len ..
   (those token i sees: up to its own position, its last `window` where window > 0),
   CHUNK keys a trip with an online softmax: a thread scores a key (its dot product with

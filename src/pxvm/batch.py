@@ -202,6 +202,11 @@ class Graph:
         """Dispatches per launch (None without a recording context)."""
         return None if self.captured is None else len(self.captured)
 
+    @property
+    def scratch_bytes(self) -> int | None:
+        """Device memory its intermediate results keep (None where not counted)."""
+        return getattr(self.captured, "scratch_bytes", None)
+
     def launch(self, *names: str, timestamps: bool = False, runs: int | None = None,
                each_run: bool = True) -> "Launch":
         """Run once; the returned Launch reads the named outputs back. With `runs` = k,

@@ -38,6 +38,9 @@ class CapturedWork(Protocol):
 
     def __len__(self) -> int: ...   # dispatches per run
 
+    #: (where a backend counts it) device memory of the intermediate results it keeps
+    scratch_bytes: int
+
     def encode(self, outputs: list[Tensor], timestamps: bool = False, runs: int = 1,
                each_run: bool = True) -> Replay:
         """Encode `runs` runs and readbacks of `outputs` (after every run, or after the
@@ -95,6 +98,10 @@ class Backend(ABC):
     name: ClassVar[str]
     #: whether an op's first use compiles something (a warm-up then pays off)
     compiles_on_first_use: ClassVar[bool] = False
+    #: whether a language model's prompts run faster replayed as captured graphs than
+    #: recorded anew (CUDA: launching a prompt's kernels from Python takes the host
+    #: longer than the GPU takes to run them; pxvm.llm.prompts)
+    prompt_graphs: ClassVar[bool] = False
     #: the largest tensor one kernel can take, in bytes (None: no bound but memory)
     max_tensor_bytes: int | None = None
 

@@ -135,10 +135,12 @@ class CapturedLaunches:
     alive as long as the graph."""
 
     def __init__(self, device: CudaDevice, work: list[Callable[[], None]],
-                 kept: list[DeviceBuffer]):
+                 kept: list[DeviceBuffer], scratch_bytes: int = 0):
         self.device = device
         self.graph: CudaGraph = device.graph(work)
         self.kept = kept
+        #: device memory of the intermediate results it keeps (outputs made while capturing)
+        self.scratch_bytes = scratch_bytes
 
     def __len__(self) -> int:
         return self.graph.nodes
@@ -164,12 +166,15 @@ class CudaContext(RecordingContext):
         #: a capturing context's launches and the buffers they use (None: not capturing)
         self._captured: list[tuple] | None = [] if capture else None
         self._kept: dict[int, DeviceBuffer] = {}
+        self._scratch_bytes = 0  # outputs made while capturing
         self._eager = 0  # > 0 while derived forms are made: those run now, not in the graph
 
     # ---- for kernels ------------------------------------------------------------------
     def empty(self, shape, dtype, what: str = "output") -> Tensor:
         dtype = np.dtype(dtype)
         nbytes = math.prod(shape) * dtype.itemsize
+        if self._captured is not None and not self._eager:
+            self._scratch_bytes += nbytes
         return Tensor(shape, dtype, self.backend, self.device.alloc(nbytes))
 
     def tensor(self, array) -> Tensor:
@@ -271,7 +276,8 @@ class CudaContext(RecordingContext):
         if self._captured is None:
             raise PxvmError("capture() needs a context made with capture=True")
         launches, self._captured = self._captured, None
-        return CapturedLaunches(self.device, launches, list(self._kept.values()))
+        return CapturedLaunches(self.device, launches, list(self._kept.values()),
+                                self._scratch_bytes)
 
     @property
     def profile(self) -> list[tuple[str, float]] | None:
@@ -303,6 +309,7 @@ def _address(arg) -> int:
 class CudaBackend(Backend):
     name = "cuda"
     compiles_on_first_use = True
+    prompt_graphs = True
 
     def __init__(self, device: CudaDevice | None = None):
         self.device = device if device is not None else get_cuda_device()

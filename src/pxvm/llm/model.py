@@ -32,6 +32,7 @@ from ..ops import decoding, transformer
 from ..runtime.errors import PxvmError
 from .decode import FIRST_STEP_BOUND, ContextOverflowError, Decoder
 from .gguf_model import Config, GGUFModelFile, Weight, default_model_path
+from .prompts import PIECE_TOKENS, PromptGraphs
 
 log = logging.getLogger("pxvm.llm")
 
@@ -140,6 +141,10 @@ class Model:
                                                          np.float32)) for n in rows]
         self.position = 0
         self.decoder = Decoder(self)
+        #: prompts replayed as graphs where the backend gains by it (rings excluded: a
+        #: sliding-window cache's rows depend on the pass)
+        self.prompt_graphs = (PromptGraphs(self) if self.backend.prompt_graphs
+                              and self.prompt_chunk is None else None)
 
     # ---- weights ------------------------------------------------------------------------
     def _load_weights(self, file: GGUFModelFile, progress: bool) -> None:
@@ -348,8 +353,24 @@ class Model:
         return ids.astype(np.int32)
 
     def _prompt(self, ids: np.ndarray, last_only: bool) -> np.ndarray:
-        """The logits of a prompt's tokens at the current position, as one batch (of
-        passes of at most prompt_chunk tokens, where sliding-window layers keep rings)."""
+        """The logits of a prompt's tokens at the current position (of its last only
+        where `last_only`): in pieces of recorded graphs where the model has them
+        (pxvm.llm.prompts), else recorded anew."""
+        if not last_only or self.prompt_graphs is None:
+            return self._recorded_prompt(ids, last_only)
+        pos = self.position
+        for start in range(0, ids.size, PIECE_TOKENS):
+            piece = ids[start:start + PIECE_TOKENS]
+            logits = self.prompt_graphs.logits(piece, pos + start)
+            if logits is None:
+                self.position = pos + start
+                logits = self._recorded_prompt(piece, last_only=True)[-1]
+        self.position = pos + ids.size
+        return logits[None]
+
+    def _recorded_prompt(self, ids: np.ndarray, last_only: bool) -> np.ndarray:
+        """_prompt as one batch (of passes of at most prompt_chunk tokens, where
+        sliding-window layers keep rings)."""
         s, pos = ids.size, self.position
         chunk = self.prompt_chunk or s
         with Batch(self.backend) as batch:

@@ -59,9 +59,14 @@ class BufferPool:
         cls = size_class(nbytes)
         with self._lock:
             bucket = self._free.get((cls, usage))
-            if bucket:
+            while bucket:
                 self._kept -= cls
-                return bucket.pop()
+                buffer = bucket.pop()
+                # a buffer given back by an Allocation that the cycle collector took in
+                # the same pass as the buffer's own wrapper (a dropped model: it and its
+                # decoder refer to each other) was released by wgpu: not reusable
+                if getattr(buffer, "_internal", True) is not None:
+                    return buffer
         self.created += 1
         return self._create(cls, usage)
 

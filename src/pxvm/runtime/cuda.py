@@ -353,9 +353,9 @@ class CudaDevice:
     def launch(self, function, grid: tuple[int, int, int], block: tuple[int, int, int],
                packed: tuple, shared_bytes: int = 0, dependent: bool = False) -> None:
         """Queue a launch of `function` with its ParameterLayout.pack()ed arguments.
-        `dependent`: as a
-        programmatic dependent launch (sm_90 on), which may start while the launch before
-        it finishes; its kernel waits for that one's results (builder's griddepcontrol)."""
+        `dependent`: as a programmatic dependent launch (sm_90 on), which may start while
+        the launch before it finishes; its kernel waits for that one's results (the
+        builder's griddepcontrol)."""
         if shared_bytes > STATIC_SHARED_BYTES:
             self._allow_shared(function, shared_bytes)
         cu = _driver()

@@ -45,8 +45,10 @@ class CapturedDispatches:
     """A captured WebGPU context's work: the runtime's DispatchList, encoded again for
     every run."""
 
-    def __init__(self, dispatches: DispatchList):
+    def __init__(self, dispatches: DispatchList, scratch_bytes: int = 0):
         self.dispatches = dispatches
+        #: device memory of the intermediate results it keeps (outputs made while capturing)
+        self.scratch_bytes = scratch_bytes
 
     def __len__(self) -> int:
         return len(self.dispatches)
@@ -61,12 +63,13 @@ class WebGPUContext(RecordingContext):
     of a kernel file's entry point with typed parameters."""
 
     def __init__(self, backend, device: WgslDevice, recorder: WgslRecorder,
-                 one_buffer: bool = False):
+                 one_buffer: bool = False, capturing: bool = False):
         self.backend = backend
         self.device = device
         self.recorder = recorder
         # timed, profiled and captured work is one command buffer by nature: no flush
         self.one_buffer = one_buffer
+        self._scratch_bytes = 0 if capturing else None  # outputs made while capturing
 
     # ---- for kernels ------------------------------------------------------------------
     def empty(self, shape, dtype, what: str = "output") -> Tensor:
@@ -75,6 +78,8 @@ class WebGPUContext(RecordingContext):
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         alloc = self.device.alloc(max(nbytes, 4), what)
         alloc.nbytes = nbytes
+        if self._scratch_bytes is not None:
+            self._scratch_bytes += nbytes
         return Tensor(shape, dtype, self.backend, alloc)
 
     def tensor(self, array) -> Tensor:
@@ -118,7 +123,7 @@ class WebGPUContext(RecordingContext):
             self.recorder = self.device.recorder()
 
     def capture(self) -> CapturedDispatches:
-        return CapturedDispatches(self.recorder.capture())
+        return CapturedDispatches(self.recorder.capture(), self._scratch_bytes or 0)
 
     @property
     def profile(self) -> list[tuple[str, float]] | None:
@@ -178,7 +183,7 @@ class WebGPUBackend(Backend):
                 capture: bool = False) -> WebGPUContext:
         recorder = self.device.recorder(timestamps=timestamps, profile=profile, capture=capture)
         return WebGPUContext(self, self.device, recorder,
-                             one_buffer=timestamps or profile or capture)
+                             one_buffer=timestamps or profile or capture, capturing=capture)
 
     async def wait_async(self) -> None:
         await self.device.wait_async()

@@ -49,6 +49,22 @@ def _on_cuda(call, qtype: int = Q8_0):
 
 # ---- fused products --------------------------------------------------------------------
 
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize("m,n,k", [(40, 128, 96), (130, 384, 576)])
+def test_a_prompts_glu_in_the_tensor_core_pass_matches_float64_gate_rows_first(
+        activation, m, n, k, cuda_device, rng):
+    # GLU widths in whole 128-column halves of the wgmma block take the GLU in the
+    # product's epilogue (ops.matmul.glu_takes), the weight's rows reordered for it.
+    (x, gain, w), params, expected = product_cases._case(
+        "rmsnorm_glu_quant", rng, Q8_0, m=m, n=n, k=k, activation=activation)
+    got = transformer.rmsnorm_glu_quant(x, gain, w, backend="cuda", **params).numpy()
+    assert got.shape == (m, n)
+    assert_close(got, expected, NMSE_F16)
+    swapped = np.concatenate([w[n:], w[:n]])
+    other = transformer.rmsnorm_glu_quant(x, gain, swapped, backend="cuda", **params).numpy()
+    assert np.abs(other - expected).max() > 1e-3
+
+
 @pytest.mark.parametrize("qtype", product_cases.QTYPES, ids=product_cases.QTYPE_IDS)
 @pytest.mark.parametrize("name", product_cases.FUSED)
 def test_fused_products_match_float64_for_every_weight_type(name, qtype, cuda_device, rng):

@@ -20,9 +20,9 @@ from pxvm.llm import load_model
 from pxvm.llm import model as model_module
 from pxvm.llm import prompts
 
-# heads of 64: prompts' attention on CUDA takes the tensor cores
-SPEC = TinySpec(dim=128, n_heads=2, n_kv_heads=1, context_length=400, matrix_type="Q8_0",
-                embedding_type="Q8_0", matrix_types=None)
+# heads of 64 and a GLU of 128: prompts' attention and GLU on CUDA take the tensor cores
+SPEC = TinySpec(dim=128, n_heads=2, n_kv_heads=1, ffn_dim=128, context_length=400,
+                matrix_type="Q8_0", embedding_type="Q8_0", matrix_types=None)
 
 
 @pytest.fixture(params=["webgpu", "cuda"])

@@ -200,6 +200,32 @@ def _matmul_f16_cuda(ctx, a, b, transpose_b=False):
     return record_f16_product(ctx, a, b)
 
 
+def _tensor_core_kernel(ctx) -> str:
+    if TENSOR_CORE_KERNEL != "auto":
+        return TENSOR_CORE_KERNEL
+    return "wgmma" if ctx.device.info.arch == "sm_90" else "mma"
+
+
+def glu_takes(ctx, n: int, activation: str) -> bool:
+    """Whether a GLU of a weight of `n` rows [gate; up] runs as one tensor-core launch
+    (record_f16_glu): wgmma, and gate rows in whole halves of its block."""
+    return (_tensor_core_kernel(ctx) == "wgmma" and activation in ptx_wgmma.GLU_ACTIVATIONS
+            and (n // 2) % (WGMMA_SHAPE[0] // 2) == 0 and n % 2 == 0)
+
+
+def record_f16_glu(ctx, a, b, activation: str):
+    """(M, N / 2) float32 = act(a @ gate^T) * (a @ up^T) of float16 CUDA tensors, b (N, K)
+    in ptx_wgmma.glu_rows' order (glu_takes)."""
+    M, K = a.shape
+    N = b.shape[0]
+    out = ctx.empty((M, N // 2), np.float32)
+    block_n, stages, _ = shape = WGMMA_SHAPE
+    ctx.launch(ptx_wgmma.matmul_f16_wgmma, (*shape, False, activation), [a, b, out, M, N, K],
+               (-(-N // block_n), -(-M // ptx_wgmma.ROWS), 1), block=ptx_wgmma.THREADS,
+               shared_bytes=ptx_wgmma.shared_bytes(block_n, stages))
+    return out
+
+
 def record_f16_product(ctx, a, b, residual=None):
     """(M, N) float32 = a (M, K) @ b (N, K)^T [+ residual (M, N) float32] of float16 CUDA
     tensors, K a multiple of 8, on tensor cores: the kernel matmul_f16 launches (and the
@@ -208,10 +234,7 @@ def record_f16_product(ctx, a, b, residual=None):
     M, K = a.shape
     N = b.shape[0]
     out = ctx.empty((M, N), np.float32)
-    kernel = TENSOR_CORE_KERNEL
-    if kernel == "auto":
-        kernel = "wgmma" if ctx.device.info.arch == "sm_90" else "mma"
-    if kernel == "wgmma":
+    if _tensor_core_kernel(ctx) == "wgmma":
         block_n, stages, _ = shape = WGMMA_SHAPE
         added = residual is not None
         ctx.launch(ptx_wgmma.matmul_f16_wgmma, (*shape, added),

@@ -14,10 +14,11 @@ from ..backends import Tensor
 from ..kernels.ptx import dequantize as ptx_dequantize
 from ..kernels.ptx import quant_blocks
 from ..kernels.ptx import quantized as ptx_quantized
+from ..kernels.ptx import wgmma as ptx_wgmma
 from ..runtime.webgpu.params import KernelParams, f32, kernel_params, u32
 from . import tuning
 from .layouts import AttentionPartials
-from .matmul import record_f16_product
+from .matmul import WGMMA_SHAPE, glu_takes, record_f16_glu, record_f16_product
 from .quant_types import dequantize, quant_type
 from .registry import MissingKernelError, meta, op, require
 
@@ -199,24 +200,61 @@ def _planes(ctx, w, qtype, k):
     return ctx.derived(w, ("planes", qtype, k), make)
 
 
+def _dequantized_f16(ctx, w, qtype, k):
+    """W (N, K) dequantized into a new float16 tensor (F16 rows: W's own memory)."""
+    n = w.shape[0]
+    if qtype == 1:
+        return Tensor((n, k), np.float16, w.backend, w.storage)
+    out = ctx.empty((n, k), np.float16)
+    scalar = k % quant_blocks.UNIT != 0  # float rows of any length
+    builder = ptx_dequantize.dequantize_float_scalar if scalar else ptx_dequantize.dequantize
+    ctx.launch(builder, (qtype, "f16", False), [w, out, n, k, n, 0],
+               ctx.stride_grid(n * k if scalar else n * k // quant_blocks.UNIT))
+    return out
+
+
 def _f16_weight(ctx, w, qtype, k):
     """W as a float16 (N, K) tensor: F16 rows as they are, the other types dequantized
     into a matrix kept with W while the backend's budget allows (a prompt then skips
     the dequantization: one launch a product fewer)."""
-    n = w.shape[0]
     if qtype == 1:
-        return Tensor((n, k), np.float16, w.backend, w.storage)
+        return _dequantized_f16(ctx, w, qtype, k)
+    return ctx.derived(w, ("float16", qtype, k), lambda: _dequantized_f16(ctx, w, qtype, k),
+                       optional=True)
 
+
+def _f16_glu_weight(ctx, w, qtype, k, block_n: int):
+    """A GLU weight [gate; up] as float16 in the row order of the tensor-core GLU kernel
+    (ptx_wgmma.glu_rows), kept as _f16_weight is."""
     def make():
-        out = ctx.empty((n, k), np.float16)
-        scalar = k % quant_blocks.UNIT != 0  # float rows of any length
-        builder = (ptx_dequantize.dequantize_float_scalar if scalar
-                   else ptx_dequantize.dequantize)
-        ctx.launch(builder, (qtype, "f16", False), [w, out, n, k, n, 0],
-                   ctx.stride_grid(n * k if scalar else n * k // quant_blocks.UNIT))
+        plain = _dequantized_f16(ctx, w, qtype, k)
+        out = ctx.empty(plain.shape, np.float16)
+        row_bytes = 2 * k
+        for i, (first, count) in enumerate(ptx_wgmma.glu_rows(w.shape[0], block_n)):
+            ctx.copy(out, plain, count * row_bytes, i * count * row_bytes, first * row_bytes)
         return out
 
-    return ctx.derived(w, ("float16", qtype, k), make, optional=True)
+    return ctx.derived(w, ("float16 glu", qtype, k, block_n), make, optional=True)
+
+
+def record_prompt_glu(ctx, x, w, qtype, k, activation: str):
+    """act(x W_gate^T) * (x W_up^T) for W = [W_gate; W_up] as one tensor-core launch
+    where the GPU has the GLU kernel (glu_takes), else None (the caller multiplies, then
+    applies the GLU)."""
+    if not glu_takes(ctx, w.shape[0], activation):
+        return None
+    if x.dtype != np.float16:
+        x = _to_f16(ctx, x)
+    return record_f16_glu(ctx, x, _f16_glu_weight(ctx, w, qtype, k, WGMMA_SHAPE[0]),
+                          activation)
+
+
+def _to_f16(ctx, x):
+    m, k = x.shape
+    x16 = ctx.empty((m, k), np.float16)
+    vec = 4 if (m * k) % 4 == 0 else 1
+    ctx.launch(ptx_dequantize.to_f16, (vec,), [x, x16, m * k], ctx.stride_grid(m * k // vec))
+    return x16
 
 
 def prompt_takes(m: int, k: int) -> bool:
@@ -228,12 +266,7 @@ def record_prompt_product(ctx, x, w, qtype, k, residual=None):
     """x @ W^T [+ residual] as W dequantized to float16 times x in float16 (converted
     here unless it is already) on tensor cores (prompt_takes)."""
     if x.dtype != np.float16:
-        m = x.shape[0]
-        x16 = ctx.empty((m, k), np.float16)
-        vec = 4 if (m * k) % 4 == 0 else 1
-        ctx.launch(ptx_dequantize.to_f16, (vec,), [x, x16, m * k],
-                   ctx.stride_grid(m * k // vec))
-        x = x16
+        x = _to_f16(ctx, x)
     return record_f16_product(ctx, x, _f16_weight(ctx, w, qtype, k), residual=residual)
 
 

@@ -37,7 +37,8 @@ from .layouts import AttentionPartials
 from .normalization import (NormParams, check_rope, record_rmsnorm_cuda, rmsnorm, rope,
                             rope_table)
 from .quantized import (MAX_MERGED, infer_product, matmul_quant, matvec_takes, prompt_takes,
-                        record_product, record_product_cuda, record_prompt_product)
+                        record_product, record_product_cuda, record_prompt_glu,
+                        record_prompt_product)
 from .registry import MissingKernelError, meta, op, require
 
 # ---- fused products -------------------------------------------------------------------
@@ -73,6 +74,10 @@ def _fused_product_cuda(ctx, x, w, qtype, k, lanes, what: str, gain=None, eps=0.
                                    activation=activation)
     if prompt_takes(x.shape[0], k):  # the norm writes float16, the product adds
         h = x if gain is None else record_rmsnorm_cuda(ctx, x, gain, eps, half=True)
+        if activation is not None:  # the GLU in the product's pass where it can
+            glu = record_prompt_glu(ctx, h, w, qtype, k, activation)
+            if glu is not None:
+                return glu
         product = record_prompt_product(ctx, h, w, qtype, k, residual=residual)
         if residual is not None:
             return product
@@ -551,7 +556,7 @@ def _flash_attention_cuda(ctx, qkv, k_cache, v_cache, state, n_heads, theta, sty
                           max_keys, freq_factors, attn_factor):
     """A prompt's attention_cached on tensor cores: ptx_transformer.flash_inputs (the
     caches appended, float16 q, k, v), then ptx_attention.flash_f16 reading the
-    position on the device. Float16 inputs, as the prompt's products take."""
+    position on the device. Float16 inputs and output, as the prompt's products take."""
     s = qkv.shape[0]
     n_ctx, hkv, d = k_cache.shape
     bound = max_keys or n_ctx
@@ -561,10 +566,10 @@ def _flash_attention_cuda(ctx, qkv, k_cache, v_cache, state, n_heads, theta, sty
     ctx.launch(ptx_transformer.flash_inputs, (style == "neox",),
                [qkv, k_cache, v_cache, state, table, q16, k16, v16, s, n_heads, hkv, d, bound],
                ctx.stride_grid(s * (n_heads + 2 * hkv) * d + 2 * bound * hkv * d))
-    out = ctx.empty((s, n_heads * d), np.float32)
+    out = ctx.empty((s, n_heads * d), np.float16)  # what the output product reads
     shape = FLASH_SHAPE[d]
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    ctx.launch(ptx_attention.flash_f16, (*shape, True),
+    ctx.launch(ptx_attention.flash_f16, (*shape, True, True),
                [q16, k16, v16, out, s, state, n_heads, hkv, scale * ptx_attention.LOG2E],
                (n_heads, -(-s // ptx_attention.flash_rows(shape[2])), 1), block=32 * shape[2])
     return out

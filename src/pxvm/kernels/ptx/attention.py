@@ -125,16 +125,18 @@ def flash_rows(warps: int) -> int:
 
 
 def flash_f16(head_dim: int = 128, block_n: int = 64, warps: int = 4,
-              positioned: bool = False) -> Kernel:
+              positioned: bool = False, half_out: bool = False) -> Kernel:
     """Grid (Hq, ceil(Sq / flash_rows(warps))), 32 * warps threads; module docstring.
     `positioned`: the queries are a prompt's new tokens at position pos = state[1] (read
     on the device) of a KV cache: Skv = pos + Sq keys, causal (offset pos); so that one
-    captured launch serves any position (pxvm.llm.prompts)."""
+    captured launch serves any position (pxvm.llm.prompts). `half_out`: out in float16
+    (what the prompt's output projection reads)."""
     D, BN, BM = head_dim, block_n, flash_rows(warps)
     threads = 32 * warps
     row_bytes = D * 2
     where = [("state", "u64")] if positioned else [("skv", "u32")]
-    k = Kernel(f"attention_f16_d{D}_n{BN}_w{warps}{'_positioned' if positioned else ''}",
+    k = Kernel(f"attention_f16_d{D}_n{BN}_w{warps}{'_positioned' if positioned else ''}"
+               f"{'_f16' if half_out else ''}",
                [("q", "u64"), ("k", "u64"), ("v", "u64"), ("out", "u64"), ("sq", "u32"),
                 *where, ("hq", "u32"), ("hkv", "u32"),
                 *([] if positioned else [("offset", "u32")]), ("scale_log2", "f32")])
@@ -291,10 +293,15 @@ def flash_f16(head_dim: int = 128, block_n: int = 64, warps: int = 4,
         inverse = k.op("rcp.rn.f32", total)
         ok = k.setp("lt.u32", rows[r], sq)
         index = k.op("mad.lo.u32", k.op("mad.lo.u32", rows[r], hq, head), D, pair)
-        address = k.element(out, index, 4)
+        address = k.element(out, index, 2 if half_out else 4)
         for n, tile_o in enumerate(o):
             x, y = (k.op("mul.f32", tile_o[2 * r + e], inverse) for e in range(2))
-            k.emit(f"@{ok} st.global.v2.f32 [{address}+{n * 32}], {{{x}, {y}}}")
+            if half_out:  # the pair as one float16x2 word (x in the low half)
+                word = k.reg("b32")
+                k.emit(f"cvt.rn.f16x2.f32 {word}, {y}, {x}")
+                k.emit(f"@{ok} st.global.b32 [{address}+{n * 16}], {word}")
+            else:
+                k.emit(f"@{ok} st.global.v2.f32 [{address}+{n * 32}], {{{x}, {y}}}")
     return k
 
 
@@ -381,6 +388,6 @@ def variants():
     for shape in SHAPES:
         yield flash_f16, shape
     for shape in DEFAULT.values():
-        yield flash_f16, (*shape, True)
+        yield flash_f16, (*shape, True, True)
     for dims_per_lane in range(1, MAX_HEAD_DIM // 32 + 1):
         yield attention_f32, (dims_per_lane,)

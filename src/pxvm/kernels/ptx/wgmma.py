@@ -17,6 +17,7 @@ K must be a multiple of 8 (whole 16-byte chunks); M and N are any size.
 from __future__ import annotations
 
 from .builder import Kernel, Reg, f32
+from .elementwise import _unary_math
 
 ARCH = "sm_90a"            # wgmma is a Hopper feature of the sm_90a target
 WARPGROUPS = 2
@@ -26,6 +27,8 @@ ROW_BYTES = DEPTH * 2      # a slice row: 128 bytes, one swizzle row
 THREADS = 128 * WARPGROUPS
 #: (block columns, stages, wgmma groups in flight) of the kernel the op launches
 DEFAULT = (256, 4, 1)
+#: the activations of the GLU epilogue (matmul_f16_wgmma's `glu`)
+GLU_ACTIVATIONS = ("silu", "gelu_tanh")
 #: the shapes the benchmarks try (BENCHMARKS.md)
 SHAPES = ((128, 4, 0), (128, 6, 0), (128, 6, 1), (256, 3, 0), (256, 4, 1))
 
@@ -71,15 +74,19 @@ def _copy_slices(k: Kernel, a: Reg, b: Reg, M: Reg, N: Reg, K: Reg, row0: Reg, c
 
 
 def matmul_f16_wgmma(block_n: int = 128, stages: int = 4, in_flight: int = 0,
-                     residual: bool = False) -> Kernel:
+                     residual: bool = False, glu: str | None = None) -> Kernel:
     """The kernel of one shape; with `residual`, C = A @ B^T + R for R (M, N) float32 (a
-    transformer's residual add, in the same pass)."""
+    transformer's residual add, in the same pass). With `glu` (silu, gelu_tanh), B's rows
+    come in pairs of block_n / 2 gate rows then their block_n / 2 up rows (glu_rows), and
+    C (M, N / 2) = glu(A @ gate^T) * (A @ up^T): a block's gate and up columns meet in
+    the same threads' accumulators."""
     ahead = stages - 1 - in_flight  # steps whose slices are on their way
     if ahead < 1 or block_n % 64 or not 64 <= block_n <= 256:
         raise ValueError(f"no wgmma kernel of {block_n} columns, {stages} stages, "
                          f"{in_flight} in flight")
     stage_bytes = (ROWS + block_n) * ROW_BYTES
-    k = Kernel(f"matmul_f16_wgmma_{block_n}x{stages}x{in_flight}{'_add' if residual else ''}",
+    k = Kernel(f"matmul_f16_wgmma_{block_n}x{stages}x{in_flight}{'_add' if residual else ''}"
+               f"{f'_{glu}' if glu else ''}",
                [("a", "u64"), ("b", "u64"), ("c", "u64"), ("M", "u32"), ("N", "u32"),
                 ("K", "u32"), *([("r", "u64")] if residual else [])], arch=ARCH)
     a, b, c, M, N, K, *r = k.params()
@@ -130,6 +137,10 @@ def matmul_f16_wgmma(block_n: int = 128, stages: int = 4, in_flight: int = 0,
     top = k.op("add.u32", k.op("add.u32", row0, k.op("shl.b32", group, 6)),
                k.op("mad.lo.u32", warp, 16, k.op("shr.u32", lane, 2)))
     pair = k.op("add.u32", col0, k.op("shl.b32", k.op("and.b32", lane, 3), 1))
+    if glu is not None:
+        _glu_epilogue(k, c, acc, M, N, top, k.op("shl.b32", k.op("and.b32", lane, 3), 1),
+                      k.op("mul.lo.u32", k.special("%ctaid.x"), block_n // 2), block_n, glu)
+        return k
     even_n = k.setp("eq.u32", k.op("and.b32", N, 1), 0)
     for half in range(2):
         row = k.op("add.u32", top, 8 * half)
@@ -154,6 +165,34 @@ def matmul_f16_wgmma(block_n: int = 128, stages: int = 4, in_flight: int = 0,
     return k
 
 
+def glu_rows(n: int, block_n: int) -> list[tuple[int, int]]:
+    """(source row, count) runs of a GLU weight [gate (F rows); up (F rows)] in the order
+    the GLU kernel reads: block_n / 2 gate rows, then the same rows of up, and so on."""
+    f, half = n // 2, block_n // 2
+    return [(start + part, half) for start in range(0, f, half) for part in (0, f)]
+
+
+def _glu_epilogue(k: Kernel, c: Reg, acc: list[Reg], M: Reg, N: Reg, top: Reg, pair: Reg,
+                  first_column: Reg, block_n: int, act: str) -> None:
+    """C's columns first_column + 8 j + pair (+1) of rows top, top + 8: act(gate) * up,
+    gate in the accumulators' first block_n / 16 n8 tiles, up in the rest."""
+    f = k.op("shr.u32", N, 1)
+    tiles = block_n // 16
+    for half in range(2):
+        row = k.op("add.u32", top, 8 * half)
+        with k.if_(k.setp("lt.u32", row, M)):
+            line = k.op("mul.lo.u32", row, f)
+            for j in range(tiles):
+                col = k.op("add.u32", first_column, k.op("add.u32", pair, 8 * j))
+                gate = acc[4 * j + 2 * half: 4 * j + 2 * half + 2]
+                up = acc[4 * (j + tiles) + 2 * half: 4 * (j + tiles) + 2 * half + 2]
+                values = [k.op("mul.f32", _unary_math(k, act, g, g, g), u)
+                          for g, u in zip(gate, up)]
+                address = k.element(c, k.op("add.u32", line, col), 4)
+                k.emit(f"@{k.setp('lt.u32', col, f)} st.global.v2.f32 [{address}], "
+                       f"{{{values[0]}, {values[1]}}}")
+
+
 def _plus_residual(k: Kernel, r: Reg, index: Reg, values: list[Reg], both: Reg, first: Reg,
                    second: Reg) -> list[Reg]:
     """values + R[index], R[index + 1], read as a pair where `both`, else one by one."""
@@ -170,3 +209,5 @@ def variants():
     for shape in SHAPES:
         yield matmul_f16_wgmma, shape
     yield matmul_f16_wgmma, (*DEFAULT, True)
+    for act in GLU_ACTIVATIONS:
+        yield matmul_f16_wgmma, (*DEFAULT, False, act)

@@ -1,9 +1,11 @@
 """Decoding on CUDA with the graph's programmatic dependent launches on and off, and with
 the cached attention's key ranges (most keys in one range, keys a range, most ranges)
-changed, alternating the configurations in one process; then where a 512-token prefill's time goes on CUDA: the
+and the elements of a key its dot product reads a trip changed, alternating the
+configurations in one process; then where a 512-token prefill's time goes on CUDA: the
 host recording it, the GPU running the same forward captured as one graph, and the
 host's profile (cProfile) of one forward.
-Usage: python decode_variants.py MODEL.gguf [NAME=PDL,ONE_RANGE_KEYS,RANGE_KEYS,MAX_RANGES ...]
+Usage: python decode_variants.py MODEL.gguf
+[NAME=PDL,ONE_RANGE_KEYS,RANGE_KEYS,MAX_RANGES[,LARGEST_KEY_VEC] ...]
 (default: the shipped configuration, PDL off, and two range shapes)."""
 import cProfile
 import importlib
@@ -19,6 +21,8 @@ from pxvm.llm.model import load_model
 from pxvm.llm.tokenizer import Tokenizer
 
 cuda_backend = importlib.import_module("pxvm.backends.cuda")
+ptx_attention = importlib.import_module("pxvm.kernels.ptx.transformer")
+shipped_vecs = ptx_attention.VECS
 attention = importlib.import_module("pxvm.ops.transformer")  # the module, not the op
 
 model = load_model(sys.argv[1], backend="cuda", progress=False)
@@ -32,6 +36,8 @@ for round_ in range(2):
     for name, config in configs.items():
         pdl, *ranges = (int(v) for v in config.split(","))
         cuda_backend.GRAPH_DEPENDENT_LAUNCHES = bool(pdl)
+        largest_vec = ranges.pop() if len(ranges) == 4 else shipped_vecs[0]
+        ptx_attention.VECS = tuple(v for v in shipped_vecs if v <= largest_vec)
         (attention.CUDA_ONE_RANGE_KEYS, attention.CUDA_RANGE_KEYS,
          attention.CUDA_MAX_RANGES) = ranges
         line = [f"round {round_ + 1} {name} ({config}):"]
@@ -43,6 +49,7 @@ for round_ in range(2):
             line.append(f"d{depth} {result['decode_tokens_per_s']:.1f} tok/s step {step} ms;")
         print(" ".join(line), flush=True)
 cuda_backend.GRAPH_DEPENDENT_LAUNCHES = shipped[0]
+ptx_attention.VECS = shipped_vecs
 (attention.CUDA_ONE_RANGE_KEYS, attention.CUDA_RANGE_KEYS,
  attention.CUDA_MAX_RANGES) = shipped[1:]
 

@@ -33,9 +33,10 @@ from .rows import THREADS, _block_reduce
 
 #: Keys a trip of `attend` scores: one a thread.
 CHUNK = THREADS
-#: A key's head elements read per trip of its dot product: 16 (four 16-byte loads) where
-#: D is a multiple of 16, 4 where of 4, else 2 (D is even).
-VECS = (16, 4, 2)
+#: A key's head elements read per trip of its dot product: all 64 at once (sixteen
+#: 16-byte loads in flight) where D is a multiple of 64, 16 where of 16, 4 where of 4,
+#: else 2 (D is even).
+VECS = (64, 16, 4, 2)
 #: Keys of a value group whose loads are issued before their products.
 VALUE_UNROLL = 8
 #: Ranges whose records a thread of the merge reads before adding them up.

@@ -42,8 +42,7 @@ class PromptGraphs:
     """The recorded prompt pieces of one model, by piece length."""
 
     def __init__(self, model: "LanguageModel"):
-        # a weak reference, as the graphs' recordings hold this object's: no reference
-        # cycle, so a dropped model's buffers go back to the pool while they are alive
+        # weak: the graphs' recordings (kept here) must not keep a dropped model alive
         self._model = weakref.ref(model)
         self._seen: set[int] = set()
         self._too_large: set[int] = set()

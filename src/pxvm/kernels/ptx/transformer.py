@@ -43,6 +43,10 @@ VALUE_UNROLL = 8
 MERGE_UNROLL = 4
 #: The most key ranges a head's keys may be cut into (a thread of the merge each).
 MAX_RANGES = THREADS
+#: How a range's block publishes its record to the one that merges: "release/acquire"
+#: (the count's atomic orders them) or "fences" (membar.gl on both sides; benchmarks
+#: compare them).
+MERGE_ORDERING = "release/acquire"
 #: The score of a key outside the range: finite, so exp(EMPTY - max) is 0 without inf
 #: arithmetic.
 EMPTY = -3.0e38
@@ -385,11 +389,16 @@ def attend(neox: bool, ring: bool, vec: int, half: bool = False,
         # the last of the head's ranges to finish merges them all (its count goes back
         # to 0 for the next launch): no second kernel, no second launch
         last = k.op("mov.u32", k.shared("last", "u32", 1, 4))
-        k.emit("membar.gl")  # this block's record is visible before it is counted
+        fenced = MERGE_ORDERING == "fences"
+        if fenced:
+            k.emit("membar.gl")  # this block's record is visible before it is counted
         k.emit("bar.sync 0")
         with k.if_(k.setp("eq.u32", tid, 0)):
             count = k.element(counts, head, 4)
-            done = k.op("atom.global.add.u32", f"[{count}]", 1)
+            # release: the block's records (ordered before by the barrier) are visible
+            # to whoever counts after; acquire: the others' are visible to this block
+            done = k.op("atom.global.add.u32" if fenced else "atom.acq_rel.gpu.global.add.u32",
+                        f"[{count}]", 1)
             used = _ranges_used(k, at, range_len, n_ranges)
             is_last = k.setp("eq.u32", k.op("add.u32", done, 1), used)
             with k.if_(is_last):
@@ -398,7 +407,8 @@ def attend(neox: bool, ring: bool, vec: int, half: bool = False,
         k.emit("bar.sync 0")
         merges = k.setp("ne.u32", k.load("u32", last, space="shared"), 0)
         with k.if_(merges):  # the block's threads all, or none
-            k.emit("membar.gl")
+            if fenced:
+                k.emit("membar.gl")
             weights = k.op("mov.u32", k.shared("weights", "f32", THREADS, 16))
             _merge(k, part, out, head_out, head, tid, d, n_ranges,
                    _ranges_used(k, at, range_len, n_ranges), half, scratch, weights)

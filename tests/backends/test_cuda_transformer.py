@@ -86,6 +86,17 @@ def test_fused_products_on_decoding_and_prompt_shapes(name, m, n, k, cuda_device
     assert_close(got, expected, TOL if m < 32 else NMSE_F16)
 
 
+@pytest.mark.parametrize("name", product_cases.FUSED)
+def test_prompt_products_on_ampere_tensor_cores_add_and_gate_apart(name, cuda_device, rng,
+                                                                   monkeypatch):
+    # Without wgmma (mma.sync, Ampere's) the residual and the GLU are launches of their own.
+    monkeypatch.setattr(importlib.import_module("pxvm.ops.matmul"), "TENSOR_CORE_KERNEL",
+                        "mma")
+    args, params, expected = product_cases._case(name, rng, Q8_0, m=64, n=256, k=96)
+    got = pxvm.ops.REGISTRY[name](*args, backend="cuda", **params).numpy()
+    assert_close(got, expected, NMSE_F16)
+
+
 @pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
 @pytest.mark.parametrize("n", [5, 36])  # GLU columns one at a time, and in fours
 def test_rmsnorm_glu_quant_takes_its_activation_and_the_gate_rows_first(activation, n,

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels.ptx import elementwise as ptx_elementwise
 from ..kernels.ptx import matmul as ptx_matmul
 from ..kernels.ptx import tensor_core as ptx_tensor_core
 from ..kernels.ptx import wgmma as ptx_wgmma
 from ..runtime.webgpu.params import KernelParams, kernel_params, u32
 from . import tuning
+from .elementwise import add
 from .registry import MissingKernelError, meta, op, require
 
 #: Tile shapes of the register-blocked kernels (matmul_blocked.wgsl, matmul_f16_half.wgsl):
@@ -246,12 +246,9 @@ def record_f16_product(ctx, a, b, residual=None):
     ctx.launch(ptx_tensor_core.matmul_f16_bt, shape, [a, b, out, M, N, K],
                (-(-N // block_n), -(-M // ptx_tensor_core.TILE), 1),
                block=ptx_tensor_core.threads(block_n, warp_n))
-    if residual is None or out.size == 0:
+    if residual is None:
         return out
-    total = ctx.empty((M, N), np.float32)
-    ctx.launch(ptx_elementwise.binary, ("add", "none", 1), [out, residual, total, M * N, M * N],
-               ctx.stride_grid(M * N))
-    return total
+    return add.kernels["cuda"](ctx, out, residual)
 
 
 #: matmul_f16's WebGPU kernel: "half" multiplies in f16 pairs with f32 totals every

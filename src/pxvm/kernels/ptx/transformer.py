@@ -28,7 +28,7 @@ the device) get NaN rows and are not appended.
 from __future__ import annotations
 
 from .builder import Kernel, Reg, f32
-from .elementwise import _exp, _unary_math
+from .elementwise import _exp, _store, _store_half, _unary_math
 from .rows import THREADS, _block_reduce
 
 #: Keys a trip of `attend` scores: one a thread.
@@ -144,9 +144,6 @@ def flash_inputs(neox: bool) -> Kernel:
     old = k.op("mul.lo.u32", k.op("min.u32", pos, max_keys), row_elements)  # of K, of V
     total = k.op("add.u32", new, k.op("shl.b32", old, 1))
 
-    def half_at(base: Reg, index: Reg, value) -> None:
-        k.store("b16", k.element(base, index, 2), k.op("cvt.rn.f16.f32", value))
-
     t, stride = k.grid_stride()
     with k.loop(t, total, stride):
         with k.if_(k.setp("lt.u32", t, new)):
@@ -158,7 +155,8 @@ def flash_inputs(neox: bool) -> Kernel:
             with k.if_(k.setp("lt.u32", slot, hq)):  # a query head
                 q = rotated(k, qkv, table, base, c, at, half, neox)
                 q = k.op("selp.f32", f32(float("nan")), q, beyond)
-                half_at(q16, k.op("mad.lo.u32", k.op("mad.lo.u32", token, hq, slot), d, c), q)
+                _store_half(k, q16, k.op("mad.lo.u32", k.op("mad.lo.u32", token, hq, slot), d, c),
+                            [q])
             kv = k.op("sub.u32", slot, hq)
             is_key = k.setp("lt.u32", kv, hkv)
             with k.if_(k.op("and.pred", k.setp("ge.u32", slot, hq), k.op("not.pred", beyond))):
@@ -167,19 +165,19 @@ def flash_inputs(neox: bool) -> Kernel:
                 with k.if_(is_key):
                     key = rotated(k, qkv, table, base, c, at, half, neox)
                     k.store("f32", k.element(k_cache, cache_at, 4), key)
-                    half_at(k16, cache_at, key)
+                    _store_half(k, k16, cache_at, [key])
                 with k.if_(k.op("not.pred", is_key)):
                     value = k.load("f32", k.element(qkv, t, 4))
                     k.store("f32", k.element(v_cache, cache_at, 4), value)
-                    half_at(v16, cache_at, value)
+                    _store_half(k, v16, cache_at, [value])
         with k.if_(k.setp("ge.u32", t, new)):  # an earlier position's key or value
             e = k.op("sub.u32", t, new)
             is_key = k.setp("lt.u32", e, old)
             index = k.op("selp.u32", e, k.op("sub.u32", e, old), is_key)
             with k.if_(is_key):
-                half_at(k16, index, k.load("f32", k.element(k_cache, index, 4)))
+                _store_half(k, k16, index, [k.load("f32", k.element(k_cache, index, 4))])
             with k.if_(k.op("not.pred", is_key)):
-                half_at(v16, index, k.load("f32", k.element(v_cache, index, 4)))
+                _store_half(k, v16, index, [k.load("f32", k.element(v_cache, index, 4))])
     return k
 
 
@@ -240,10 +238,7 @@ def _weighted_values(k: Kernel, v_first: Reg, key_first: Reg, g: Reg, groups: Re
 
 def _put(k: Kernel, out: Reg, index: Reg, value, half: bool) -> None:
     """Output element `index`: float32, or float16 where `half`."""
-    if half:
-        k.store("b16", k.element(out, index, 2), k.op("cvt.rn.f16.f32", value))
-    else:
-        k.store("f32", k.element(out, index, 4), value)
+    (_store_half if half else _store)(k, out, index, [value])
 
 
 def attend(neox: bool, ring: bool, vec: int, half: bool = False,

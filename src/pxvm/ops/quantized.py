@@ -179,9 +179,13 @@ MATVEC_SHAPES: dict[int, tuple[int, int]] = {12: (16, 8), 8: (16, 8), 2: (8, 8),
 MATVEC_PREFETCHES: dict[int, str] = {12: "none", 8: "none", 2: "lines", 14: "none", 13: "none"}
 #: the prefetch of every type instead ("auto": MATVEC_PREFETCHES; benchmarks set it)
 MATVEC_PREFETCH = "auto"
-#: the shape of products whose weight has too few rows to fill the GPU with the type's
-#: shape: the fastest for SmolLM2's decoding on the H100 (BENCHMARKS.md)
-SMALL_SHAPE = (4, 4, "none")
+#: the shape (outputs a block, rows a group) of products whose weight has too few rows
+#: to fill the GPU with the type's shape: the fastest for SmolLM2's decoding on the H100
+#: (BENCHMARKS.md)
+SMALL_SHAPE = (4, 4)
+#: their prefetch on sm_90: "bulk" asks L2 for the block's rows before the kernel waits
+#: for its predecessor in decoding's graphs (elsewhere "none")
+SMALL_PREFETCH = "bulk"
 #: rows of x the matrix-vector kernels take (a grid row each: CUDA's grid height)
 MAX_GRID_ROWS = 65535
 
@@ -279,7 +283,8 @@ def _matvec_shape(ctx, qtype: int, outputs: int) -> tuple[int, int, str]:
     if MATVEC_PREFETCH == "auto":
         rows = MATVEC_SHAPES.get(qtype, ptx_quantized.DEFAULT_SHAPE)[0]
         if -(-outputs // rows) < ctx.device.info.multiprocessors:
-            return SMALL_SHAPE
+            hopper = ctx.device.info.arch == "sm_90"
+            return (*SMALL_SHAPE, SMALL_PREFETCH if hopper else "none")
     if qtype in ptx_quantized.SWEPT:
         tuned = tuning.choice(ctx.backend, f"matmul_quant.cuda.{quant_type(qtype).name}")
         if tuned is not None:

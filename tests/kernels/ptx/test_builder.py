@@ -101,3 +101,40 @@ def test_sm_90_kernels_wait_for_their_predecessor_before_their_first_instruction
             and not line.strip().startswith((".reg", ".param"))]
     assert body[:2] == ["griddepcontrol.wait;", "griddepcontrol.launch_dependents;"]
     assert "griddepcontrol" not in module([k], "sm_80")  # Ampere has no dependent launch
+
+
+def test_a_kernel_can_wait_for_its_predecessor_after_its_prefetches():
+    k = Kernel("prefetching", [("w", "u64"), ("x", "u64")])
+    w, x = k.params()
+    k.emit(f"prefetch.global.L2 [{w}]")
+    k.wait_for_predecessors()
+    k.store("f32", x, f32(1.0))
+    body = [line.strip() for line in module([k], "sm_90").splitlines()
+            if line.startswith("    ") and not line.strip().startswith((".reg", ".param"))]
+    prefetch, wait = body.index(f"prefetch.global.L2 [{w}];"), body.index("griddepcontrol.wait;")
+    assert prefetch < wait == body.index("griddepcontrol.launch_dependents;") - 1
+    assert wait < next(i for i, line in enumerate(body) if line.startswith("st.global"))
+    assert body.count("griddepcontrol.wait;") == 1
+    ampere = module([k], "sm_80")
+    assert "griddepcontrol" not in ampere and "wait for predecessors" not in ampere
+
+
+def test_waiting_twice_or_inside_a_block_is_refused():
+    k = _kernel()
+    x, n, _ = k.params()
+    with pytest.raises(PtxError, match="inside a block"):
+        with k.if_(k.setp("lt.u32", n, 4)):
+            k.wait_for_predecessors()
+    k = _kernel()
+    k.wait_for_predecessors()
+    with pytest.raises(PtxError, match="twice"):
+        k.wait_for_predecessors()
+
+
+def test_a_module_of_sm_90_and_sm_90a_kernels_targets_sm_90a_and_refuses_sm_80():
+    plain, hopper, own = (Kernel(name, [], arch=arch) for name, arch in
+                          (("plain", None), ("hopper", "sm_90"), ("own", "sm_90a")))
+    assert ".target sm_90\n" in module([plain, hopper], "sm_90")
+    assert ".target sm_90a\n" in module([plain, hopper, own], "sm_90")
+    with pytest.raises(PtxError, match="hopper run on sm_90 only"):
+        module([plain, hopper], "sm_80")

@@ -11,7 +11,8 @@ together (each exchange halves the values a lane holds), then across warps in sh
 memory. A block has a thread a unit of a row (in whole warps) up to MAX_THREADS, beyond
 that several passes with the units spread evenly. So that the loads of all the rows are
 in flight at once whatever ptxas's schedule, the block first asks L2 for its rows
-(`prefetch`). Types whose blocks are not 16-byte aligned are read repacked into planes
+(`prefetch`); "bulk" does so before the kernel waits for its predecessor (a dependent
+launch: decoding's graphs), while that one is still running. Types whose blocks are not 16-byte aligned are read repacked into planes
 (`repack`, once per weight; the op keeps them).
 
 A transformer's ops around the product go into the same launch (`FUSIONS`): the RMS norm
@@ -174,6 +175,9 @@ def matvec(code: int, rows: int = 8, group: int = 8, prefetch: str = "bulk",
             for start in [first, k.op("add.u32", first, N)] if glu else [first]:
                 for address, nbytes in src.spans(k, start, count):
                     bulk_prefetch(k, address, nbytes)
+    # the weight's trip from memory overlaps the previous kernel's end (its prefetch
+    # above); x, the gain and the residual may be its output
+    k.wait_for_predecessors()
     u = k.op("mov.u32", tid)
     with k.loop(u, units, threads):
         prep = reader.prepare(k, u)
@@ -329,7 +333,7 @@ def variants():
         for prefetch in PREFETCHES:
             # every type's small-weight shape (ops.quantized.SMALL_SHAPE) too
             shapes = SHAPES if code in SWEPT and prefetch != "lines" else (
-                (DEFAULT_SHAPE, (4, 4)) if prefetch == "none" else (DEFAULT_SHAPE,))
+                (DEFAULT_SHAPE, (4, 4)) if prefetch != "lines" else (DEFAULT_SHAPE,))
             for rows, group in shapes:
                 for norm, epilogue in FUSIONS:
                     yield matvec, matvec_args(code, rows, group, prefetch, norm, epilogue)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from .builder import Kernel, Reg, f32
 from .elementwise import _exp, _store, _store_half, _unary_math
+from .quant_blocks import bulk_prefetch
 from .rows import THREADS, _block_reduce
 
 #: Keys a trip of `attend` scores: one a thread.
@@ -241,22 +242,47 @@ def _put(k: Kernel, out: Reg, index: Reg, value, half: bool) -> None:
     (_store_half if half else _store)(k, out, index, [value])
 
 
+def _prefetch_range(k: Kernel, state: Reg, token: Reg, r: Reg, h: Reg, tid: Reg,
+                    caches: tuple[Reg, Reg], hq: Reg, hkv: Reg, d: Reg, n_ctx: Reg,
+                    range_len: Reg, ring: bool) -> None:
+    """Ask L2 for the keys and values of range r that token sees (a thread a cache row,
+    one bulk prefetch a row of each cache), from the block of its KV head's first query
+    head: run before the kernel waits for its predecessor, as no predecessor writes
+    those rows. The position is read through L2 (.cg), so that no copy of it stays in
+    L1 for the read after the wait."""
+    group = k.op("div.u32", hq, hkv)
+    with k.if_(k.setp("eq.u32", k.op("rem.u32", h, group), 0)):
+        at = k.op("add.u32", k.op("ld.global.cg.u32", f"[{state}+4]"), token)
+        begin = k.op("mul.lo.u32", r, range_len)
+        end = k.op("min.u32", k.op("add.u32", begin, range_len), k.op("add.u32", at, 1))
+        position = k.op("add.u32", begin, tid)
+        with k.if_(k.setp("lt.u32", position, end)):
+            slot = k.op("mul.lo.u32", k.op("mad.lo.u32", _cache_row(k, position, n_ctx, ring),
+                                            hkv, k.op("div.u32", h, group)), d)
+            row_bytes = k.op("mul.lo.u32", d, 4)
+            for cache in caches:
+                bulk_prefetch(k, k.element(cache, slot, 4), row_bytes)
+
+
 def attend(neox: bool, ring: bool, vec: int, half: bool = False,
-           appends: bool = False) -> Kernel:
+           appends: bool = False, prefetch: bool = False) -> Kernel:
     """Grid (n_ranges, Hq, S), THREADS threads: token i's query head h over range r's
     keys (module docstring); D elements of a key read `vec` a trip. `half`: the output
     in float16 (what a prompt's tensor-core output projection reads). `appends` (one
     token: decoding): `append`'s work done here, one launch fewer: each block stages the
     new key (rotated) and value in shared memory and reads them there, and the block of
     the key's range and of its KV head's first query head writes them to the caches (no
-    block of the launch reads that row from the cache)."""
+    block of the launch reads that row from the cache). `prefetch` (sm_90): the range's
+    cache rows are asked of L2 before the kernel waits for its predecessor (the QKV
+    product, in decoding's graphs)."""
     k = Kernel(f"{_name('cached_attend', neox, ring)}_v{vec}{'_f16' if half else ''}"
-               f"{'_appends' if appends else ''}",
+               f"{'_appends' if appends else ''}{'_prefetch' if prefetch else ''}",
                [("qkv", "u64"), ("k_cache", "u64"), ("v_cache", "u64"), ("state", "u64"),
                 ("table", "u64"), ("part", "u64"), ("counts", "u64"), ("out", "u64"),
                 ("hq", "u32"), ("hkv", "u32"), ("head_dim", "u32"), ("n_ctx", "u32"),
                 ("n_ranges", "u32"), ("range_len", "u32"), ("max_keys", "u32"),
-                ("scale", "f32"), ("softcap", "f32"), ("window", "u32")])
+                ("scale", "f32"), ("softcap", "f32"), ("window", "u32")],
+               arch="sm_90" if prefetch else None)
     (qkv, k_cache, v_cache, state, table, part, counts, out, hq, hkv, d, n_ctx, n_ranges,
      range_len, max_keys, scale, softcap, window) = k.params()
     scratch = k.shared("partial", "f32", THREADS // 32, 16)
@@ -268,6 +294,10 @@ def attend(neox: bool, ring: bool, vec: int, half: bool = False,
     one_range = k.setp("eq.u32", n_ranges, 1)
     head = k.op("mad.lo.u32", token, hq, h)
     head_out = k.op("mad.lo.u32", head, d, tid)
+    if prefetch:
+        _prefetch_range(k, state, token, r, h, tid, (k_cache, v_cache), hq, hkv, d, n_ctx,
+                        range_len, ring)
+    k.wait_for_predecessors()
     at, beyond = _position(k, state, token, max_keys)
     with k.if_(beyond):  # NaN rows, written by the first range's block
         with k.if_(k.op("and.pred", k.setp("eq.u32", r, 0), k.setp("lt.u32", tid, d))):
@@ -473,6 +503,7 @@ def variants():
             for vec in VECS:
                 for half, appends in ((False, False), (True, False), (False, True)):
                     yield attend, (neox, ring, vec, half, appends)
+                yield attend, (neox, ring, vec, False, True, True)  # decoding's on sm_90
         yield flash_inputs, (neox,)
 
 

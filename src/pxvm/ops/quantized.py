@@ -173,10 +173,13 @@ PROMPT_MIN_ROWS = 32
 #: (pxvm.kernels.ptx.quantized.matvec) by GGML type: the fastest over W 4096 x 4096,
 #: 11008 x 4096 and 4096 x 11008 on the H100 (BENCHMARKS.md); `pxvm tune --backend cuda`
 #: measures them per device. Types not named take ptx_quantized.DEFAULT_SHAPE and
-#: "bulk" on sm_90, "lines" elsewhere.
+#: DEFAULT_PREFETCH on sm_90, "none" elsewhere.
 MATVEC_SHAPES: dict[int, tuple[int, int]] = {12: (16, 8), 8: (16, 8), 2: (8, 8), 14: (4, 4),
                                               13: (16, 8)}
 MATVEC_PREFETCHES: dict[int, str] = {12: "none", 8: "none", 2: "lines", 14: "none", 13: "none"}
+#: the prefetch of the types MATVEC_PREFETCHES does not name, on sm_90: "bulk" asks L2
+#: for a block's rows before the kernel waits for its predecessor (decoding's graphs)
+DEFAULT_PREFETCH = "bulk"
 #: the prefetch of every type instead ("auto": MATVEC_PREFETCHES; benchmarks set it)
 MATVEC_PREFETCH = "auto"
 #: the shape (outputs a block, rows a group) of products whose weight has too few rows
@@ -278,12 +281,13 @@ def _matvec_shape(ctx, qtype: int, outputs: int) -> tuple[int, int, str]:
     """(rows, group, prefetch) of the matrix-vector kernel for `qtype` and `outputs`
     rows of W: SMALL_SHAPE where the type's shape would give fewer blocks than the GPU
     has multiprocessors (a small model's products), else as tuned for this device, else
-    MATVEC_SHAPES / MATVEC_PREFETCHES ("none" for the types not named). A prefetch set
-    for every type (benchmarks and tests sweeping shapes) takes the table as it is."""
+    MATVEC_SHAPES / MATVEC_PREFETCHES (DEFAULT_PREFETCH for the types not named). A
+    prefetch set for every type (benchmarks and tests sweeping shapes) takes the table
+    as it is."""
+    hopper = ctx.device.info.arch == "sm_90"
     if MATVEC_PREFETCH == "auto":
         rows = MATVEC_SHAPES.get(qtype, ptx_quantized.DEFAULT_SHAPE)[0]
         if -(-outputs // rows) < ctx.device.info.multiprocessors:
-            hopper = ctx.device.info.arch == "sm_90"
             return (*SMALL_SHAPE, SMALL_PREFETCH if hopper else "none")
     if qtype in ptx_quantized.SWEPT:
         tuned = tuning.choice(ctx.backend, f"matmul_quant.cuda.{quant_type(qtype).name}")
@@ -291,8 +295,8 @@ def _matvec_shape(ctx, qtype: int, outputs: int) -> tuple[int, int, str]:
             return tuned
     rows, group = MATVEC_SHAPES.get(qtype, ptx_quantized.DEFAULT_SHAPE)
     prefetch = MATVEC_PREFETCH if MATVEC_PREFETCH != "auto" else MATVEC_PREFETCHES.get(
-        qtype, "none")
-    if prefetch == "bulk" and ctx.device.info.arch != "sm_90":
+        qtype, DEFAULT_PREFETCH if hopper else "none")
+    if prefetch == "bulk" and not hopper:
         prefetch = "lines"
     return rows, group, prefetch
 

@@ -401,9 +401,9 @@ CUDA_ONE_RANGE_KEYS = ptx_transformer.CHUNK
 CUDA_RANGE_KEYS = 32
 CUDA_MAX_RANGES = 64
 assert CUDA_MAX_RANGES <= ptx_transformer.MAX_RANGES
-#: decoding's attention on sm_90: "bulk" asks L2 for its cache rows before the kernel
-#: waits for the QKV product (the attend kernel's `prefetch`), "none" does not
-CUDA_DECODE_PREFETCH = "bulk"
+#: decoding's attention on sm_90: "loads" reads its range's first keys and values before
+#: the kernel waits for the QKV product (the attend kernel's `early`), "none" after
+CUDA_DECODE_EARLY = "loads"
 
 
 def cuda_key_ranges(bound: int, pairs: int) -> tuple[int, int]:
@@ -439,9 +439,8 @@ def _attention_cached_cuda(ctx, qkv, k_cache, v_cache, state, n_heads=1, theta=1
                      "attention partial sums")  # AttentionPartials' records
     counts = ctx.counters(s * n_heads if n_ranges > 1 else 1)
     vec = next(v for v in ptx_transformer.VECS if d % v == 0)
-    prefetch = (appends and CUDA_DECODE_PREFETCH == "bulk"
-                and ctx.device.info.arch == "sm_90")
-    ctx.launch(ptx_transformer.attend, (neox, ring, vec, half, appends, prefetch),
+    early = appends and CUDA_DECODE_EARLY == "loads" and ctx.device.info.arch == "sm_90"
+    ctx.launch(ptx_transformer.attend, (neox, ring, vec, half, appends, early),
                [qkv, k_cache, v_cache, state, table, part, counts, out, n_heads, hkv, d,
                 n_ctx, n_ranges, range_len, bound, scale, float(softcap), int(window)],
                (n_ranges, n_heads, s), block=ptx_transformer.THREADS)

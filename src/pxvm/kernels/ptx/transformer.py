@@ -29,7 +29,6 @@ from __future__ import annotations
 
 from .builder import Kernel, Reg, f32
 from .elementwise import _exp, _store, _store_half, _unary_math
-from .quant_blocks import bulk_prefetch
 from .rows import THREADS, _block_reduce
 
 #: Keys a trip of `attend` scores: one a thread.
@@ -41,7 +40,7 @@ VECS = (64, 16, 4, 2)
 #: Keys of a value group whose loads are issued before their products.
 VALUE_UNROLL = 8
 #: Ranges whose records a thread of the merge reads before adding them up.
-MERGE_UNROLL = 4
+MERGE_UNROLL = 8
 #: The most key ranges a head's keys may be cut into (a thread of the merge each).
 MAX_RANGES = THREADS
 #: How a range's block publishes its record to the one that merges: "release/acquire"
@@ -182,9 +181,12 @@ def flash_inputs(neox: bool) -> Kernel:
     return k
 
 
-def _dot(k: Kernel, key: Reg, query: Reg, d: Reg, vec: int, space: str = "global") -> Reg:
+def _dot(k: Kernel, key: Reg, query: Reg, d: Reg, vec: int, space: str = "global",
+         preloaded: tuple[list[Reg], Reg] | None = None) -> Reg:
     """sum over c < D of key[c] * query[c]: key an address of `space` (global, "":
-    generic), query a shared one, `vec` elements a trip."""
+    generic), query a shared one, `vec` elements a trip. `preloaded`: (registers holding
+    the key's first `vec` elements, loaded before the kernel waited; a predicate that
+    holds where they are not the key's, which the first trip then loads as the others)."""
     acc = [k.op("mov.f32", f32(0.0)) for _ in range(2)]
     c = k.op("mov.u32", 0)
     with k.loop(c, d, vec):
@@ -192,49 +194,115 @@ def _dot(k: Kernel, key: Reg, query: Reg, d: Reg, vec: int, space: str = "global
         key_at = k.op("add.u64", key, k.op("cvt.u64.u32", offset))
         query_at = k.op("add.u32", query, offset)
         width = min(vec, 4)
+        load = None
+        if preloaded is not None:
+            load = k.op("or.pred", preloaded[1], k.setp("ne.u32", c, 0))
         for part in range(vec // width):
-            keys = k.load_vector("f32", f"{key_at}+{16 * part}", width, space=space)
+            where = f"{key_at}+{16 * part}"
+            if preloaded is None:
+                keys = k.load_vector("f32", where, width, space=space)
+            else:  # the same registers: a load left out keeps the preloaded values
+                keys = preloaded[0][part * width:(part + 1) * width]
+                instr = f"ld.{space}.v{width}.f32" if space else f"ld.v{width}.f32"
+                k.emit(f"@{load} {instr} {{{', '.join(map(str, keys))}}}, [{where}]")
             queries = k.load_vector("f32", f"{query_at}+{16 * part}", width, space="shared")
             for e, (x, y) in enumerate(zip(keys, queries)):
                 k.to(acc[e % 2], "fma.rn.f32", x, y, acc[e % 2])
     return k.op("add.f32", acc[0], acc[1])
 
 
+def _value_addresses(k: Kernel, v_first: Reg, key_first: Reg, u: Reg, n_ctx: Reg,
+                     row_stride: Reg, ring: bool) -> tuple[Reg, Reg]:
+    """(position of key key_first + u, the address of its V element in the cache)."""
+    key = k.op("add.u32", key_first, u)
+    row = _cache_row(k, key, n_ctx, ring)
+    return key, k.op("add.u64", v_first, k.op("mul.wide.u32", row, row_stride))
+
+
 def _weighted_values(k: Kernel, v_first: Reg, key_first: Reg, g: Reg, groups: Reg,
                      n_keys: Reg, exps: Reg, n_ctx: Reg, row_stride: Reg, ring: bool,
-                     new: tuple[Reg, Reg] | None = None) -> Reg:
+                     new: tuple[Reg, Reg] | None = None,
+                     preloaded: tuple[list[Reg], Reg] | None = None) -> Reg:
     """sum over u = g, g + groups, .. < n_keys of exps[u] (shared) * V element of key
     key_first + u (v_first: the element's address in the cache row of position 0;
-    row_stride: bytes between cache rows), VALUE_UNROLL keys' loads issued before their
-    products. `new`: (position, generic address of its element): that key's value is
-    read there, not from the cache."""
-    def value_at(u: Reg) -> Reg:
-        key = k.op("add.u32", key_first, u)
-        row = _cache_row(k, key, n_ctx, ring)
-        cached = k.op("add.u64", v_first, k.op("mul.wide.u32", row, row_stride))
-        if new is None:
-            return k.load("f32", cached)
-        at, staged = new
-        address = k.op("selp.b64", staged, k.op("cvta.global.u64", cached),
-                       k.setp("eq.u32", key, at))
-        return k.load("f32", address, space="")
-
-    def weight(u: Reg) -> Reg:
-        return k.load("f32", k.op("mad.lo.u32", u, 4, exps), space="shared")
+    row_stride: bytes between cache rows), in batches of VALUE_UNROLL keys whose loads
+    are issued before their products (predicated on the key being one of n_keys).
+    `new`: (position, generic address of its element): that key's value is read there,
+    not from the cache. `preloaded`: (the first batch's values, loaded before the kernel
+    waited, the new key's excepted; a predicate that holds where they are not this
+    chunk's): the first batch loads only the new key's then."""
+    def weight(u: Reg, present: Reg) -> Reg:
+        w = k.op("mov.f32", f32(0.0))  # keys past the chunk: no exps entry to read
+        return k.to(w, "ld.shared.f32", f"[{k.op('mad.lo.u32', u, 4, exps)}]", pred=present)
 
     total = k.op("mov.f32", f32(0.0))
-    span = k.op("mul.lo.u32", groups, VALUE_UNROLL - 1)
-    last = k.op("add.u32", g, span)  # the trip's last key
-    with k.loop(last, n_keys, k.op("add.u32", span, groups)):
-        first = k.op("sub.u32", last, span)
-        keys = [first] + [k.op("mad.lo.u32", groups, e, first) for e in range(1, VALUE_UNROLL)]
-        values = [value_at(u) for u in keys]
-        for u, v in zip(keys, values):
-            k.to(total, "fma.rn.f32", weight(u), v, total)
-    u = k.op("sub.u32", last, span)
-    with k.loop(u, n_keys, groups):
-        k.to(total, "fma.rn.f32", weight(u), value_at(u), total)
+    b = k.op("mov.u32", g)  # the batch's first key
+    with k.loop(b, n_keys, k.op("mul.lo.u32", groups, VALUE_UNROLL)):
+        batch = []
+        reload = None
+        if preloaded is not None:
+            reload = k.op("or.pred", preloaded[1], k.setp("ne.u32", b, g))
+        for j in range(VALUE_UNROLL):
+            u = k.op("mad.lo.u32", groups, j, b)
+            present = k.setp("lt.u32", u, n_keys)
+            key, cached = _value_addresses(k, v_first, key_first, u, n_ctx, row_stride, ring)
+            value = preloaded[0][j] if preloaded is not None else k.op("mov.f32", f32(0.0))
+            if new is None:
+                address, space = cached, "global"
+            else:
+                at, staged = new
+                fresh = k.setp("eq.u32", key, at)
+                address = k.op("selp.b64", staged, k.op("cvta.global.u64", cached), fresh)
+                space = ""
+                if reload is not None:  # the preloaded batch loads the new key's value
+                    present = k.op("and.pred", present, k.op("or.pred", reload, fresh))
+            if preloaded is not None and new is None:
+                present = k.op("and.pred", present, reload)
+            k.to(value, f"ld.{space}.f32" if space else "ld.f32", f"[{address}]", pred=present)
+            batch.append((u, k.setp("lt.u32", u, n_keys), value))
+        for u, present, value in batch:
+            k.to(total, "fma.rn.f32", weight(u, present), value, total)
     return total
+
+
+def _early_loads(k: Kernel, state: Reg, token: Reg, begin: Reg, range_len: Reg,
+                 window: Reg, tid: Reg, n_ctx: Reg, ring: bool,
+                 key_row: tuple[Reg, Reg], value_group: tuple[Reg, Reg, Reg], vec: int):
+    """The range's first chunk of keys and values, loaded into registers before the
+    kernel waits for its predecessor (no predecessor writes a cache row but the new
+    token's, which is left out): thread t the first `vec` elements of key t, thread
+    (g, e) element e of the first batch of its value group's keys (_weighted_values').
+    The position is read through L2 (.cg), so that no copy of it stays in L1 for the
+    read after the wait. Returns (the key registers, the value registers, the first
+    key's position, the token's position as read)."""
+    k_head, row_stride = key_row
+    v_first, g, groups = value_group
+    at = k.op("add.u32", k.op("ld.global.cg.u32", f"[{state}+4]"), token)
+    seen = k.op("add.u32", at, 1)
+    end = k.op("min.u32", k.op("add.u32", begin, range_len), seen)
+    windowed = k.op("and.pred", k.setp("ne.u32", window, 0), k.setp("gt.u32", seen, window))
+    first = k.op("max.u32", begin, k.op("selp.u32", k.op("sub.u32", seen, window), 0, windowed))
+    n_keys = k.op("selp.u32", k.op("min.u32", k.op("sub.u32", end, first), CHUNK), 0,
+                  k.setp("gt.u32", end, first))
+    keys = [k.op("mov.f32", f32(0.0)) for _ in range(vec)]
+    position = k.op("add.u32", first, tid)
+    mine = k.op("and.pred", k.setp("lt.u32", tid, n_keys), k.setp("ne.u32", position, at))
+    key = k.op("add.u64", k_head, k.op("mul.wide.u32", _cache_row(k, position, n_ctx, ring),
+                                       row_stride))
+    width = min(vec, 4)
+    for part in range(vec // width):
+        regs = ", ".join(map(str, keys[part * width:(part + 1) * width]))
+        k.emit(f"@{mine} ld.global.cg.v{width}.f32 {{{regs}}}, [{key}+{16 * part}]")
+    values = []
+    in_group = k.setp("lt.u32", g, groups)
+    for j in range(VALUE_UNROLL):
+        u = k.op("mad.lo.u32", groups, j, g)
+        key_position, cached = _value_addresses(k, v_first, first, u, n_ctx, row_stride, ring)
+        present = k.op("and.pred", k.op("and.pred", in_group, k.setp("lt.u32", u, n_keys)),
+                       k.setp("ne.u32", key_position, at))
+        values.append(k.to(k.op("mov.f32", f32(0.0)), "ld.global.cg.f32", f"[{cached}]",
+                           pred=present))
+    return keys, values, first, at
 
 
 def _put(k: Kernel, out: Reg, index: Reg, value, half: bool) -> None:
@@ -242,47 +310,27 @@ def _put(k: Kernel, out: Reg, index: Reg, value, half: bool) -> None:
     (_store_half if half else _store)(k, out, index, [value])
 
 
-def _prefetch_range(k: Kernel, state: Reg, token: Reg, r: Reg, h: Reg, tid: Reg,
-                    caches: tuple[Reg, Reg], hq: Reg, hkv: Reg, d: Reg, n_ctx: Reg,
-                    range_len: Reg, ring: bool) -> None:
-    """Ask L2 for the keys and values of range r that token sees (a thread a cache row,
-    one bulk prefetch a row of each cache), from the block of its KV head's first query
-    head: run before the kernel waits for its predecessor, as no predecessor writes
-    those rows. The position is read through L2 (.cg), so that no copy of it stays in
-    L1 for the read after the wait."""
-    group = k.op("div.u32", hq, hkv)
-    with k.if_(k.setp("eq.u32", k.op("rem.u32", h, group), 0)):
-        at = k.op("add.u32", k.op("ld.global.cg.u32", f"[{state}+4]"), token)
-        begin = k.op("mul.lo.u32", r, range_len)
-        end = k.op("min.u32", k.op("add.u32", begin, range_len), k.op("add.u32", at, 1))
-        position = k.op("add.u32", begin, tid)
-        with k.if_(k.setp("lt.u32", position, end)):
-            slot = k.op("mul.lo.u32", k.op("mad.lo.u32", _cache_row(k, position, n_ctx, ring),
-                                            hkv, k.op("div.u32", h, group)), d)
-            row_bytes = k.op("mul.lo.u32", d, 4)
-            for cache in caches:
-                bulk_prefetch(k, k.element(cache, slot, 4), row_bytes)
-
-
 def attend(neox: bool, ring: bool, vec: int, half: bool = False,
-           appends: bool = False, prefetch: bool = False) -> Kernel:
+           appends: bool = False, early: bool = False) -> Kernel:
     """Grid (n_ranges, Hq, S), THREADS threads: token i's query head h over range r's
     keys (module docstring); D elements of a key read `vec` a trip. `half`: the output
     in float16 (what a prompt's tensor-core output projection reads). `appends` (one
     token: decoding): `append`'s work done here, one launch fewer: each block stages the
     new key (rotated) and value in shared memory and reads them there, and the block of
     the key's range and of its KV head's first query head writes them to the caches (no
-    block of the launch reads that row from the cache). `prefetch` (sm_90): the range's
-    cache rows are asked of L2 before the kernel waits for its predecessor (the QKV
-    product, in decoding's graphs)."""
+    block of the launch reads that row from the cache). `early` (with `appends`, for
+    sm_90): the range's first keys and values are loaded before the kernel waits for its
+    predecessor (the QKV product, in decoding's graphs: _early_loads)."""
+    if early and not appends:
+        raise ValueError("early loads are for decoding's attention (appends)")
     k = Kernel(f"{_name('cached_attend', neox, ring)}_v{vec}{'_f16' if half else ''}"
-               f"{'_appends' if appends else ''}{'_prefetch' if prefetch else ''}",
+               f"{'_appends' if appends else ''}{'_early' if early else ''}",
                [("qkv", "u64"), ("k_cache", "u64"), ("v_cache", "u64"), ("state", "u64"),
                 ("table", "u64"), ("part", "u64"), ("counts", "u64"), ("out", "u64"),
                 ("hq", "u32"), ("hkv", "u32"), ("head_dim", "u32"), ("n_ctx", "u32"),
                 ("n_ranges", "u32"), ("range_len", "u32"), ("max_keys", "u32"),
                 ("scale", "f32"), ("softcap", "f32"), ("window", "u32")],
-               arch="sm_90" if prefetch else None)
+               arch="sm_90" if early else None)
     (qkv, k_cache, v_cache, state, table, part, counts, out, hq, hkv, d, n_ctx, n_ranges,
      range_len, max_keys, scale, softcap, window) = k.params()
     scratch = k.shared("partial", "f32", THREADS // 32, 16)
@@ -294,16 +342,28 @@ def attend(neox: bool, ring: bool, vec: int, half: bool = False,
     one_range = k.setp("eq.u32", n_ranges, 1)
     head = k.op("mad.lo.u32", token, hq, h)
     head_out = k.op("mad.lo.u32", head, d, tid)
-    if prefetch:
-        _prefetch_range(k, state, token, r, h, tid, (k_cache, v_cache), hq, hkv, d, n_ctx,
-                        range_len, ring)
+    begin = k.op("mul.lo.u32", r, range_len)
+    # where the KV head's keys and this thread's value elements are in the caches
+    kvh = k.op("div.u32", h, k.op("div.u32", hq, hkv))
+    row_stride = k.op("mul.lo.u32", k.op("mul.lo.u32", hkv, d), 4)  # bytes between rows
+    head_offset = k.op("mul.wide.u32", k.op("mul.lo.u32", kvh, d), 4)
+    k_head = k.op("add.u64", k_cache, head_offset)
+    groups = k.op("max.u32", k.op("div.u32", THREADS, d), 1)  # value groups of D threads
+    g = k.op("div.u32", tid, d)
+    element = k.op("rem.u32", tid, d)
+    in_group = k.setp("lt.u32", g, groups)
+    v_first = k.op("add.u64", k.op("add.u64", v_cache, head_offset),
+                   k.op("mul.wide.u32", element, 4))
+    if early:
+        early_keys, early_values, early_first, early_at = _early_loads(
+            k, state, token, begin, range_len, window, tid, n_ctx, ring,
+            (k_head, row_stride), (v_first, g, groups), vec)
     k.wait_for_predecessors()
     at, beyond = _position(k, state, token, max_keys)
     with k.if_(beyond):  # NaN rows, written by the first range's block
         with k.if_(k.op("and.pred", k.setp("eq.u32", r, 0), k.setp("lt.u32", tid, d))):
             _put(k, out, head_out, f32(float("nan")), half)
         k.emit("ret")
-    begin = k.op("mul.lo.u32", r, range_len)
     with k.if_(k.setp("gt.u32", begin, at)):  # a range past the token's keys: not read
         k.emit("ret")
     seen = k.op("add.u32", at, 1)
@@ -313,7 +373,6 @@ def attend(neox: bool, ring: bool, vec: int, half: bool = False,
 
     # the query head, rotated and scaled, staged in shared memory
     row_len = k.op("mul.lo.u32", k.op("add.u32", hq, k.op("shl.b32", hkv, 1)), d)
-    kvh = k.op("div.u32", h, k.op("div.u32", hq, hkv))
     with k.if_(k.setp("lt.u32", tid, d)):
         base = k.op("mad.lo.u32", token, row_len, k.op("mul.lo.u32", h, d))
         q = rotated(k, qkv, table, base, tid, at, k.op("shr.u32", d, 1), neox)
@@ -345,15 +404,6 @@ def attend(neox: bool, ring: bool, vec: int, half: bool = False,
         new = (at, generic(k.op("mad.lo.u32", k.op("rem.u32", tid, d), 4, new_value)))
     k.emit("bar.sync 0")
 
-    row_stride = k.op("mul.lo.u32", k.op("mul.lo.u32", hkv, d), 4)  # bytes between rows
-    head_offset = k.op("mul.wide.u32", k.op("mul.lo.u32", kvh, d), 4)
-    k_head = k.op("add.u64", k_cache, head_offset)
-    groups = k.op("max.u32", k.op("div.u32", THREADS, d), 1)  # value groups of D threads
-    g = k.op("div.u32", tid, d)
-    element = k.op("rem.u32", tid, d)
-    in_group = k.setp("lt.u32", g, groups)
-    v_first = k.op("add.u64", k.op("add.u64", v_cache, head_offset),
-                   k.op("mul.wide.u32", element, 4))
     capped = k.setp("gt.f32", softcap, f32(0.0))
 
     m_run = k.op("mov.f32", f32(EMPTY))  # the range's max score so far
@@ -363,6 +413,10 @@ def attend(neox: bool, ring: bool, vec: int, half: bool = False,
     with k.loop(c0, end, CHUNK):
         n_keys = k.op("min.u32", k.op("sub.u32", end, c0), CHUNK)
         mine = k.setp("lt.u32", tid, n_keys)
+        if early:  # the registers hold this chunk's keys and values where it is the first
+            # (and the position read before the wait is the one read after)
+            later = k.op("or.pred", k.setp("ne.u32", c0, early_first),
+                         k.setp("ne.u32", early_at, at))
         score = k.op("mov.f32", f32(EMPTY))
         with k.if_(mine):
             position = k.op("add.u32", c0, tid)
@@ -371,7 +425,10 @@ def attend(neox: bool, ring: bool, vec: int, half: bool = False,
             if appends:  # the new key from shared memory, through a generic address
                 key = k.op("selp.b64", new_key_address, k.op("cvta.global.u64", key),
                            k.setp("eq.u32", position, at))
-                dot = _dot(k, key, query, d, vec, space="")
+                fresh = k.setp("eq.u32", position, at)
+                dot = _dot(k, key, query, d, vec, space="",
+                           preloaded=(early_keys, k.op("or.pred", later, fresh))
+                           if early else None)
             else:
                 dot = _dot(k, key, query, d, vec)
             cap = k.op("mul.f32", softcap, _unary_math(k, "tanh", k.op("div.rn.f32", dot, softcap),
@@ -386,7 +443,8 @@ def attend(neox: bool, ring: bool, vec: int, half: bool = False,
         k.emit("bar.sync 0")
         with k.if_(in_group):
             weighted = _weighted_values(k, v_first, c0, g, groups, n_keys, exps, n_ctx,
-                                        row_stride, ring, new)
+                                        row_stride, ring, new,
+                                        (early_values, later) if early else None)
             k.to(acc, "fma.rn.f32", acc, rescale, weighted)
         k.emit("bar.sync 0")  # exps is rewritten by the next chunk
 
@@ -434,9 +492,8 @@ def attend(neox: bool, ring: bool, vec: int, half: bool = False,
         with k.if_(merges):  # the block's threads all, or none
             if fenced:
                 k.emit("membar.gl")
-            weights = k.op("mov.u32", k.shared("weights", "f32", THREADS, 16))
             _merge(k, part, out, head_out, head, tid, d, n_ranges,
-                   _ranges_used(k, at, range_len, n_ranges), half, scratch, weights)
+                   _ranges_used(k, at, range_len, n_ranges), half)
     return k
 
 
@@ -446,54 +503,69 @@ def _ranges_used(k: Kernel, at: Reg, range_len: Reg, n_ranges: Reg) -> Reg:
 
 
 def _merge(k: Kernel, part: Reg, out: Reg, head_out: Reg, head: Reg, tid: Reg, d: Reg,
-           n_ranges: Reg, used: Reg, half: bool, scratch: str, weights: Reg) -> None:
-    """A head's output (element tid: out's element head_out, float16 where `half`) from
-    its `used` (<= THREADS) ranges' records (D sums, max, sum of exps:
-    AttentionPartials'), rescaled to their common max, by every thread of the block:
-    thread r reads range r's max and sum (all in one load's time), the block reduces
-    them, then thread c sums element c over the ranges, MERGE_UNROLL loads in flight.
-    Records are read through L2 (.cg): other blocks wrote them during this launch."""
-    stride = k.op("add.u32", d, 2)
-    first = k.element(part, k.op("mul.lo.u32", k.op("mul.lo.u32", head, n_ranges), stride), 4)
-    stride_bytes = k.op("mul.lo.u32", stride, 4)
-    d_bytes = k.op("cvt.u64.u32", k.op("mul.lo.u32", d, 4))
+           n_ranges: Reg, used: Reg, half: bool) -> None:
+    """A head's output (element e: out's element head_out, float16 where `half`) from
+    its `used` ranges' records (D sums, max, sum of exps: AttentionPartials'), rescaled
+    to their common max, by every thread of the block in one trip to L2 where it can:
+    the block's THREADS / D groups of D threads take every groups-th range, a thread its
+    element of MERGE_UNROLL ranges a trip (their sums, maxima and sums of exps loaded
+    together), combined online (rescaled to the largest max so far); then the groups'
+    results meet in shared memory. Records are read through L2 (.cg): other blocks wrote
+    them during this launch."""
+    stride_bytes = k.op("mul.lo.u32", k.op("add.u32", d, 2), 4)
+    first = k.op("add.u64", part, k.op("mul.wide.u32", k.op("mul.lo.u32", head, n_ranges),
+                                        stride_bytes))
+    d_bytes = k.op("mul.lo.u32", d, 4)
+    groups = k.op("max.u32", k.op("div.u32", THREADS, d), 1)
+    g = k.op("div.u32", tid, d)
+    element_bytes = k.op("cvt.u64.u32", k.op("mul.lo.u32", k.op("rem.u32", tid, d), 4))
+    top = k.op("mov.f32", f32(EMPTY))  # this thread's largest max so far
+    acc = k.op("mov.f32", f32(0.0))    # its element's sums, relative to top
+    total = k.op("mov.f32", f32(0.0))  # its sums of exps, the same
+    # a thread past the last whole group (THREADS not a multiple of D) takes no range
+    r = k.op("selp.u32", g, used, k.setp("lt.u32", g, groups))
+    with k.loop(r, used, k.op("mul.lo.u32", groups, MERGE_UNROLL)):
+        loaded = []
+        for j in range(MERGE_UNROLL):
+            rj = k.op("mad.lo.u32", groups, j, r)
+            present = k.setp("lt.u32", rj, used)
+            record = k.op("add.u64", first, k.op("mul.wide.u32", rj, stride_bytes))
+            tail = k.op("add.u64", record, k.op("cvt.u64.u32", d_bytes))
+            value, top_r, sum_r = (k.op("mov.f32", f32(0.0)), k.op("mov.f32", f32(EMPTY)),
+                                   k.op("mov.f32", f32(0.0)))
+            k.to(value, "ld.global.cg.f32", f"[{k.op('add.u64', record, element_bytes)}]",
+                 pred=present)
+            k.to(top_r, "ld.global.cg.f32", f"[{tail}]", pred=present)
+            k.to(sum_r, "ld.global.cg.f32", f"[{tail}+4]", pred=present)
+            loaded.append((value, top_r, sum_r))
+        for value, top_r, sum_r in loaded:
+            _rescaled_add(k, (top, acc, total), (top_r, value, sum_r))
+    partials = [k.op("mov.u32", k.shared(name, "f32", THREADS, 16))
+                for name in ("merge_top", "merge_acc", "merge_total")]
+    for array, v in zip(partials, (top, acc, total)):
+        k.store("f32", k.op("mad.lo.u32", tid, 4, array), v, space="shared")
+    k.emit("bar.sync 0")
+    with k.if_(k.setp("lt.u32", tid, d)):  # thread e adds element e of every group
+        u = k.op("mov.u32", 1)
+        with k.loop(u, groups, 1):
+            slot = k.op("mul.lo.u32", k.op("mad.lo.u32", u, d, tid), 4)
+            other = [k.load("f32", k.op("add.u32", array, slot), space="shared")
+                     for array in partials]
+            _rescaled_add(k, (top, acc, total), other)
+        _put(k, out, head_out, k.op("div.rn.f32", acc, total), half)
 
-    def record(r: Reg) -> Reg:
-        return k.op("add.u64", first, k.op("mul.wide.u32", r, stride_bytes))
 
-    mine = k.setp("lt.u32", tid, used)
-    top_r = k.op("mov.f32", f32(EMPTY))
-    sum_r = k.op("mov.f32", f32(0.0))
-    with k.if_(mine):
-        tail = k.op("add.u64", record(tid), d_bytes)
-        k.to(top_r, "ld.global.cg.f32", f"[{tail}]")
-        k.to(sum_r, "ld.global.cg.f32", f"[{tail}+4]")
-    top = _block_reduce(k, top_r, "max.f32", scratch)
-    w = k.op("selp.f32", _exp(k, k.op("sub.f32", top_r, top)), f32(0.0), mine)
-    k.store("f32", k.op("mad.lo.u32", tid, 4, weights), w, space="shared")
-    total = _block_reduce(k, k.op("mul.f32", w, sum_r), "add.f32", scratch)  # (a barrier)
-    with k.if_(k.setp("lt.u32", tid, d)):
-        element = k.op("add.u64", first, k.op("mul.wide.u32", tid, 4))
-        sums = [k.op("mov.f32", f32(0.0)) for _ in range(MERGE_UNROLL)]
-        r = k.op("mov.u32", 0)
-        whole = k.op("and.b32", used, -MERGE_UNROLL & 0xFFFFFFFF)
-        with k.loop(r, whole, MERGE_UNROLL):
-            values = [k.load("f32", k.op("add.u64", element, k.op(
-                "mul.wide.u32", k.op("add.u32", r, e), stride_bytes)), "global.cg")
-                for e in range(MERGE_UNROLL)]
-            for e, v in enumerate(values):
-                weight = k.load("f32", k.op("mad.lo.u32", k.op("add.u32", r, e), 4, weights),
-                                space="shared")
-                k.to(sums[e], "fma.rn.f32", weight, v, sums[e])
-        with k.loop(r, used, 1):
-            v = k.load("f32", k.op("add.u64", element, k.op("mul.wide.u32", r, stride_bytes)),
-                       "global.cg")
-            weight = k.load("f32", k.op("mad.lo.u32", r, 4, weights), space="shared")
-            k.to(sums[0], "fma.rn.f32", weight, v, sums[0])
-        value = sums[0]
-        for other in sums[1:]:
-            value = k.op("add.f32", value, other)
-        _put(k, out, head_out, k.op("div.rn.f32", value, total), half)
+def _rescaled_add(k: Kernel, running: tuple[Reg, Reg, Reg], record) -> None:
+    """(max, sums, sum of exps) running += record, both rescaled to their larger max
+    (records without keys, max EMPTY and sums 0, add nothing)."""
+    top, acc, total = running
+    top_r, value, sum_r = record
+    larger = k.op("max.f32", top, top_r)
+    old = _exp(k, k.op("sub.f32", top, larger))
+    new = _exp(k, k.op("sub.f32", top_r, larger))
+    k.to(acc, "fma.rn.f32", value, new, k.op("mul.f32", acc, old))
+    k.to(total, "fma.rn.f32", sum_r, new, k.op("mul.f32", total, old))
+    k.to(top, "mov.f32", larger)
 
 
 def variants():

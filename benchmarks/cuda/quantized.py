@@ -5,7 +5,7 @@ prompt-shaped products (M rows of x) in TFLOP/s next to PyTorch's float16 matmul
 same shape.
 
     python benchmarks/cuda/quantized.py [--types Q4_K Q8_0 ..] [--repeats 20]
-        [--variants] [--prompt-rows 512] [--threshold]
+        [--variants] [--prompt-rows 512] [--threshold] [--stream]
 
 Timing: every sample is queued behind a 512 MB device-to-device copy, which streams 1 GB
 through L2 (50 MB on the H100), so that L2 holds nothing of W, and keeps the GPU busy
@@ -20,6 +20,9 @@ the products' the weight's bytes read. NMSE: each product against float64 numpy 
 
 --variants: every kernel shape (pxvm.kernels.ptx.quantized.SHAPES: outputs a block,
 rows loaded together) and prefetch (PREFETCHES) for the types that have them (SWEPT).
+--stream: the matrix-vector products again as a model's decoding graph runs them, back
+to back over distinct weights (stream_table), with and without the weights' L2 prefetch
+before each kernel waits for the one before it.
 --threshold: the matrix-vector kernel against the dequantize-then-tensor-core path at
 M = 1 .. 128 (pxvm.ops.quantized.PROMPT_MIN_ROWS is where the second takes over).
 """
@@ -47,6 +50,8 @@ SHAPES = ((4096, 4096), (11008, 4096), (4096, 11008))  # W (N, K)
 TYPES = ("Q4_K", "Q8_0", "Q4_0", "Q6_K", "Q5_K")
 K_TYPES = (10, 11, 12, 13, 14)
 BUSY = 1 << 29  # the copy queued before every sample
+STREAM_BYTES = 1 << 28  # the distinct weights of a --stream graph: 5x the H100's L2
+RUNS = 4  # --stream: graph runs a submit
 
 
 def weight(rng, qtype: int, n: int, k: int) -> np.ndarray:
@@ -128,6 +133,7 @@ def matvec_table(timer, types, rng, variants: bool) -> None:
                 configs = [(shape, prefetch) for prefetch in ptx_quantized.PREFETCHES
                            for shape in (ptx_quantized.SHAPES if prefetch != "lines"
                                          else [ptx_quantized.DEFAULT_SHAPE])]
+            saved = quantized_module.MATVEC_SHAPES
             for shape, prefetch in configs:
                 if shape is not None:
                     quantized_module.MATVEC_SHAPES = {qtype: shape}
@@ -137,14 +143,55 @@ def matvec_table(timer, types, rng, variants: bool) -> None:
                         lambda tx=tx, tw=tw, qtype=qtype, k=k:
                         pxvm.ops.matmul_quant(tx, tw, qtype=qtype, k=k))
                     err = nmse(pxvm.ops.matmul_quant(tx, tw, qtype=qtype, k=k).numpy(), expected)
-                finally:
-                    quantized_module.MATVEC_SHAPES = {}
+                finally:  # the table as it was (an emptied one gave every type the
+                    # default shape: the earlier runs' products after the first)
+                    quantized_module.MATVEC_SHAPES = saved
                     quantized_module.MATVEC_PREFETCH = "auto"
                 kernel = "+".join(name for name, _ in launches)
                 bw = w.nbytes / t
                 print(f"| {name} | {n} x {k} | {w.nbytes / 1e6:.1f} | {kernel} | {t * 1e6:.1f} "
                       f"| {bw / 1e9:.0f} | {copy * 1e6:.1f}, {copy_bw / 1e9:.0f} "
                       f"| {bw / copy_bw:.0%} | {bw / big_bw:.0%} | {err:.1e} |", flush=True)
+
+
+def stream_table(backend, types, rng, repeats: int, copy_bw: float) -> None:
+    """Matrix-vector products as a model's decoding runs them: one CUDA graph of products
+    over STREAM_BYTES of distinct weights of the shape (so that L2, 50 MB, holds none of
+    a weight when its product starts), launched RUNS times in one submit; GPU time by
+    events around the submit, over its products. Each configuration's median of
+    `repeats` submits after a warm-up."""
+    print("\n| type | W (N x K) | prefetch | weights in the graph | us a product | "
+          "weight GB/s | of the 512 MB copy | NMSE |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name in types:
+        qtype = BY_NAME[name]
+        for n, k in SHAPES:
+            w = weight(rng, qtype, n, k)
+            x = rng.standard_normal((1, k)).astype(np.float32)
+            expected = x.astype(np.float64) @ dequantize(w, qtype, k).astype(np.float64).T
+            tx = backend.from_numpy(x)
+            weights = [backend.from_numpy(w) for _ in range(-(-STREAM_BYTES // w.nbytes))]
+            for prefetch in ("auto", "bulk"):
+                quantized_module.MATVEC_PREFETCH = prefetch
+                try:
+                    graph = pxvm.Graph(backend, lambda: {
+                        f"y{i}": pxvm.ops.matmul_quant(tx, tw, qtype=qtype, k=k)
+                        for i, tw in enumerate(weights)})
+                finally:
+                    quantized_module.MATVEC_PREFETCH = "auto"
+                samples, got = [], None
+                for i in range(repeats + 1):
+                    launch = graph.launch("y0", timestamps=True, runs=RUNS, each_run=False)
+                    got = launch.result()["y0"]
+                    if i:
+                        samples.append(launch.gpu_seconds / (RUNS * len(weights)))
+                t = statistics.median(samples)
+                bw = w.nbytes / t
+                shown = "none (the type's default)" if prefetch == "auto" else prefetch
+                print(f"| {name} | {n} x {k} | {shown} | {len(weights)} | {t * 1e6:.1f} "
+                      f"| {bw / 1e9:.0f} | {bw / copy_bw:.0%} | {nmse(got, expected):.1e} |",
+                      flush=True)
+            del weights, graph
 
 
 def torch_f16(m: int, n: int, k: int, repeats: int) -> float | None:
@@ -228,6 +275,9 @@ def main() -> None:
     parser.add_argument("--threshold", action="store_true",
                         help="both paths at M = 1 .. 128 (Q4_K and Q8_0 at 4096 x 4096)")
     parser.add_argument("--no-matvec", action="store_true")
+    parser.add_argument("--stream", action="store_true",
+                        help="the matrix-vector products also as a decoding graph runs them: "
+                             "back to back over distinct weights (stream_table)")
     args = parser.parse_args()
     types = [FORMATS[t][0] for t in sorted(FORMATS)] if args.types == ["all"] else args.types
     backend = get_backend("cuda")
@@ -242,6 +292,8 @@ def main() -> None:
     rng = np.random.default_rng(0)
     if not args.no_matvec:
         matvec_table(timer, types, rng, args.variants)
+    if args.stream:
+        stream_table(backend, types, rng, args.repeats, 2 * BUSY / timer.copy(BUSY))
     if args.prompt_rows:
         prompt_table(timer, types, rng, args.prompt_rows)
     if args.threshold:

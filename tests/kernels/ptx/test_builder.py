@@ -138,3 +138,9 @@ def test_a_module_of_sm_90_and_sm_90a_kernels_targets_sm_90a_and_refuses_sm_80()
     assert ".target sm_90a\n" in module([plain, hopper, own], "sm_90")
     with pytest.raises(PtxError, match="hopper run on sm_90 only"):
         module([plain, hopper], "sm_80")
+
+
+def test_a_register_cap_is_a_maxnreg_directive_between_parameters_and_body():
+    capped = Kernel("capped", [("x", "u64")], max_registers=64)
+    assert ")\n.maxnreg 64\n{" in module([capped], "sm_80")
+    assert ".maxnreg" not in module([_kernel()], "sm_80")

@@ -86,6 +86,9 @@ class Kernel:
     param_types: list[tuple[str, str]]  # (name, PTX type) in launch order
     #: the architecture-specific target it needs (sm_90a for wgmma), None: any of ARCHS
     arch: str | None = None
+    #: registers a thread may use at most (`.maxnreg`: more blocks fit a multiprocessor,
+    #: at the cost of what ptxas keeps in flight), None: as ptxas chooses
+    max_registers: int | None = None
     lines: list[str] = field(default_factory=list)
     _counts: dict = field(default_factory=dict)
     _shared: list[str] = field(default_factory=list)
@@ -245,7 +248,8 @@ class Kernel:
             lines = [*wait, *self.lines]
         body = "\n".join([*decls, *self._shared, *lines, "    ret;"])
         head = "".join(f"{line}\n" for line in self._module_lines)
-        return f"{head}.visible .entry {self.name}(\n{params}\n)\n{{\n{body}\n}}\n"
+        limit = f".maxnreg {self.max_registers}\n" if self.max_registers else ""
+        return f"{head}.visible .entry {self.name}(\n{params}\n)\n{limit}{{\n{body}\n}}\n"
 
 
 def module(kernels: list[Kernel], arch: str) -> str:

@@ -59,6 +59,9 @@ GLU_ACTIVATIONS = ("silu", "gelu_tanh")
 FUSIONS = ((False, "none"), (True, "none"), (False, "add"), (True, "silu"),
            (True, "gelu_tanh"))
 FLOAT_BYTES = {0: 4, 1: 2, 30: 2}
+#: registers a thread of `matvec` may use at most (None: as ptxas chooses); for
+#: benchmarks/h100/matvec_registers.py, which sets it
+MATVEC_MAX_REGISTERS: int | None = None
 
 
 def threads_for(k: int) -> int:
@@ -142,9 +145,11 @@ def matvec(code: int, rows: int = 8, group: int = 8, prefetch: str = "bulk",
     fused = ("_norm" if norm else "") + ("" if epilogue == "none" else f"_{epilogue}")
     extras = ([("gain", "u64"), ("eps", "f32")] if norm else []) + \
         ([("residual", "u64")] if epilogue == "add" else [])
-    k = Kernel(f"matvec_{fmt.label}_r{rows}_g{group}_{prefetch}{fused}",
+    cap = MATVEC_MAX_REGISTERS
+    k = Kernel(f"matvec_{fmt.label}_r{rows}_g{group}_{prefetch}{fused}"
+               f"{f'_reg{cap}' if cap else ''}",
                [("x", "u64"), *src.params(), ("y", "u64"), ("N", "u32"), ("K", "u32"),
-                *extras], arch="sm_90a" if prefetch == "bulk" else None)
+                *extras], arch="sm_90a" if prefetch == "bulk" else None, max_registers=cap)
     x, *rest = k.params()
     fields = len(src.params())
     pointers, (y, N, K), extra = rest[:fields], rest[fields:fields + 3], rest[fields + 3:]

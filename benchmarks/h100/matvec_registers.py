@@ -1,0 +1,72 @@
+"""The quantized matrix-vector kernel's shape (outputs a block, rows a group) against a
+cap on its registers (`.maxnreg`: pxvm.kernels.ptx.quantized.MATVEC_MAX_REGISTERS), for
+Q4_K and Q8_0 at benchmarks/cuda/quantized.py's weight shapes: each product alone after
+L2 is emptied (that script's Timer) and back to back over distinct weights in one CUDA
+graph (its stream_table's way), in GB/s of the weight and % of the 512 MB copy.
+Usage: python matvec_registers.py [SHAPE,.. e.g. 16x8,8x4] [CAP,.. e.g. 0,80,64]"""
+import importlib
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+import pxvm
+from pxvm.backends import get_backend
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cuda"))
+from quantized import (BUSY, RUNS, SHAPES, STREAM_BYTES, BY_NAME, Timer,  # noqa: E402
+                       dequantize, nmse, weight)
+
+ops_quantized = importlib.import_module("pxvm.ops.quantized")
+ptx_quantized = importlib.import_module("pxvm.kernels.ptx.quantized")
+cuda_backend = importlib.import_module("pxvm.backends.cuda")
+
+shapes = [tuple(map(int, s.split("x"))) for s in
+          (sys.argv[1] if len(sys.argv) > 1 else "16x8,8x8,8x4,4x4").split(",")]
+caps = [int(c) or None for c in (sys.argv[2] if len(sys.argv) > 2 else "0,80,64").split(",")]
+backend = get_backend("cuda")
+timer = Timer(backend, 10)
+copy_bw = 2 * BUSY / timer.copy(BUSY)
+print(f"{backend.describe()}; 512 MB copy {copy_bw / 1e9:.0f} GB/s read + written")
+print("| type | W (N x K) | shape | cap | alone us, GB/s, % | streamed us, GB/s, % | NMSE |")
+print("|---|---|---|---|---|---|---|")
+rng = np.random.default_rng(0)
+saved_shapes = ops_quantized.MATVEC_SHAPES
+for name in ("Q4_K", "Q8_0"):
+    qtype = BY_NAME[name]
+    for n, k in SHAPES:
+        w = weight(rng, qtype, n, k)
+        x = rng.standard_normal((1, k)).astype(np.float32)
+        expected = x.astype(np.float64) @ dequantize(w, qtype, k).astype(np.float64).T
+        tx = backend.from_numpy(x)
+        weights = [backend.from_numpy(w) for _ in range(-(-STREAM_BYTES // w.nbytes))]
+        for shape in shapes:
+            for cap in caps:
+                ops_quantized.MATVEC_SHAPES = {qtype: shape}
+                ops_quantized.MATVEC_PREFETCH = "none"
+                ptx_quantized.MATVEC_MAX_REGISTERS = cap
+                cuda_backend._ptx.cache_clear()  # kernels built again with the cap
+                backend._kernels.clear()
+                try:
+                    alone, _ = timer.launches(lambda: pxvm.ops.matmul_quant(
+                        tx, weights[0], qtype=qtype, k=k))
+                    graph = pxvm.Graph(backend, lambda: {
+                        f"y{i}": pxvm.ops.matmul_quant(tx, tw, qtype=qtype, k=k)
+                        for i, tw in enumerate(weights)})
+                finally:
+                    ops_quantized.MATVEC_SHAPES = saved_shapes
+                    ops_quantized.MATVEC_PREFETCH = "auto"
+                samples = []
+                for i in range(6):
+                    launch = graph.launch("y0", timestamps=True, runs=RUNS, each_run=False)
+                    got = launch.result()["y0"]
+                    if i:
+                        samples.append(launch.gpu_seconds / (RUNS * len(weights)))
+                streamed = statistics.median(samples)
+                cells = [f"{t * 1e6:.1f}, {w.nbytes / t / 1e9:.0f}, {w.nbytes / t / copy_bw:.0%}"
+                         for t in (alone, streamed)]
+                print(f"| {name} | {n} x {k} | {shape[0]} x {shape[1]} | {cap or '-'} | "
+                      f"{cells[0]} | {cells[1]} | {nmse(got, expected):.1e} |", flush=True)
+                del graph
+        del weights

@@ -247,6 +247,7 @@ def _weighted_values(k: Kernel, v_first: Reg, key_first: Reg, g: Reg, groups: Re
             present = k.setp("lt.u32", u, n_keys)
             key, cached = _value_addresses(k, v_first, key_first, u, n_ctx, row_stride, ring)
             value = preloaded[0][j] if preloaded is not None else k.op("mov.f32", f32(0.0))
+            fresh = None
             if new is None:
                 address, space = cached, "global"
             else:
@@ -254,10 +255,9 @@ def _weighted_values(k: Kernel, v_first: Reg, key_first: Reg, g: Reg, groups: Re
                 fresh = k.setp("eq.u32", key, at)
                 address = k.op("selp.b64", staged, k.op("cvta.global.u64", cached), fresh)
                 space = ""
-                if reload is not None:  # the preloaded batch loads the new key's value
-                    present = k.op("and.pred", present, k.op("or.pred", reload, fresh))
-            if preloaded is not None and new is None:
-                present = k.op("and.pred", present, reload)
+            if reload is not None:  # the preloaded batch loads the new key's value only
+                present = k.op("and.pred", present,
+                               reload if fresh is None else k.op("or.pred", reload, fresh))
             k.to(value, f"ld.{space}.f32" if space else "ld.f32", f"[{address}]", pred=present)
             batch.append((u, k.setp("lt.u32", u, n_keys), value))
         for u, present, value in batch:
@@ -423,9 +423,8 @@ def attend(neox: bool, ring: bool, vec: int, half: bool = False,
             row = _cache_row(k, position, n_ctx, ring)
             key = k.op("add.u64", k_head, k.op("mul.wide.u32", row, row_stride))
             if appends:  # the new key from shared memory, through a generic address
-                key = k.op("selp.b64", new_key_address, k.op("cvta.global.u64", key),
-                           k.setp("eq.u32", position, at))
                 fresh = k.setp("eq.u32", position, at)
+                key = k.op("selp.b64", new_key_address, k.op("cvta.global.u64", key), fresh)
                 dot = _dot(k, key, query, d, vec, space="",
                            preloaded=(early_keys, k.op("or.pred", later, fresh))
                            if early else None)

@@ -103,6 +103,30 @@ class Timer:
         return statistics.median(samples)
 
 
+def product_case(rng, qtype: int, n: int, k: int, m: int = 1):
+    """(W's raw rows (N, K), x (m, K), x @ W^T in float64 from the `gguf` package's
+    dequantization)."""
+    w = weight(rng, qtype, n, k)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    return w, x, x.astype(np.float64) @ dequantize(w, qtype, k).astype(np.float64).T
+
+
+def streamed(backend, tx, weights, qtype: int, k: int, repeats: int):
+    """(median seconds a product, the first product's result) of x @ W^T for every W of
+    `weights` in one CUDA graph, launched RUNS times a submit, GPU time by events around
+    the submit over its products; `repeats` submits after a warm-up."""
+    graph = pxvm.Graph(backend, lambda: {
+        f"y{i}": pxvm.ops.matmul_quant(tx, tw, qtype=qtype, k=k)
+        for i, tw in enumerate(weights)})
+    samples, got = [], None
+    for i in range(repeats + 1):
+        launch = graph.launch("y0", timestamps=True, runs=RUNS, each_run=False)
+        got = launch.result()["y0"]
+        if i:
+            samples.append(launch.gpu_seconds / (RUNS * len(weights)))
+    return statistics.median(samples), got
+
+
 def nmse(got, expected) -> float:
     got = np.asarray(got, np.float64)
     return float(np.sum((got - expected) ** 2) / np.sum(expected ** 2))
@@ -120,10 +144,8 @@ def matvec_table(timer, types, rng, variants: bool) -> None:
     for name in types:
         qtype = BY_NAME[name]
         for n, k in SHAPES:
-            w = weight(rng, qtype, n, k)
-            x = rng.standard_normal((1, k)).astype(np.float32)
+            w, x, expected = product_case(rng, qtype, n, k)
             tw, tx = timer.backend.from_numpy(w), timer.backend.from_numpy(x)
-            expected = x.astype(np.float64) @ dequantize(w, qtype, k).astype(np.float64).T
             if w.nbytes not in copies:
                 copies[w.nbytes] = timer.copy(w.nbytes)
             copy = copies[w.nbytes]
@@ -157,41 +179,27 @@ def matvec_table(timer, types, rng, variants: bool) -> None:
 def stream_table(backend, types, rng, repeats: int, copy_bw: float) -> None:
     """Matrix-vector products as a model's decoding runs them: one CUDA graph of products
     over STREAM_BYTES of distinct weights of the shape (so that L2, 50 MB, holds none of
-    a weight when its product starts), launched RUNS times in one submit; GPU time by
-    events around the submit, over its products. Each configuration's median of
-    `repeats` submits after a warm-up."""
+    a weight when its product starts): `streamed`."""
     print("\n| type | W (N x K) | prefetch | weights in the graph | us a product | "
           "weight GB/s | of the 512 MB copy | NMSE |")
     print("|---|---|---|---|---|---|---|---|")
     for name in types:
         qtype = BY_NAME[name]
         for n, k in SHAPES:
-            w = weight(rng, qtype, n, k)
-            x = rng.standard_normal((1, k)).astype(np.float32)
-            expected = x.astype(np.float64) @ dequantize(w, qtype, k).astype(np.float64).T
+            w, x, expected = product_case(rng, qtype, n, k)
             tx = backend.from_numpy(x)
             weights = [backend.from_numpy(w) for _ in range(-(-STREAM_BYTES // w.nbytes))]
             for prefetch in ("auto", "bulk"):
                 quantized_module.MATVEC_PREFETCH = prefetch
                 try:
-                    graph = pxvm.Graph(backend, lambda: {
-                        f"y{i}": pxvm.ops.matmul_quant(tx, tw, qtype=qtype, k=k)
-                        for i, tw in enumerate(weights)})
+                    t, got = streamed(backend, tx, weights, qtype, k, repeats)
                 finally:
                     quantized_module.MATVEC_PREFETCH = "auto"
-                samples, got = [], None
-                for i in range(repeats + 1):
-                    launch = graph.launch("y0", timestamps=True, runs=RUNS, each_run=False)
-                    got = launch.result()["y0"]
-                    if i:
-                        samples.append(launch.gpu_seconds / (RUNS * len(weights)))
-                t = statistics.median(samples)
                 bw = w.nbytes / t
                 shown = "none (the type's default)" if prefetch == "auto" else prefetch
                 print(f"| {name} | {n} x {k} | {shown} | {len(weights)} | {t * 1e6:.1f} "
                       f"| {bw / 1e9:.0f} | {bw / copy_bw:.0%} | {nmse(got, expected):.1e} |",
                       flush=True)
-            del weights, graph
 
 
 def torch_f16(m: int, n: int, k: int, repeats: int) -> float | None:
@@ -223,13 +231,12 @@ def prompt_table(timer, types, rng, m: int) -> None:
     for name in types:
         qtype = BY_NAME[name]
         for n, k in SHAPES:
-            w = weight(rng, qtype, n, k)
-            x = rng.standard_normal((m, k)).astype(np.float32)
+            w, x, expected = product_case(rng, qtype, n, k, m)
             tw, tx = timer.backend.from_numpy(w), timer.backend.from_numpy(x)
             t, launches = timer.launches(lambda tx=tx, tw=tw, qtype=qtype, k=k:
                                          pxvm.ops.matmul_quant(tx, tw, qtype=qtype, k=k))
             got = pxvm.ops.matmul_quant(tx, tw, qtype=qtype, k=k).numpy()
-            err = nmse(got, x.astype(np.float64) @ dequantize(w, qtype, k).astype(np.float64).T)
+            err = nmse(got, expected)
             flops = 2.0 * m * n * k
             tt = torch_f16(m, n, k, timer.repeats)
             torch_cols = f"{tt * 1e6:.1f} | {flops / tt / 1e12:.1f}" if tt else "- | -"

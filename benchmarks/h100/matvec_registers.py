@@ -5,7 +5,6 @@ L2 is emptied (that script's Timer) and back to back over distinct weights in on
 graph (its stream_table's way), in GB/s of the weight and % of the 512 MB copy.
 Usage: python matvec_registers.py [SHAPE,.. e.g. 16x8,8x4] [CAP,.. e.g. 0,80,64]"""
 import importlib
-import statistics
 import sys
 from pathlib import Path
 
@@ -15,8 +14,8 @@ import pxvm
 from pxvm.backends import get_backend
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cuda"))
-from quantized import (BUSY, RUNS, SHAPES, STREAM_BYTES, BY_NAME, Timer,  # noqa: E402
-                       dequantize, nmse, weight)
+from quantized import (BUSY, BY_NAME, SHAPES, STREAM_BYTES, Timer, nmse,  # noqa: E402
+                       product_case, streamed)
 
 ops_quantized = importlib.import_module("pxvm.ops.quantized")
 ptx_quantized = importlib.import_module("pxvm.kernels.ptx.quantized")
@@ -36,9 +35,7 @@ saved_shapes = ops_quantized.MATVEC_SHAPES
 for name in ("Q4_K", "Q8_0"):
     qtype = BY_NAME[name]
     for n, k in SHAPES:
-        w = weight(rng, qtype, n, k)
-        x = rng.standard_normal((1, k)).astype(np.float32)
-        expected = x.astype(np.float64) @ dequantize(w, qtype, k).astype(np.float64).T
+        w, x, expected = product_case(rng, qtype, n, k)
         tx = backend.from_numpy(x)
         weights = [backend.from_numpy(w) for _ in range(-(-STREAM_BYTES // w.nbytes))]
         for shape in shapes:
@@ -51,22 +48,11 @@ for name in ("Q4_K", "Q8_0"):
                 try:
                     alone, _ = timer.launches(lambda: pxvm.ops.matmul_quant(
                         tx, weights[0], qtype=qtype, k=k))
-                    graph = pxvm.Graph(backend, lambda: {
-                        f"y{i}": pxvm.ops.matmul_quant(tx, tw, qtype=qtype, k=k)
-                        for i, tw in enumerate(weights)})
+                    stream, got = streamed(backend, tx, weights, qtype, k, 5)
                 finally:
                     ops_quantized.MATVEC_SHAPES = saved_shapes
                     ops_quantized.MATVEC_PREFETCH = "auto"
-                samples = []
-                for i in range(6):
-                    launch = graph.launch("y0", timestamps=True, runs=RUNS, each_run=False)
-                    got = launch.result()["y0"]
-                    if i:
-                        samples.append(launch.gpu_seconds / (RUNS * len(weights)))
-                streamed = statistics.median(samples)
                 cells = [f"{t * 1e6:.1f}, {w.nbytes / t / 1e9:.0f}, {w.nbytes / t / copy_bw:.0%}"
-                         for t in (alone, streamed)]
+                         for t in (alone, stream)]
                 print(f"| {name} | {n} x {k} | {shape[0]} x {shape[1]} | {cap or '-'} | "
                       f"{cells[0]} | {cells[1]} | {nmse(got, expected):.1e} |", flush=True)
-                del graph
-        del weights

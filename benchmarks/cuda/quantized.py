@@ -103,12 +103,16 @@ class Timer:
         return statistics.median(samples)
 
 
-def product_case(rng, qtype: int, n: int, k: int, m: int = 1):
-    """(W's raw rows (N, K), x (m, K), x @ W^T in float64 from the `gguf` package's
-    dequantization)."""
-    w = weight(rng, qtype, n, k)
-    x = rng.standard_normal((m, k)).astype(np.float32)
-    return w, x, x.astype(np.float64) @ dequantize(w, qtype, k).astype(np.float64).T
+def product_cases(rng, types, m: int = 1):
+    """For each type named and each of SHAPES: (name, GGML type, N, K, W's raw rows
+    (N, K), x (m, K), x @ W^T in float64 from the `gguf` package's dequantization)."""
+    for name in types:
+        qtype = BY_NAME[name]
+        for n, k in SHAPES:
+            w = weight(rng, qtype, n, k)
+            x = rng.standard_normal((m, k)).astype(np.float32)
+            yield (name, qtype, n, k, w, x,
+                   x.astype(np.float64) @ dequantize(w, qtype, k).astype(np.float64).T)
 
 
 def streamed(backend, tx, weights, qtype: int, k: int, repeats: int):
@@ -141,39 +145,36 @@ def matvec_table(timer, types, rng, variants: bool) -> None:
           "of that copy | of the 512 MB copy | NMSE |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     copies = {}
-    for name in types:
-        qtype = BY_NAME[name]
-        for n, k in SHAPES:
-            w, x, expected = product_case(rng, qtype, n, k)
-            tw, tx = timer.backend.from_numpy(w), timer.backend.from_numpy(x)
-            if w.nbytes not in copies:
-                copies[w.nbytes] = timer.copy(w.nbytes)
-            copy = copies[w.nbytes]
-            copy_bw = 2 * w.nbytes / copy
-            configs = [(None, None)]
-            if variants and qtype in ptx_quantized.SWEPT:
-                configs = [(shape, prefetch) for prefetch in ptx_quantized.PREFETCHES
-                           for shape in (ptx_quantized.SHAPES if prefetch != "lines"
-                                         else [ptx_quantized.DEFAULT_SHAPE])]
-            saved = quantized_module.MATVEC_SHAPES
-            for shape, prefetch in configs:
-                if shape is not None:
-                    quantized_module.MATVEC_SHAPES = {qtype: shape}
-                    quantized_module.MATVEC_PREFETCH = prefetch
-                try:
-                    t, launches = timer.launches(
-                        lambda tx=tx, tw=tw, qtype=qtype, k=k:
-                        pxvm.ops.matmul_quant(tx, tw, qtype=qtype, k=k))
-                    err = nmse(pxvm.ops.matmul_quant(tx, tw, qtype=qtype, k=k).numpy(), expected)
-                finally:  # the table as it was (an emptied one gave every type the
-                    # default shape: the earlier runs' products after the first)
-                    quantized_module.MATVEC_SHAPES = saved
-                    quantized_module.MATVEC_PREFETCH = "auto"
-                kernel = "+".join(name for name, _ in launches)
-                bw = w.nbytes / t
-                print(f"| {name} | {n} x {k} | {w.nbytes / 1e6:.1f} | {kernel} | {t * 1e6:.1f} "
-                      f"| {bw / 1e9:.0f} | {copy * 1e6:.1f}, {copy_bw / 1e9:.0f} "
-                      f"| {bw / copy_bw:.0%} | {bw / big_bw:.0%} | {err:.1e} |", flush=True)
+    for name, qtype, n, k, w, x, expected in product_cases(rng, types):
+        tw, tx = timer.backend.from_numpy(w), timer.backend.from_numpy(x)
+        if w.nbytes not in copies:
+            copies[w.nbytes] = timer.copy(w.nbytes)
+        copy = copies[w.nbytes]
+        copy_bw = 2 * w.nbytes / copy
+        configs = [(None, None)]
+        if variants and qtype in ptx_quantized.SWEPT:
+            configs = [(shape, prefetch) for prefetch in ptx_quantized.PREFETCHES
+                       for shape in (ptx_quantized.SHAPES if prefetch != "lines"
+                                     else [ptx_quantized.DEFAULT_SHAPE])]
+        saved = quantized_module.MATVEC_SHAPES
+        for shape, prefetch in configs:
+            if shape is not None:
+                quantized_module.MATVEC_SHAPES = {qtype: shape}
+                quantized_module.MATVEC_PREFETCH = prefetch
+            try:
+                t, launches = timer.launches(
+                    lambda tx=tx, tw=tw, qtype=qtype, k=k:
+                    pxvm.ops.matmul_quant(tx, tw, qtype=qtype, k=k))
+                err = nmse(pxvm.ops.matmul_quant(tx, tw, qtype=qtype, k=k).numpy(), expected)
+            finally:  # the table as it was (an emptied one gave every type the
+                # default shape: the earlier runs' products after the first)
+                quantized_module.MATVEC_SHAPES = saved
+                quantized_module.MATVEC_PREFETCH = "auto"
+            kernel = "+".join(name for name, _ in launches)
+            bw = w.nbytes / t
+            print(f"| {name} | {n} x {k} | {w.nbytes / 1e6:.1f} | {kernel} | {t * 1e6:.1f} "
+                  f"| {bw / 1e9:.0f} | {copy * 1e6:.1f}, {copy_bw / 1e9:.0f} "
+                  f"| {bw / copy_bw:.0%} | {bw / big_bw:.0%} | {err:.1e} |", flush=True)
 
 
 def stream_table(backend, types, rng, repeats: int, copy_bw: float) -> None:
@@ -183,23 +184,20 @@ def stream_table(backend, types, rng, repeats: int, copy_bw: float) -> None:
     print("\n| type | W (N x K) | prefetch | weights in the graph | us a product | "
           "weight GB/s | of the 512 MB copy | NMSE |")
     print("|---|---|---|---|---|---|---|---|")
-    for name in types:
-        qtype = BY_NAME[name]
-        for n, k in SHAPES:
-            w, x, expected = product_case(rng, qtype, n, k)
-            tx = backend.from_numpy(x)
-            weights = [backend.from_numpy(w) for _ in range(-(-STREAM_BYTES // w.nbytes))]
-            for prefetch in ("auto", "bulk"):
-                quantized_module.MATVEC_PREFETCH = prefetch
-                try:
-                    t, got = streamed(backend, tx, weights, qtype, k, repeats)
-                finally:
-                    quantized_module.MATVEC_PREFETCH = "auto"
-                bw = w.nbytes / t
-                shown = "none (the type's default)" if prefetch == "auto" else prefetch
-                print(f"| {name} | {n} x {k} | {shown} | {len(weights)} | {t * 1e6:.1f} "
-                      f"| {bw / 1e9:.0f} | {bw / copy_bw:.0%} | {nmse(got, expected):.1e} |",
-                      flush=True)
+    for name, qtype, n, k, w, x, expected in product_cases(rng, types):
+        tx = backend.from_numpy(x)
+        weights = [backend.from_numpy(w) for _ in range(-(-STREAM_BYTES // w.nbytes))]
+        for prefetch in ("auto", "bulk"):
+            quantized_module.MATVEC_PREFETCH = prefetch
+            try:
+                t, got = streamed(backend, tx, weights, qtype, k, repeats)
+            finally:
+                quantized_module.MATVEC_PREFETCH = "auto"
+            bw = w.nbytes / t
+            shown = "none (the type's default)" if prefetch == "auto" else prefetch
+            print(f"| {name} | {n} x {k} | {shown} | {len(weights)} | {t * 1e6:.1f} "
+                  f"| {bw / 1e9:.0f} | {bw / copy_bw:.0%} | {nmse(got, expected):.1e} |",
+                  flush=True)
 
 
 def torch_f16(m: int, n: int, k: int, repeats: int) -> float | None:
@@ -228,21 +226,18 @@ def prompt_table(timer, types, rng, m: int) -> None:
     print("\n| type | M x K x N | pxvm us | pxvm TFLOP/s | its launches (us) | torch f16 us "
           "| torch TFLOP/s | NMSE |")
     print("|---|---|---|---|---|---|---|---|")
-    for name in types:
-        qtype = BY_NAME[name]
-        for n, k in SHAPES:
-            w, x, expected = product_case(rng, qtype, n, k, m)
-            tw, tx = timer.backend.from_numpy(w), timer.backend.from_numpy(x)
-            t, launches = timer.launches(lambda tx=tx, tw=tw, qtype=qtype, k=k:
-                                         pxvm.ops.matmul_quant(tx, tw, qtype=qtype, k=k))
-            got = pxvm.ops.matmul_quant(tx, tw, qtype=qtype, k=k).numpy()
-            err = nmse(got, expected)
-            flops = 2.0 * m * n * k
-            tt = torch_f16(m, n, k, timer.repeats)
-            torch_cols = f"{tt * 1e6:.1f} | {flops / tt / 1e12:.1f}" if tt else "- | -"
-            parts = ", ".join(f"{what} {s * 1e6:.1f}" for what, s in launches)
-            print(f"| {name} | {m} x {k} x {n} | {t * 1e6:.1f} | {flops / t / 1e12:.1f} | {parts} "
-                  f"| {torch_cols} | {err:.1e} |", flush=True)
+    for name, qtype, n, k, w, x, expected in product_cases(rng, types, m):
+        tw, tx = timer.backend.from_numpy(w), timer.backend.from_numpy(x)
+        t, launches = timer.launches(lambda tx=tx, tw=tw, qtype=qtype, k=k:
+                                     pxvm.ops.matmul_quant(tx, tw, qtype=qtype, k=k))
+        got = pxvm.ops.matmul_quant(tx, tw, qtype=qtype, k=k).numpy()
+        err = nmse(got, expected)
+        flops = 2.0 * m * n * k
+        tt = torch_f16(m, n, k, timer.repeats)
+        torch_cols = f"{tt * 1e6:.1f} | {flops / tt / 1e12:.1f}" if tt else "- | -"
+        parts = ", ".join(f"{what} {s * 1e6:.1f}" for what, s in launches)
+        print(f"| {name} | {m} x {k} x {n} | {t * 1e6:.1f} | {flops / t / 1e12:.1f} | {parts} "
+              f"| {torch_cols} | {err:.1e} |", flush=True)
 
 
 def threshold_table(timer, types, rng) -> None:

@@ -3,13 +3,14 @@ one process (kernels and the decoding graphs built again for each), two rounds:
 `name:module.CONST=value,..`, modules the keys of MODULES, values as the constant's type
 (a variant without settings: the code as it is).
 Usage: python decode_ab.py MODEL.gguf VARIANT [VARIANT ..]
-e.g. base nopf:quantized.SMALL_PREFETCH=none,transformer.CUDA_DECODE_PREFETCH=none"""
+e.g. base late:transformer.CUDA_DECODE_EARLY=none,quantized.SMALL_PREFETCH=none"""
 import importlib
 import sys
 
 from pxvm.llm.generate import benchmark
 from pxvm.llm.model import load_model
 from pxvm.llm.tokenizer import Tokenizer
+from variants import Variants
 
 MODULES = {"transformer": "pxvm.ops.transformer", "quantized": "pxvm.ops.quantized",
            "decode": "pxvm.llm.decode", "model": "pxvm.llm.model",
@@ -17,20 +18,12 @@ MODULES = {"transformer": "pxvm.ops.transformer", "quantized": "pxvm.ops.quantiz
 cuda_backend = importlib.import_module("pxvm.backends.cuda")
 model = load_model(sys.argv[1], backend="cuda", progress=False)
 tokenizer = Tokenizer(model.metadata)
-originals = {}
+variants = Variants(MODULES)
 
 
 def apply(spec: str) -> str:
-    """Restore every constant, then set the variant's; returns its name."""
-    for (module, name), value in originals.items():
-        setattr(module, name, value)
-    name, _, settings = spec.partition(":")
-    for setting in filter(None, settings.split(",")):
-        key, value = setting.split("=")
-        short, const = key.split(".")
-        module = importlib.import_module(MODULES[short])
-        originals.setdefault((module, const), getattr(module, const))
-        setattr(module, const, type(getattr(module, const))(value))
+    """The variant's constants set, its kernels and decoding graphs built anew."""
+    name = variants.apply(spec)
     cuda_backend._ptx.cache_clear()
     model.backend._kernels.clear()
     model.decoder.forget()

@@ -14,8 +14,8 @@ import pxvm
 from pxvm.backends import get_backend
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cuda"))
-from quantized import (BUSY, BY_NAME, SHAPES, STREAM_BYTES, Timer, nmse,  # noqa: E402
-                       product_case, streamed)
+from quantized import (BUSY, STREAM_BYTES, Timer, nmse, product_cases,  # noqa: E402
+                       streamed)
 
 ops_quantized = importlib.import_module("pxvm.ops.quantized")
 ptx_quantized = importlib.import_module("pxvm.kernels.ptx.quantized")
@@ -32,27 +32,24 @@ print("| type | W (N x K) | shape | cap | alone us, GB/s, % | streamed us, GB/s,
 print("|---|---|---|---|---|---|---|")
 rng = np.random.default_rng(0)
 saved_shapes = ops_quantized.MATVEC_SHAPES
-for name in ("Q4_K", "Q8_0"):
-    qtype = BY_NAME[name]
-    for n, k in SHAPES:
-        w, x, expected = product_case(rng, qtype, n, k)
-        tx = backend.from_numpy(x)
-        weights = [backend.from_numpy(w) for _ in range(-(-STREAM_BYTES // w.nbytes))]
-        for shape in shapes:
-            for cap in caps:
-                ops_quantized.MATVEC_SHAPES = {qtype: shape}
-                ops_quantized.MATVEC_PREFETCH = "none"
-                ptx_quantized.MATVEC_MAX_REGISTERS = cap
-                cuda_backend._ptx.cache_clear()  # kernels built again with the cap
-                backend._kernels.clear()
-                try:
-                    alone, _ = timer.launches(lambda: pxvm.ops.matmul_quant(
-                        tx, weights[0], qtype=qtype, k=k))
-                    stream, got = streamed(backend, tx, weights, qtype, k, 5)
-                finally:
-                    ops_quantized.MATVEC_SHAPES = saved_shapes
-                    ops_quantized.MATVEC_PREFETCH = "auto"
-                cells = [f"{t * 1e6:.1f}, {w.nbytes / t / 1e9:.0f}, {w.nbytes / t / copy_bw:.0%}"
-                         for t in (alone, stream)]
-                print(f"| {name} | {n} x {k} | {shape[0]} x {shape[1]} | {cap or '-'} | "
-                      f"{cells[0]} | {cells[1]} | {nmse(got, expected):.1e} |", flush=True)
+for name, qtype, n, k, w, x, expected in product_cases(rng, ("Q4_K", "Q8_0")):
+    tx = backend.from_numpy(x)
+    weights = [backend.from_numpy(w) for _ in range(-(-STREAM_BYTES // w.nbytes))]
+    for shape in shapes:
+        for cap in caps:
+            ops_quantized.MATVEC_SHAPES = {qtype: shape}
+            ops_quantized.MATVEC_PREFETCH = "none"
+            ptx_quantized.MATVEC_MAX_REGISTERS = cap
+            cuda_backend._ptx.cache_clear()  # kernels built again with the cap
+            backend._kernels.clear()
+            try:
+                alone, _ = timer.launches(lambda: pxvm.ops.matmul_quant(
+                    tx, weights[0], qtype=qtype, k=k))
+                stream, got = streamed(backend, tx, weights, qtype, k, 5)
+            finally:
+                ops_quantized.MATVEC_SHAPES = saved_shapes
+                ops_quantized.MATVEC_PREFETCH = "auto"
+            cells = [f"{t * 1e6:.1f}, {w.nbytes / t / 1e9:.0f}, {w.nbytes / t / copy_bw:.0%}"
+                     for t in (alone, stream)]
+            print(f"| {name} | {n} x {k} | {shape[0]} x {shape[1]} | {cap or '-'} | "
+                  f"{cells[0]} | {cells[1]} | {nmse(got, expected):.1e} |", flush=True)

@@ -6,13 +6,13 @@ the working tree) in separate processes; GPU times are timestamps around one pas
 recorded step, so they compare across processes. Variants and rounds alternate within
 one.
 Usage: python tree_ab.py MODEL.gguf LABEL [VARIANT ..]"""
-import importlib
 import json
 import statistics
 import sys
 from types import SimpleNamespace
 
 from recorded_step import RecordedStep
+from variants import Variants
 
 from pxvm.llm.generate import benchmark
 
@@ -24,20 +24,12 @@ MODULES = {"transformer": "pxvm.ops.transformer", "model": "pxvm.llm.model",
 path, label, specs = sys.argv[1], sys.argv[2], sys.argv[3:] or ["base"]
 step = RecordedStep(path, for_position=0)
 model = step.model
-originals = {}
+variants = Variants(MODULES)
 
 
 def apply(spec: str) -> str:
-    """Restore every constant, then set the variant's; returns its name."""
-    for (mod, name), value in originals.items():
-        setattr(importlib.import_module(MODULES[mod]), name, value)
-    name, _, settings = spec.partition(":")
-    for setting in filter(None, settings.split(",")):
-        key, value = setting.split("=")
-        mod, const = key.split(".")
-        module = importlib.import_module(MODULES[mod])
-        originals.setdefault((mod, const), getattr(module, const))
-        setattr(module, const, type(getattr(module, const))(value))
+    """The variant's constants set (variants.Variants); returns its name."""
+    name = variants.apply(spec)
     model.decoder.forget()  # re-recorded with the variant's constants
     return name
 

@@ -22,7 +22,7 @@ the products' the weight's bytes read. NMSE: each product against float64 numpy 
 rows loaded together) and prefetch (PREFETCHES) for the types that have them (SWEPT).
 --stream: the matrix-vector products again as a model's decoding graph runs them, back
 to back over distinct weights (stream_table), with and without the weights' L2 prefetch
-("bulk") or first loads ("early") before each kernel waits for the one before it.
+before each kernel waits for the one before it.
 --threshold: the matrix-vector kernel against the dequantize-then-tensor-core path at
 M = 1 .. 128 (pxvm.ops.quantized.PROMPT_MIN_ROWS is where the second takes over).
 """
@@ -187,7 +187,7 @@ def stream_table(backend, types, rng, repeats: int, copy_bw: float) -> None:
     for name, qtype, n, k, w, x, expected in product_cases(rng, types):
         tx = backend.from_numpy(x)
         weights = [backend.from_numpy(w) for _ in range(-(-STREAM_BYTES // w.nbytes))]
-        for prefetch in ("auto", "bulk", "early"):
+        for prefetch in ("auto", "bulk"):
             quantized_module.MATVEC_PREFETCH = prefetch
             try:
                 t, got = streamed(backend, tx, weights, qtype, k, repeats)

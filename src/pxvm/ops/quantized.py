@@ -177,18 +177,18 @@ PROMPT_MIN_ROWS = 32
 MATVEC_SHAPES: dict[int, tuple[int, int]] = {12: (16, 8), 8: (16, 8), 2: (8, 8), 14: (4, 4),
                                               13: (16, 8)}
 MATVEC_PREFETCHES: dict[int, str] = {12: "none", 8: "none", 2: "lines", 14: "none", 13: "none"}
-#: the prefetch of the types MATVEC_PREFETCHES does not name, on sm_90: "early" loads a
-#: block's first rows before the kernel waits for its predecessor (decoding's graphs)
-DEFAULT_PREFETCH = "early"
+#: the prefetch of the types MATVEC_PREFETCHES does not name, on sm_90: "bulk" asks L2
+#: for a block's rows before the kernel waits for its predecessor (decoding's graphs)
+DEFAULT_PREFETCH = "bulk"
 #: the prefetch of every type instead ("auto": MATVEC_PREFETCHES; benchmarks set it)
 MATVEC_PREFETCH = "auto"
 #: the shape (outputs a block, rows a group) of products whose weight has too few rows
 #: to fill the GPU with the type's shape: the fastest for SmolLM2's decoding on the H100
 #: (BENCHMARKS.md)
 SMALL_SHAPE = (4, 4)
-#: their prefetch on sm_90: "early" loads the block's rows before the kernel waits for
-#: its predecessor in decoding's graphs (elsewhere "none")
-SMALL_PREFETCH = "early"
+#: their prefetch on sm_90: "bulk" asks L2 for the block's rows before the kernel waits
+#: for its predecessor in decoding's graphs (elsewhere "none")
+SMALL_PREFETCH = "bulk"
 #: rows of x the matrix-vector kernels take (a grid row each: CUDA's grid height)
 MAX_GRID_ROWS = 65535
 

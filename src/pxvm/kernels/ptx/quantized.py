@@ -12,8 +12,7 @@ memory. A block has a thread a unit of a row (in whole warps) up to MAX_THREADS,
 that several passes with the units spread evenly. So that the loads of all the rows are
 in flight at once whatever ptxas's schedule, the block first asks L2 for its rows
 (`prefetch`); "bulk" does so before the kernel waits for its predecessor (a dependent
-launch: decoding's graphs), while that one is still running, and "early" loads the
-first rows' units into registers then. Types whose blocks are not 16-byte aligned are read repacked into planes
+launch: decoding's graphs), while that one is still running. Types whose blocks are not 16-byte aligned are read repacked into planes
 (`repack`, once per weight; the op keeps them).
 
 A transformer's ops around the product go into the same launch (`FUSIONS`): the RMS norm
@@ -44,12 +43,10 @@ SHAPES = ((4, 4), (8, 4), (8, 8), (16, 8), (16, 16))
 #: the shape every type has (the op launches it unless told otherwise)
 DEFAULT_SHAPE = (8, 8)
 #: how `matvec` asks for its weights ahead of the loads: "bulk" (Hopper's bulk prefetch:
-#: one instruction a plane asks L2 for all the block's rows as the block starts, before
-#: it waits for its predecessor; the module's target is then sm_90a, as wgmma's),
-#: "lines" (each thread prefetches its units' lines to L2 before loading them), "early"
-#: (each thread loads its first unit of the first group of rows into registers before
-#: the wait), "none"
-PREFETCHES = ("bulk", "lines", "none", "early")
+#: one instruction a plane asks L2 for all the block's rows as the block starts; the
+#: module's target is then sm_90a, as wgmma's), "lines" (each thread prefetches its
+#: units' lines to L2 before loading them), "none"
+PREFETCHES = ("bulk", "lines", "none")
 #: the types whose SHAPES are all emitted (the ones benchmarked): Q4_K, Q8_0, Q4_0, Q6_K,
 #: Q5_K
 SWEPT = (12, 8, 2, 14, 13)
@@ -183,14 +180,22 @@ def matvec(code: int, rows: int = 8, group: int = 8, prefetch: str = "bulk",
             for start in [first, k.op("add.u32", first, N)] if glu else [first]:
                 for address, nbytes in src.spans(k, start, count):
                     bulk_prefetch(k, address, nbytes)
+    # the weight's trip from memory overlaps the previous kernel's end (its prefetch
+    # above); x, the gain and the residual may be its output
+    k.wait_for_predecessors()
+    u = k.op("mov.u32", tid)
+    with k.loop(u, units, threads):
+        prep = reader.prepare(k, u)
+        if prefetch == "lines":
+            src.prefetching = True
+            for n in ns:
+                reader.load(k, src, n, prep)
+            src.prefetching = False
 
-    def loads(prep, g):
-        return [reader.load(k, src, ns[r], prep) for r in range(g * group, (g + 1) * group)]
+        def loads(g):
+            return [reader.load(k, src, ns[r], prep) for r in range(g * group, (g + 1) * group)]
 
-    def iteration(prep, pending):
-        """A unit of each of the block's rows: x's values (the weights' first group's loads
-        `pending` were issued before), then the products a group of rows at a time, the
-        next group's loads issued before this one's products."""
+        pending = loads(0)  # the weights first: their loads take longest
         xs, raw = [], []
         for start, count in prep.segments:
             address = k.element(x_row, start, 4)
@@ -208,7 +213,7 @@ def matvec(code: int, rows: int = 8, group: int = 8, prefetch: str = "bulk",
             v += count
         groups = rows // group
         for g in range(groups):
-            following = loads(prep, g + 1) if g + 1 < groups else None
+            following = loads(g + 1) if g + 1 < groups else None
             these = acc[g * group:(g + 1) * group]
             for a, total in zip(these, reader.dot_rows(k, pending, prep, xs, sums, these)):
                 k.to(a, "mov.f32", total)
@@ -216,28 +221,6 @@ def matvec(code: int, rows: int = 8, group: int = 8, prefetch: str = "bulk",
         # x^2 after the products: ptxas then issues the weights' loads earlier
         for v in raw:
             k.to(squares, "fma.rn.f32", v, v, squares)
-
-    u = k.op("mov.u32", tid)
-    if prefetch == "early":  # the first unit's first group read while the previous
-        # kernel ends (a thread past the units reads the last one, unused)
-        prep = reader.prepare(k, k.op("min.u32", tid, k.op("sub.u32", units, 1)))
-        pending = loads(prep, 0)
-        k.wait_for_predecessors()  # x, the gain and the residual may be its output
-        with k.if_(k.setp("lt.u32", tid, units)):
-            iteration(prep, pending)
-        k.to(u, "add.u32", tid, threads)
-    else:
-        # the weight's trip from memory overlaps the previous kernel's end (the bulk
-        # prefetch above); x, the gain and the residual may be its output
-        k.wait_for_predecessors()
-    with k.loop(u, units, threads):
-        prep = reader.prepare(k, u)
-        if prefetch == "lines":
-            src.prefetching = True
-            for n in ns:
-                reader.load(k, src, n, prep)
-            src.prefetching = False
-        iteration(prep, loads(prep, 0))  # the weights first: their loads take longest
     _warp_sums(k, acc, lane, warp, partial, rows)
     if norm:  # each warp's sum of x^2 into squares_partial[warp]
         squares_partial = k.op("mov.u32", k.shared("squares", "f32", MAX_WARPS, 16))

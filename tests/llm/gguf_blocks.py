@@ -184,6 +184,14 @@ def random_blocks(n: int, k: int, qtype: int, rng: np.random.Generator,
     return raw.reshape(n, row_bytes(qtype, k))
 
 
+def _round_half_away(v: np.ndarray) -> np.ndarray:
+    """C's roundf, as ggml rounds (numpy's round takes ties to even: 108.5 -> 108, where
+    ggml and the gguf package write 109)."""
+    a = np.abs(v)
+    whole = np.floor(a)
+    return np.sign(v) * (whole + np.floor(2 * (a - whole)))
+
+
 def quantize(x: np.ndarray, qtype: int) -> np.ndarray:
     """(N, K) float -> raw GGUF rows (N, row_bytes) uint8, rounding as ggml's reference
     quantizers do (nearest level; Q4_0 scales by the signed extreme / -8)."""
@@ -201,7 +209,7 @@ def quantize(x: np.ndarray, qtype: int) -> np.ndarray:
     if qtype == 8:
         d = np.abs(blocks).max(axis=1, keepdims=True) / 127.0
         inv = np.divide(1.0, d, out=np.zeros_like(d), where=d != 0)
-        q = np.round(blocks * inv).astype(np.int8).view(np.uint8)
+        q = _round_half_away(blocks * inv).astype(np.int8).view(np.uint8)
         head = [d.astype(np.float16).view(np.uint8)]
     elif qtype == 2:
         idx = np.abs(blocks).argmax(axis=1)

@@ -184,10 +184,11 @@ class Kernel:
         return name
 
     def wait_for_predecessors(self) -> None:
-        """Wait here, not at the kernel's start, for the grids this launch depends on (a
-        programmatic dependent launch): what comes before overlaps the predecessor's
-        end, so it may only read what no kernel of this stream writes (parameters,
-        weights) and prefetch into L2 (a hint: stale lines cannot be read through it)."""
+        """Wait here, not at the kernel's start, for the grid this launch depends on (a
+        programmatic dependent launch): what comes before overlaps that predecessor's
+        end (the grids before it have finished), so it may only read what the
+        predecessor does not write (parameters, weights, a KV cache's earlier rows) and
+        prefetch into L2 (a hint: no stale value is read through it)."""
         if self._open:
             raise PtxError(f"kernel {self.name}: wait_for_predecessors inside a block")
         if _WAIT_MARK in self.lines:

@@ -12,8 +12,9 @@ memory. A block has a thread a unit of a row (in whole warps) up to MAX_THREADS,
 that several passes with the units spread evenly. So that the loads of all the rows are
 in flight at once whatever ptxas's schedule, the block first asks L2 for its rows
 (`prefetch`); "bulk" does so before the kernel waits for its predecessor (a dependent
-launch: decoding's graphs), while that one is still running. Types whose blocks are not 16-byte aligned are read repacked into planes
-(`repack`, once per weight; the op keeps them).
+launch: decoding's graphs), while that one is still running. Types whose blocks are not
+16-byte aligned are read repacked into planes (`repack`, once per weight; the op keeps
+them).
 
 A transformer's ops around the product go into the same launch (`FUSIONS`): the RMS norm
 of x before it (`norm`), and after it the residual's add or a GLU (`epilogue`).

@@ -211,6 +211,24 @@ def _dot(k: Kernel, key: Reg, query: Reg, d: Reg, vec: int, space: str = "global
     return k.op("add.f32", acc[0], acc[1])
 
 
+def _range_keys(k: Kernel, at: Reg, begin: Reg, range_len: Reg,
+                window: Reg) -> tuple[Reg, Reg]:
+    """(first, end) of the keys of the range from `begin` that the token at position
+    `at` sees: up to its own, its last `window` where window > 0."""
+    seen = k.op("add.u32", at, 1)
+    end = k.op("min.u32", k.op("add.u32", begin, range_len), seen)
+    windowed = k.op("and.pred", k.setp("ne.u32", window, 0), k.setp("gt.u32", seen, window))
+    lowest = k.op("selp.u32", k.op("sub.u32", seen, window), 0, windowed)
+    return k.op("max.u32", begin, lowest), end
+
+
+def _key_address(k: Kernel, k_head: Reg, position: Reg, n_ctx: Reg, row_stride: Reg,
+                 ring: bool) -> Reg:
+    """The address of the key at `position` in its KV head's cache rows (k_head)."""
+    row = _cache_row(k, position, n_ctx, ring)
+    return k.op("add.u64", k_head, k.op("mul.wide.u32", row, row_stride))
+
+
 def _value_addresses(k: Kernel, v_first: Reg, key_first: Reg, u: Reg, n_ctx: Reg,
                      row_stride: Reg, ring: bool) -> tuple[Reg, Reg]:
     """(position of key key_first + u, the address of its V element in the cache)."""
@@ -244,7 +262,7 @@ def _weighted_values(k: Kernel, v_first: Reg, key_first: Reg, g: Reg, groups: Re
             reload = k.op("or.pred", preloaded[1], k.setp("ne.u32", b, g))
         for j in range(VALUE_UNROLL):
             u = k.op("mad.lo.u32", groups, j, b)
-            present = k.setp("lt.u32", u, n_keys)
+            in_chunk = present = k.setp("lt.u32", u, n_keys)
             key, cached = _value_addresses(k, v_first, key_first, u, n_ctx, row_stride, ring)
             value = preloaded[0][j] if preloaded is not None else k.op("mov.f32", f32(0.0))
             fresh = None
@@ -259,7 +277,7 @@ def _weighted_values(k: Kernel, v_first: Reg, key_first: Reg, g: Reg, groups: Re
                 present = k.op("and.pred", present,
                                reload if fresh is None else k.op("or.pred", reload, fresh))
             k.to(value, f"ld.{space}.f32" if space else "ld.f32", f"[{address}]", pred=present)
-            batch.append((u, k.setp("lt.u32", u, n_keys), value))
+            batch.append((u, in_chunk, value))
         for u, present, value in batch:
             k.to(total, "fma.rn.f32", weight(u, present), value, total)
     return total
@@ -278,17 +296,13 @@ def _early_loads(k: Kernel, state: Reg, token: Reg, begin: Reg, range_len: Reg,
     k_head, row_stride = key_row
     v_first, g, groups = value_group
     at = k.op("add.u32", k.op("ld.global.cg.u32", f"[{state}+4]"), token)
-    seen = k.op("add.u32", at, 1)
-    end = k.op("min.u32", k.op("add.u32", begin, range_len), seen)
-    windowed = k.op("and.pred", k.setp("ne.u32", window, 0), k.setp("gt.u32", seen, window))
-    first = k.op("max.u32", begin, k.op("selp.u32", k.op("sub.u32", seen, window), 0, windowed))
+    first, end = _range_keys(k, at, begin, range_len, window)
     n_keys = k.op("selp.u32", k.op("min.u32", k.op("sub.u32", end, first), CHUNK), 0,
                   k.setp("gt.u32", end, first))
     keys = [k.op("mov.f32", f32(0.0)) for _ in range(vec)]
     position = k.op("add.u32", first, tid)
     mine = k.op("and.pred", k.setp("lt.u32", tid, n_keys), k.setp("ne.u32", position, at))
-    key = k.op("add.u64", k_head, k.op("mul.wide.u32", _cache_row(k, position, n_ctx, ring),
-                                       row_stride))
+    key = _key_address(k, k_head, position, n_ctx, row_stride, ring)
     width = min(vec, 4)
     for part in range(vec // width):
         regs = ", ".join(map(str, keys[part * width:(part + 1) * width]))
@@ -366,10 +380,7 @@ def attend(neox: bool, ring: bool, vec: int, half: bool = False,
         k.emit("ret")
     with k.if_(k.setp("gt.u32", begin, at)):  # a range past the token's keys: not read
         k.emit("ret")
-    seen = k.op("add.u32", at, 1)
-    end = k.op("min.u32", k.op("add.u32", begin, range_len), seen)
-    windowed = k.op("and.pred", k.setp("ne.u32", window, 0), k.setp("gt.u32", seen, window))
-    lowest = k.op("selp.u32", k.op("sub.u32", seen, window), 0, windowed)
+    c0, end = _range_keys(k, at, begin, range_len, window)
 
     # the query head, rotated and scaled, staged in shared memory
     row_len = k.op("mul.lo.u32", k.op("add.u32", hq, k.op("shl.b32", hkv, 1)), d)
@@ -409,7 +420,6 @@ def attend(neox: bool, ring: bool, vec: int, half: bool = False,
     m_run = k.op("mov.f32", f32(EMPTY))  # the range's max score so far
     l_run = k.op("mov.f32", f32(0.0))    # this thread's keys' exps, relative to m_run
     acc = k.op("mov.f32", f32(0.0))      # element `element` of group g's sum, the same
-    c0 = k.op("max.u32", begin, lowest)
     with k.loop(c0, end, CHUNK):
         n_keys = k.op("min.u32", k.op("sub.u32", end, c0), CHUNK)
         mine = k.setp("lt.u32", tid, n_keys)
@@ -420,8 +430,7 @@ def attend(neox: bool, ring: bool, vec: int, half: bool = False,
         score = k.op("mov.f32", f32(EMPTY))
         with k.if_(mine):
             position = k.op("add.u32", c0, tid)
-            row = _cache_row(k, position, n_ctx, ring)
-            key = k.op("add.u64", k_head, k.op("mul.wide.u32", row, row_stride))
+            key = _key_address(k, k_head, position, n_ctx, row_stride, ring)
             if appends:  # the new key from shared memory, through a generic address
                 fresh = k.setp("eq.u32", position, at)
                 key = k.op("selp.b64", new_key_address, k.op("cvta.global.u64", key), fresh)
@@ -514,7 +523,7 @@ def _merge(k: Kernel, part: Reg, out: Reg, head_out: Reg, head: Reg, tid: Reg, d
     stride_bytes = k.op("mul.lo.u32", k.op("add.u32", d, 2), 4)
     first = k.op("add.u64", part, k.op("mul.wide.u32", k.op("mul.lo.u32", head, n_ranges),
                                         stride_bytes))
-    d_bytes = k.op("mul.lo.u32", d, 4)
+    d_bytes = k.op("cvt.u64.u32", k.op("mul.lo.u32", d, 4))
     groups = k.op("max.u32", k.op("div.u32", THREADS, d), 1)
     g = k.op("div.u32", tid, d)
     element_bytes = k.op("cvt.u64.u32", k.op("mul.lo.u32", k.op("rem.u32", tid, d), 4))
@@ -529,7 +538,7 @@ def _merge(k: Kernel, part: Reg, out: Reg, head_out: Reg, head: Reg, tid: Reg, d
             rj = k.op("mad.lo.u32", groups, j, r)
             present = k.setp("lt.u32", rj, used)
             record = k.op("add.u64", first, k.op("mul.wide.u32", rj, stride_bytes))
-            tail = k.op("add.u64", record, k.op("cvt.u64.u32", d_bytes))
+            tail = k.op("add.u64", record, d_bytes)
             value, top_r, sum_r = (k.op("mov.f32", f32(0.0)), k.op("mov.f32", f32(EMPTY)),
                                    k.op("mov.f32", f32(0.0)))
             k.to(value, "ld.global.cg.f32", f"[{k.op('add.u64', record, element_bytes)}]",

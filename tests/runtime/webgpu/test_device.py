@@ -12,6 +12,7 @@ from pxvm.backends import WebGPUBackend, webgpu_backend
 from pxvm.runtime.errors import BindingTooLargeError, DeviceLostError, ShaderCompileError
 from pxvm.runtime.webgpu import Device, NativeCalls, PortableCalls
 from pxvm.runtime.webgpu import device as device_module
+from pxvm.runtime.webgpu.shaders import declared_bindings
 
 
 def test_buffer_over_the_binding_limit_names_both_sizes(gpu_device):
@@ -166,6 +167,25 @@ def test_readbacks_match_through_wgpu_py_as_through_native_calls(gpu_device, rng
             staged = rec.stage(gpu_device.upload(a))
             rec.submit()
             np.testing.assert_array_equal(staged.result(np.float32), a)
+
+
+def test_bind_groups_made_through_either_calls_bind_the_buffers_asked_for(gpu_device, rng,
+                                                                         monkeypatch):
+    # Bind groups made by each calls implementation feed a kernel the very bytes bound;
+    # a range past a buffer's end is refused by both alike.
+    x = rng.standard_normal(300).astype(np.float32)
+    small = gpu_device.alloc(64)
+    entries = [{"binding": i, "resource": {"buffer": small.buffer, "offset": 0, "size": 4096}}
+               for i, kind in declared_bindings("copy.wgsl") if kind != "uniform"]
+    entries.append({"binding": len(entries), "resource": {
+        "buffer": gpu_device.uniform_arena(0), "offset": 0, "size": 256}})
+    for calls in (NativeCalls(), PortableCalls()):
+        monkeypatch.setattr(gpu_device, "calls", calls)
+        monkeypatch.setattr(gpu_device, "_bind_groups", type(gpu_device._bind_groups)())
+        np.testing.assert_array_equal(pxvm.ops.scale(x, 2.0, backend="gpu").numpy(), 2 * x)
+        with pytest.raises(Exception, match="overflow buffer size"):
+            calls.create_bind_group(gpu_device.device, gpu_device.bind_group_layout("copy.wgsl"),
+                                    entries)
 
 
 # ---- writes from the host ----------------------------------------------------------

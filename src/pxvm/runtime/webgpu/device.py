@@ -277,7 +277,7 @@ class Device:
                               e["resource"]["size"]) for e in entries))
         group = self._bind_groups.get(key)
         if group is None:
-            group = self.device.create_bind_group(layout=layout, entries=entries)
+            group = self.calls.create_bind_group(self.device, layout, entries)
             self._bind_groups[key] = group
             if len(self._bind_groups) > BIND_GROUP_CACHE:
                 self._bind_groups.popitem(last=False)

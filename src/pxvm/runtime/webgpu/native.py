@@ -1,4 +1,5 @@
-"""The wgpu calls on decoding's hot path, behind one adapter with two implementations.
+"""The wgpu calls on the hot paths (a decoding step's encoding, a prompt's bind groups),
+behind one adapter with two implementations.
 
 `PortableCalls` uses wgpu-py's public API and works with any wgpu-py backend.
 `NativeCalls` calls wgpu-native's C functions directly, which wgpu-py runs on today;
@@ -7,6 +8,9 @@ test suite runs the GPU paths through both). Why the native path (BENCHMARKS.md 
 the measurements):
 - encoding a captured step: wgpu-py's wrappers around set_pipeline / set_bind_group /
   dispatch cost three times the C calls themselves;
+- creating a bind group: wgpu-py builds and checks each entry's struct in Python, which
+  cost a recorded prompt about as much as all its other host work (a prompt's buffers
+  are new, so its bind groups are too);
 - reading back: wgpu-py's map polls until *all* queued work is done, so reading step i
   with steps i+1.. queued behind it would drain the queue and idle the GPU while the
   host encodes the next step; submitting with an index and waiting for that index lets
@@ -25,6 +29,11 @@ class PortableCalls:
     """Through wgpu-py's public API."""
 
     name = "wgpu-py"
+
+    def create_bind_group(self, device, layout, entries: list[dict]):
+        """A bind group of buffer `entries` ({"binding", "resource": {"buffer", "offset",
+        "size"}}) on wgpu device `device`."""
+        return device.create_bind_group(layout=layout, entries=entries)
 
     def prepare(self, items: list) -> list:
         """Captured (Pipeline, bind group, (x, y, z)) items in the form `encode` takes."""
@@ -66,6 +75,7 @@ class NativeCalls(PortableCalls):
         from wgpu.backends.wgpu_native import _api, _ffi  # noqa: PLC0415 - wgpu is optional
 
         self.ffi, self.lib, self.libf = _api.ffi, _api.lib, _api.libf
+        self._bind_group_class = _api.GPUBindGroup  # releases its handle when collected
         raw = _ffi.lib  # without wgpu-py's error checks: three calls per dispatch
         self._pass_calls = (raw.wgpuComputePassEncoderSetPipeline,
                             raw.wgpuComputePassEncoderSetBindGroup,
@@ -78,6 +88,23 @@ class NativeCalls(PortableCalls):
             self._status[int(self.ffi.cast("uintptr_t", key))] = int(result)
 
         self._on_mapped = on_mapped  # kept alive: wgpu-native holds the pointer
+
+    def create_bind_group(self, device, layout, entries: list[dict]):
+        ffi = self.ffi
+        c_entries = ffi.new("WGPUBindGroupEntry[]", len(entries))
+        for c_entry, entry in zip(c_entries, entries):
+            resource = entry["resource"]
+            c_entry.binding = entry["binding"]
+            c_entry.buffer = resource["buffer"]._internal
+            c_entry.offset = resource["offset"]
+            c_entry.size = resource["size"]
+        descriptor = ffi.new("WGPUBindGroupDescriptor *")
+        descriptor.layout = layout._internal
+        descriptor.entryCount = len(entries)
+        descriptor.entries = c_entries
+        # libf: wgpu-py's checked call, so a validation error raises as it would there
+        handle = self.libf.wgpuDeviceCreateBindGroup(device._internal, descriptor)
+        return self._bind_group_class("", handle, device)
 
     def prepare(self, items: list) -> list:
         return [(pipeline.pipeline._internal, group._internal, *groups)

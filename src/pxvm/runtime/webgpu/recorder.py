@@ -135,10 +135,8 @@ class Recorder(_Binding):
         device's max_groups per dimension: workgroup_grid spreads a count)."""
         try:
             group = self._bind(pipeline, buffers, params)
-            compute_pass = self._open_pass()
-            compute_pass.set_pipeline(pipeline.pipeline)
-            compute_pass.set_bind_group(0, group)
-            compute_pass.dispatch_workgroups(*groups)
+            calls = self.device.calls
+            calls.encode(self._open_pass(), calls.prepare([(pipeline, group, groups)]))
         except Exception as exc:
             raise self.device.wrap_error(exc, f"recording {pipeline.kernel}") from exc
         self.dispatches += 1

@@ -14,7 +14,8 @@ from conftest import NMSE_LONG, nmse
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 import pxvm
-from pxvm.ops import quant_types
+from pxvm.backends.webgpu import WebGPUContext
+from pxvm.ops import quant_types, quantized
 from pxvm.runtime.errors import ShapeError
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "llm"))
@@ -121,6 +122,66 @@ def test_matmul_quant_backends(qtype, m, rng, gpu_device):
         got = pxvm.ops.matmul_quant(x, w, qtype=qtype, k=k, lanes=lanes, backend=backend).numpy()
         assert got.shape == (m, n)
         assert nmse(got, expected) <= NMSE_LONG / 50, (backend, lanes)
+
+
+@pytest.fixture
+def entries(monkeypatch):
+    """The entry points of matmul_quant.wgsl dispatched during the test, in order."""
+    seen = []
+    dispatch = WebGPUContext.dispatch
+
+    def spy(self, kernel, entry, *args, **kwargs):
+        if kernel == quantized.KERNEL:
+            seen.append(entry)
+        return dispatch(self, kernel, entry, *args, **kwargs)
+
+    monkeypatch.setattr(WebGPUContext, "dispatch", spy)
+    return seen
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=IDS)
+def test_matmul_quant_of_many_rows_is_tiled(qtype, rng, gpu_device, entries):
+    # A prompt's rows take matmul_tiled: M = 37 and N = 50 fill neither a 64-row nor a
+    # 64-column tile; K spans several 32-value slices (float rows: K = 75 ends mid-slice).
+    m, n = 37, 50
+    k = 512 if qtype in K_TYPES else 75 if qtype in (0, 1, 30) else 96
+    w = _weight(qtype, n, k, rng)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    got = pxvm.ops.matmul_quant(x, w, qtype=qtype, k=k, backend="gpu").numpy()
+    assert entries == ["matmul_tiled"]
+    expected = pxvm.ops.matmul_quant.reference(x, w, qtype=qtype, k=k)
+    assert got.shape == (m, n)
+    assert nmse(got, expected) <= NMSE_LONG / 50
+
+
+@pytest.mark.parametrize("shape", [(64, 64), (128, 64), (64, 128), (128, 128)],
+                         ids=["64x64", "128x64", "64x128", "128x128"])
+@pytest.mark.parametrize("qtype", [3, 14], ids=["Q4_1", "Q6_K"])
+def test_matmul_quant_tiled_in_every_tile_shape(qtype, shape, rng, gpu_device, entries,
+                                                monkeypatch):
+    # Each TILED_SHAPE on M and N one past a whole number of the widest tiles.
+    monkeypatch.setattr(quantized, "TILED_SHAPE", shape)
+    m, n, k = 129, 129, (512 if qtype in K_TYPES else 96)
+    w = _weight(qtype, n, k, rng)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    got = pxvm.ops.matmul_quant(x, w, qtype=qtype, k=k, backend="gpu").numpy()
+    assert entries == ["matmul_tiled"]
+    assert nmse(got, pxvm.ops.matmul_quant.reference(x, w, qtype=qtype, k=k)) <= NMSE_LONG / 50
+
+
+def test_matmul_quant_takes_the_tiled_kernel_from_its_row_threshold(rng, gpu_device, entries):
+    # Fewer rows than TILED_MIN_ROWS, or a `lanes` asked for, take the row kernel.
+    rows = quantized.TILED_MIN_ROWS
+    k = 96
+    w = _weight(3, 40, k, rng)
+    for m, lanes, entry in ((rows - 1, None, "matmul"), (rows, None, "matmul_tiled"),
+                            (65, None, "matmul_tiled"), (65, 1, "matmul")):
+        entries.clear()
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        got = pxvm.ops.matmul_quant(x, w, qtype=3, k=k, lanes=lanes, backend="gpu").numpy()
+        assert entries == [entry], (m, lanes)
+        expected = pxvm.ops.matmul_quant.reference(x, w, qtype=3, k=k)
+        assert nmse(got, expected) <= NMSE_LONG / 50, (m, lanes)
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=IDS)

@@ -8,6 +8,8 @@
 // gguf package); only the layout inside a block is written here.
 // `matmul`: y (M, N) = x (M, K) @ W^T. A workgroup owns ROWS_PER_WG output columns n of
 // one row m; the LANES threads of each column split its blocks and reduce.
+// `matmul_tiled`: the same product (and fusions, except ATTENTION_PARTS) for many rows of x,
+// a TILE_M x TILE_N tile of y a workgroup (its section below says how).
 // `embed`: y (S, K) = rows ids[s] of W, dequantized (the embedding lookup).
 // Fusions for a transformer layer, chosen by constants so that one dispatch replaces
 // several small ones: NORM RMS-normalises each x row and scales it by `gain` before the
@@ -401,18 +403,22 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l
     if (lane == 0u && n < p.N) {
         var scale = 1.0;
         if (NORM) { scale = inverseSqrt(squares[lid] / f32(p.K) + p.eps); }
-        let i = m * p.N + n;
-        let v = partial[lid] * scale;
-        switch EPILOGUE {
-            case 1u: { y[i] = res[i] + v; }
-            case 2u: { y[i] = v / (1.0 + exp(-v)) * partial_up[lid] * scale; }
-            case 3u: {
-                // GELU's tanh form as v * sigmoid(2u): no tanh of a large argument
-                let u = 0.7978845608028654 * (v + 0.044715 * v * v * v);
-                y[i] = v / (1.0 + exp(-2.0 * u)) * partial_up[lid] * scale;
-            }
-            default: { y[i] = v; }
+        store_output(m * p.N + n, partial[lid] * scale, partial_up[lid], scale);
+    }
+}
+
+// y[i] from its finished sum v (already times the norm's `scale`) and, for the GLUs, the
+// up row's sum `up` (not yet scaled).
+fn store_output(i: u32, v: f32, up: f32, scale: f32) {
+    switch EPILOGUE {
+        case 1u: { y[i] = res[i] + v; }
+        case 2u: { y[i] = v / (1.0 + exp(-v)) * up * scale; }
+        case 3u: {
+            // GELU's tanh form as v * sigmoid(2u): no tanh of a large argument
+            let u = 0.7978845608028654 * (v + 0.044715 * v * v * v);
+            y[i] = v / (1.0 + exp(-2.0 * u)) * up * scale;
         }
+        default: { y[i] = v; }
     }
 }
 
@@ -429,4 +435,382 @@ fn embed(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) li
     let per_block = BLOCK_VALUES;
     let b = n * p.row_bytes + (k / per_block) * BLOCK_BYTES;
     y[s * p.K + k] = dequant(b, k % per_block, scale_d(b), scale_m(b));
+}
+
+// ---- matmul_tiled: products of many rows (prompts) ---------------------------------------
+// `matmul` dequantizes every weight block once per row of x; a prompt of hundreds of rows
+// makes that the product's whole cost. Here a workgroup computes a TILE_M x TILE_N tile of
+// x @ W^T and dequantizes each block once per TILE_M rows: the register-blocked product
+// (matmul_blocked.wgsl) with W's slices dequantized as they go into workgroup memory.
+// 16 x 16 threads each own (TILE_M / 16) x (TILE_N / 16) outputs in vec4 accumulators:
+// row quads ty and ty + 16, column quads tx and tx + 16 (the second of each only in
+// 128-wide tiles), so that neighbouring threads read neighbouring vec4s of W's slice. K
+// advances SLICE values at a time: one block of the 32-value formats, an eighth of a K
+// super-block. x's slice (times `gain` for NORM) and W's are stored depth-major, so a
+// thread reads its 4 rows or 4 columns at one depth as one vec4. The next slice is
+// fetched (and dequantized) into registers before the current one is multiplied, so its
+// loads are in flight during the arithmetic; one buffer of each tile and two barriers a
+// slice keep a 128 x 128 tile within 32 KiB of workgroup memory (D3D12's and lavapipe's
+// limit). GLU epilogues: the tile's columns are gate and up rows in alternating pairs
+// (gate o, o + 1, up o, o + 1), so a thread's vec4 holds both halves of two outputs and
+// the tile is TILE_N / 2 outputs wide. NORM: each thread sums the squares of the x values
+// it fetches; the rows' totals meet in workgroup memory at the end. Rows, columns and
+// depth past the matrices (F32/F16/BF16 rows of any K) load as zeros and are not stored.
+// Not for ATTENTION_PARTS.
+
+override TILE_M: u32 = 64u;   // rows of x a workgroup: 64 or 128
+override TILE_N: u32 = 64u;   // rows of W a workgroup: 64 or 128
+const SIDE: u32 = 16u;        // threads along each side of the tile (SIDE * SIDE = WG)
+const SLICE: u32 = 32u;       // K values a slice
+const NO_ROW: u32 = 0xffffffffu;
+
+// x_tile[k * TILE_M / 4 + q]: rows 4q..4q+3 of the slice at depth k; w_tile likewise the
+// columns (rows of W).
+var<workgroup> x_tile: array<vec4<f32>, SLICE * TILE_M / 4u>;
+var<workgroup> w_tile: array<vec4<f32>, SLICE * TILE_N / 4u>;
+
+// This thread's state (one invocation's own variables, shared by the helpers below).
+var<private> lid: u32;
+var<private> tx: u32;
+var<private> ty: u32;
+var<private> m0: u32;   // the tile's first row of x and first output column
+var<private> o0: u32;
+// The next slice, fetched ahead (`fetch`): x's runs, W's tasks.
+var<private> x_next0: vec4<f32>;
+var<private> x_next1: vec4<f32>;
+var<private> x_next2: vec4<f32>;
+var<private> x_next3: vec4<f32>;
+var<private> w_next0: SliceValues;
+var<private> w_next1: SliceValues;
+var<private> x_squares: vec4<f32>;   // NORM: the squares of x run i's values so far
+// acc<r><h>: tile row 4 ty + r (r < 4) or 64 + 4 ty + r - 4 (r >= 4), column quad
+// tx + 16 h. Unrolled variables: private arrays indexed in loops can spill.
+var<private> acc00: vec4<f32>;
+var<private> acc10: vec4<f32>;
+var<private> acc20: vec4<f32>;
+var<private> acc30: vec4<f32>;
+var<private> acc40: vec4<f32>;
+var<private> acc50: vec4<f32>;
+var<private> acc60: vec4<f32>;
+var<private> acc70: vec4<f32>;
+var<private> acc01: vec4<f32>;
+var<private> acc11: vec4<f32>;
+var<private> acc21: vec4<f32>;
+var<private> acc31: vec4<f32>;
+var<private> acc41: vec4<f32>;
+var<private> acc51: vec4<f32>;
+var<private> acc61: vec4<f32>;
+var<private> acc71: vec4<f32>;
+
+// Bits `mask` of each of a word's 4 bytes (after shifting the word right by the field's
+// place in its byte).
+fn byte_fields(word: u32, mask: u32) -> vec4<f32> {
+    return vec4<f32>((vec4<u32>(word) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(mask));
+}
+
+// Bits 0..3 of a word.
+fn bits4(word: u32) -> vec4<f32> {
+    return vec4<f32>((vec4<u32>(word) >> vec4<u32>(0u, 1u, 2u, 3u)) & vec4<u32>(1u));
+}
+
+// Values 4i..4i+3 (lo) and 16+4i..16+4i+3 (hi) of a slice: one quant word holds both
+// runs in the 4- and 5-bit formats (low and high nibbles), so every format's task takes
+// this pair.
+struct SliceValues {
+    lo: vec4<f32>,
+    hi: vec4<f32>,
+}
+
+fn int8_at(i: u32) -> f32 {
+    return f32(i32(byte_at(i) << 24u) >> 24u);
+}
+
+// Value k of the weight row at byte row_base, given its block's scale terms (0 past K).
+fn value_at(row_base: u32, k: u32, d: f32, m: f32) -> f32 {
+    if (k >= p.K) { return 0.0; }
+    return dequant(row_base + (k / BLOCK_VALUES) * BLOCK_BYTES, k % BLOCK_VALUES, d, m);
+}
+
+// SliceValues of the slice of values k0..k0+31 of the weight row at byte row_base: whole
+// quant words at a time where the layout allows (each case's layout as in `dequant`),
+// else value by value.
+fn slice_values(row_base: u32, k0: u32, i: u32) -> SliceValues {
+    let b = row_base + (k0 / BLOCK_VALUES) * BLOCK_BYTES;  // the slice's block
+    let sub = (k0 % BLOCK_VALUES) / SLICE;                 // K formats: its sub-block
+    switch FORMAT {
+        case 2u, 3u: {
+            let dm = block_scales(b);
+            let word = quant_word(b, i);
+            if (FORMAT == 3u) {
+                return SliceValues(dm.x * nibbles_lo(word) + dm.y, dm.x * nibbles_hi(word) + dm.y);
+            }
+            return SliceValues(dm.x * (nibbles_lo(word) - 8.0), dm.x * (nibbles_hi(word) - 8.0));
+        }
+        case 8u: {
+            let d = half_at(b);
+            return SliceValues(d * int8s(quant_word(b, i)), d * int8s(quant_word(b, i + 4u)));
+        }
+        case 6u, 7u: {
+            // Q5_0 / Q5_1: Q4's nibbles plus a fifth bit, bit j of a word for value j.
+            let q5_1 = FORMAT == 7u;
+            var dm = vec2<f32>(half_at(b), 0.0);
+            if (q5_1) { dm = unpack2x16float(word_at(b)); }
+            let fifths = word_at(b + select(2u, 4u, q5_1));
+            let word = word_at(b + select(6u, 8u, q5_1) + 4u * i);
+            let lo = nibbles_lo(word) + 16.0 * bits4(fifths >> (4u * i));
+            let hi = nibbles_hi(word) + 16.0 * bits4(fifths >> (16u + 4u * i));
+            if (q5_1) { return SliceValues(dm.x * lo + dm.y, dm.x * hi + dm.y); }
+            return SliceValues(dm.x * (lo - 16.0), dm.x * (hi - 16.0));
+        }
+        case 12u, 13u: {
+            // Q4_K / Q5_K: sub-block `sub` takes the low (even sub) or high (odd) nibbles of
+            // 32 bytes; Q5_K's fifth bits are bit `sub` of 32 bytes after the scales.
+            let dm = unpack2x16float(word_at(b));
+            let sm = vec2<f32>(k_scale_min(b, sub));
+            let scale = dm.x * sm.x;
+            let low = dm.y * sm.y;
+            let q5 = FORMAT == 13u;
+            let at = b + select(16u, 48u, q5) + (sub >> 1u) * 32u + 4u * i;
+            let shift = (sub & 1u) * 4u;
+            var lo = byte_fields(word_at(at) >> shift, 15u);
+            var hi = byte_fields(word_at(at + 16u) >> shift, 15u);
+            if (q5) {
+                lo = lo + 16.0 * byte_fields(word_at(b + 16u + 4u * i) >> sub, 1u);
+                hi = hi + 16.0 * byte_fields(word_at(b + 32u + 4u * i) >> sub, 1u);
+            }
+            return SliceValues(scale * lo - low, scale * hi - low);
+        }
+        case 14u: {
+            // Q6_K: sub-block `sub` is part (sub & 3) of half (sub >> 2); a scale per 16.
+            let d = half_at(b + 208u);
+            let part = sub & 3u;
+            let low_at = b + (sub >> 2u) * 64u + (part & 1u) * 32u + 4u * i;
+            let high_at = b + 128u + (sub >> 2u) * 32u + 4u * i;
+            let low_shift = (part >> 1u) * 4u;
+            let scales = b + 192u + (sub >> 2u) * 8u + part * 2u;
+            let lo = byte_fields(word_at(low_at) >> low_shift, 15u)
+                + 16.0 * byte_fields(word_at(high_at) >> (part * 2u), 3u);
+            let hi = byte_fields(word_at(low_at + 16u) >> low_shift, 15u)
+                + 16.0 * byte_fields(word_at(high_at + 16u) >> (part * 2u), 3u);
+            return SliceValues(d * int8_at(scales) * (lo - 32.0),
+                               d * int8_at(scales + 1u) * (hi - 32.0));
+        }
+        default: {
+            // F32, F16, BF16 (blocks of one value, rows of any K), Q2_K, Q3_K.
+            let d = scale_d(b);
+            let m = scale_m(b);
+            var v = SliceValues(vec4<f32>(0.0), vec4<f32>(0.0));
+            for (var c = 0u; c < 4u; c = c + 1u) {
+                v.lo[c] = value_at(row_base, k0 + 4u * i + c, d, m);
+                v.hi[c] = value_at(row_base, k0 + 16u + 4u * i + c, d, m);
+            }
+            return v;
+        }
+    }
+}
+
+// The row of W in tile column c, NO_ROW past the matrix.
+fn weight_row(c: u32) -> u32 {
+    if (EPILOGUE >= 2u) {
+        // column pairs alternate gate, up: 4q, 4q + 1 gate rows o, o + 1; 4q + 2, 4q + 3
+        // their up rows
+        let o = o0 + (c / 4u) * 2u + (c & 1u);
+        if (o >= p.N) { return NO_ROW; }
+        return o + select(0u, p.N, (c & 2u) != 0u);
+    }
+    let n = o0 + c;
+    return select(NO_ROW, n, n < p.N);
+}
+
+// x[m][k..k+3] (zeros past M or K).
+fn x_run(m: u32, k: u32) -> vec4<f32> {
+    if (m >= p.M) { return vec4<f32>(0.0); }
+    let i = m * p.K + k;
+    if (k + 3u < p.K) { return vec4<f32>(x[i], x[i + 1u], x[i + 2u], x[i + 3u]); }
+    let last = m * p.K + p.K - 1u;   // the end of a row of any K
+    let v = vec4<f32>(x[min(i, last)], x[min(i + 1u, last)], x[min(i + 2u, last)],
+                      x[min(i + 3u, last)]);
+    return select(vec4<f32>(0.0), v, vec4<u32>(k) + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(p.K));
+}
+
+fn gain_run(k: u32) -> vec4<f32> {
+    if (!NORM) { return vec4<f32>(1.0); }
+    let last = p.K - 1u;  // past K x is 0: any gain will do
+    return vec4<f32>(gain[min(k, last)], gain[min(k + 1u, last)], gain[min(k + 2u, last)],
+                     gain[min(k + 3u, last)]);
+}
+
+// Slice k0.. into registers. x: run i (i < TILE_M / 32) of a thread is row
+// lid / 8 + 32 i at depth 4 (lid % 8): eight threads read a row's 32 values in one
+// stretch. W: task j (j < TILE_N / 64) is tile column (lid + WG j) / 4, its values
+// 4i..4i+3 and 16+4i..16+4i+3 for i = lid % 4: four threads read one block's quant words.
+// Each run and task is a call of its own, not a loop: registers, not an indexed array.
+fn fetch(k0: u32) {
+    let k = k0 + 4u * (lid % 8u);
+    let g = gain_run(k);
+    x_next0 = fetch_x(0u, k, g);
+    x_next1 = fetch_x(1u, k, g);
+    if (TILE_M == 128u) {
+        x_next2 = fetch_x(2u, k, g);
+        x_next3 = fetch_x(3u, k, g);
+    }
+    w_next0 = fetch_w(0u, k0);
+    if (TILE_N == 128u) { w_next1 = fetch_w(1u, k0); }
+}
+
+fn fetch_x(i: u32, k: u32, g: vec4<f32>) -> vec4<f32> {
+    let v = x_run(m0 + lid / 8u + 32u * i, k);
+    if (NORM) { x_squares[i] = x_squares[i] + dot(v, v); }
+    return v * g;
+}
+
+fn fetch_w(j: u32, k0: u32) -> SliceValues {
+    let task = lid + WG * j;
+    let row = weight_row(task / 4u);
+    if (row == NO_ROW) { return SliceValues(vec4<f32>(0.0), vec4<f32>(0.0)); }
+    return slice_values(row * p.row_bytes, k0, task % 4u);
+}
+
+// A run of 4 values along K (depths k..k+3) of tile row r or tile column c into its tile.
+fn put_x(k: u32, r: u32, v: vec4<f32>) {
+    let q = k * (TILE_M / 4u) + r / 4u;
+    let step = TILE_M / 4u;
+    x_tile[q][r % 4u] = v.x;
+    x_tile[q + step][r % 4u] = v.y;
+    x_tile[q + 2u * step][r % 4u] = v.z;
+    x_tile[q + 3u * step][r % 4u] = v.w;
+}
+
+fn put_w(k: u32, c: u32, v: vec4<f32>) {
+    let q = k * (TILE_N / 4u) + c / 4u;
+    let step = TILE_N / 4u;
+    w_tile[q][c % 4u] = v.x;
+    w_tile[q + step][c % 4u] = v.y;
+    w_tile[q + 2u * step][c % 4u] = v.z;
+    w_tile[q + 3u * step][c % 4u] = v.w;
+}
+
+fn stash_w(j: u32, v: SliceValues) {
+    let task = lid + WG * j;
+    put_w(4u * (task % 4u), task / 4u, v.lo);
+    put_w(16u + 4u * (task % 4u), task / 4u, v.hi);
+}
+
+fn stash() {
+    let k = 4u * (lid % 8u);
+    put_x(k, lid / 8u, x_next0);
+    put_x(k, lid / 8u + 32u, x_next1);
+    if (TILE_M == 128u) {
+        put_x(k, lid / 8u + 64u, x_next2);
+        put_x(k, lid / 8u + 96u, x_next3);
+    }
+    stash_w(0u, w_next0);
+    if (TILE_N == 128u) { stash_w(1u, w_next1); }
+}
+
+fn multiply() {
+    for (var k = 0u; k < SLICE; k = k + 1u) {
+        let a = x_tile[k * (TILE_M / 4u) + ty];
+        let b = w_tile[k * (TILE_N / 4u) + tx];
+        acc00 = fma(vec4<f32>(a.x), b, acc00);
+        acc10 = fma(vec4<f32>(a.y), b, acc10);
+        acc20 = fma(vec4<f32>(a.z), b, acc20);
+        acc30 = fma(vec4<f32>(a.w), b, acc30);
+        var b_hi = vec4<f32>(0.0);
+        if (TILE_N == 128u) {
+            b_hi = w_tile[k * (TILE_N / 4u) + tx + SIDE];
+            acc01 = fma(vec4<f32>(a.x), b_hi, acc01);
+            acc11 = fma(vec4<f32>(a.y), b_hi, acc11);
+            acc21 = fma(vec4<f32>(a.z), b_hi, acc21);
+            acc31 = fma(vec4<f32>(a.w), b_hi, acc31);
+        }
+        if (TILE_M == 128u) {
+            let a_hi = x_tile[k * (TILE_M / 4u) + ty + SIDE];
+            acc40 = fma(vec4<f32>(a_hi.x), b, acc40);
+            acc50 = fma(vec4<f32>(a_hi.y), b, acc50);
+            acc60 = fma(vec4<f32>(a_hi.z), b, acc60);
+            acc70 = fma(vec4<f32>(a_hi.w), b, acc70);
+            if (TILE_N == 128u) {
+                acc41 = fma(vec4<f32>(a_hi.x), b_hi, acc41);
+                acc51 = fma(vec4<f32>(a_hi.y), b_hi, acc51);
+                acc61 = fma(vec4<f32>(a_hi.z), b_hi, acc61);
+                acc71 = fma(vec4<f32>(a_hi.w), b_hi, acc71);
+            }
+        }
+    }
+}
+
+// Output row m's part in column quad q: 4 outputs, or for the GLUs 2 (gate, gate, up, up).
+fn store_quad(m: u32, q: u32, v: vec4<f32>, scale: f32) {
+    if (EPILOGUE >= 2u) {
+        let o = o0 + 2u * q;
+        if (o < p.N) { store_output(m * p.N + o, v.x * scale, v.z, scale); }
+        if (o + 1u < p.N) { store_output(m * p.N + o + 1u, v.y * scale, v.w, scale); }
+        return;
+    }
+    let n = o0 + 4u * q;
+    for (var c = 0u; c < 4u; c = c + 1u) {
+        if (n + c < p.N) { store_output(m * p.N + n + c, v[c] * scale, 0.0, scale); }
+    }
+}
+
+fn store_row(r: u32, lo: vec4<f32>, hi: vec4<f32>, scale: f32) {
+    let m = m0 + r;
+    if (m >= p.M) { return; }
+    store_quad(m, tx, lo, scale);
+    if (TILE_N == 128u) { store_quad(m, tx + SIDE, hi, scale); }
+}
+
+fn finish() {
+    // 1 / rms of rows 4 ty..4 ty + 3 and 64 + 4 ty..
+    var scale_lo = vec4<f32>(1.0);
+    var scale_hi = vec4<f32>(1.0);
+    if (NORM) {
+        // The last multiply is done: x_tile takes each run's sum of squares at (depth
+        // lid % 8, its row); a row's 8 depths add up to its total.
+        workgroupBarrier();
+        for (var i = 0u; i < TILE_M / 32u; i = i + 1u) {
+            let r = lid / 8u + 32u * i;
+            x_tile[(lid % 8u) * (TILE_M / 4u) + r / 4u][r % 4u] = x_squares[i];
+        }
+        workgroupBarrier();
+        var sum_lo = vec4<f32>(0.0);
+        var sum_hi = vec4<f32>(0.0);
+        for (var k = 0u; k < 8u; k = k + 1u) {
+            sum_lo = sum_lo + x_tile[k * (TILE_M / 4u) + ty];
+            if (TILE_M == 128u) { sum_hi = sum_hi + x_tile[k * (TILE_M / 4u) + ty + SIDE]; }
+        }
+        scale_lo = inverseSqrt(sum_lo / f32(p.K) + vec4<f32>(p.eps));
+        scale_hi = inverseSqrt(sum_hi / f32(p.K) + vec4<f32>(p.eps));
+    }
+    let r = 4u * ty;
+    store_row(r, acc00, acc01, scale_lo.x);
+    store_row(r + 1u, acc10, acc11, scale_lo.y);
+    store_row(r + 2u, acc20, acc21, scale_lo.z);
+    store_row(r + 3u, acc30, acc31, scale_lo.w);
+    if (TILE_M == 128u) {
+        store_row(r + 64u, acc40, acc41, scale_hi.x);
+        store_row(r + 65u, acc50, acc51, scale_hi.y);
+        store_row(r + 66u, acc60, acc61, scale_hi.z);
+        store_row(r + 67u, acc70, acc71, scale_hi.w);
+    }
+}
+
+@compute @workgroup_size(WG)
+fn matmul_tiled(@builtin(workgroup_id) wid: vec3<u32>,
+                @builtin(local_invocation_id) lid3: vec3<u32>) {
+    lid = lid3.x;
+    tx = lid % SIDE;
+    ty = lid / SIDE;
+    m0 = wid.y * TILE_M;
+    o0 = wid.x * select(TILE_N, TILE_N / 2u, EPILOGUE >= 2u);
+    fetch(0u);
+    for (var k0 = 0u; k0 < p.K; k0 = k0 + SLICE) {
+        workgroupBarrier();   // the previous slice's multiply is done with the tiles
+        stash();
+        workgroupBarrier();
+        if (k0 + SLICE < p.K) { fetch(k0 + SLICE); }
+        multiply();
+    }
+    finish();
 }

@@ -63,11 +63,13 @@ def infer_product(x, w, qtype=3, k=0, lanes=None):
 
 
 #: Products whose lanes `pxvm tune` chooses per device: (tunable, what it is for,
-#: benchmark shapes (M, N, K)). The kernel's own rule (`_lanes`) holds until tuned.
+#: benchmark shapes (M, N, K)). The kernel's own rule (`_lanes`) holds until tuned. From
+#: TILED_MIN_ROWS rows products take the tiled kernel, which has no lanes: "prompt" is
+#: products of fewer rows than that.
 WIDE_COLUMNS = 16384
 LANES_TUNED = (
-    ("matmul_quant.lanes.prompt", "threads per output column, products of many rows",
-     ((64, 1536, 576), (512, 576, 1536))),
+    ("matmul_quant.lanes.prompt", "threads per output column, products of a few rows",
+     ((16, 1536, 576), (16, 576, 1536))),
     ("matmul_quant.lanes.decode", "threads per output column, one-row products",
      ((1, 1536, 576), (1, 576, 1536), (1, 4096, 4096))),
     ("matmul_quant.lanes.head", f"threads per output column, one row, >= {WIDE_COLUMNS} "
@@ -78,11 +80,11 @@ LANES_TUNED = (
 def _lanes(ctx, lanes, m, n):
     """Threads per output column: as tuned for this device (`pxvm tune`), else 1 on CPU
     drivers (lavapipe), where the reduction's barriers cost more than the parallelism
-    gains; on GPUs, for many rows (prefill) 8; for one row (decoding) a decoded token is
-    a chain of small dispatches, each as long as its longest thread: 64, or 16 for very
-    many columns (an LM head fills the GPU with columns alone). Each was the fastest for
-    its product in SmolLM2's decoding step on the H100 (benchmarks/h100/step_variants.py,
-    BENCHMARKS.md)."""
+    gains; on GPUs, for several rows 8 (longer prompts take the tiled kernel:
+    takes_tiled); for one row (decoding) a decoded token is a chain of small dispatches,
+    each as long as its longest thread: 64, or 16 for very many columns (an LM head fills
+    the GPU with columns alone). Each was the fastest for its product in SmolLM2's
+    decoding step on the H100 (benchmarks/h100/step_variants.py, BENCHMARKS.md)."""
     if lanes:
         return int(lanes)
     situation = 0 if m > 1 else 2 if n >= WIDE_COLUMNS else 1
@@ -130,28 +132,54 @@ def _product_cases(shapes, types=None):
     return cases
 
 
+#: From this many rows of x (a prompt's), WebGPU products take matmul_quant.wgsl's
+#: `matmul_tiled`, which dequantizes each weight block once per tile of TILED_SHAPE[0] rows
+#: instead of once per row (on lavapipe too: 2-15x faster there for 64 to 512 rows). A
+#: first guess for GPUs, to be measured there.
+TILED_MIN_ROWS = 32
+#: (TILE_M, TILE_N) of `matmul_tiled`: rows of x and rows of W a workgroup multiplies, each
+#: 64 or 128 (a thread's outputs: TILE_M / 16 x TILE_N / 16; GLUs: half the W rows are up
+#: rows, so TILE_N / 2 outputs wide). The one place that picks the shape.
+TILED_SHAPE = (64, 64)
+
+
+def takes_tiled(m: int, lanes=None, merge=None) -> bool:
+    """Whether record_product multiplies x of m rows with `matmul_tiled`: from
+    TILED_MIN_ROWS rows, unless `lanes` (threads per output column: the row kernel's) is
+    given or the product merges attention's partial results."""
+    return merge is None and lanes is None and m >= TILED_MIN_ROWS
+
+
 def record_product(ctx, x, w, n, qtype, k, *, gain=None, residual=None, eps=0.0, lanes=None,
                    epilogue=0, rows=None, merge: tuple | None = None):
-    """Record matmul_quant.wgsl's `matmul`: y (rows, n), rows = x's (default). `gain`
-    makes it norm-fused, `epilogue` 1 adds `residual`, 2 is SwiGLU, 3 GeGLU. `merge` = (state,
-    AttentionPartials) says that x holds attention_cached's per-range partial results,
-    which the product merges (ATTENTION_PARTS) for the tokens at the state's position."""
+    """Record matmul_quant.wgsl's `matmul` (or `matmul_tiled` for many rows: takes_tiled):
+    y (rows, n), rows = x's (default). `gain` makes it norm-fused, `epilogue` 1 adds
+    `residual`, 2 is SwiGLU, 3 GeGLU. `merge` = (state, AttentionPartials) says that x
+    holds attention_cached's per-range partial results, which the product merges
+    (ATTENTION_PARTS) for the tokens at the state's position."""
     m = x.shape[0] if rows is None else rows
     out = ctx.empty((m, n), np.float32)
-    lanes = _lanes(ctx, lanes, m, n)
-    rows_per_wg = 256 // lanes
     t = quant_type(qtype)
     state, partials = (x, AttentionPartials(0, 0, 0, 0)) if merge is None else merge
     params = MatmulQuantParams(m, n, k, t.row_bytes(k), float(eps), partials.head_dim,
                                partials.n_ranges, partials.range_len, partials.max_keys, 0)
     constants = {"FORMAT": qtype, "BLOCK_VALUES": t.block_values, "BLOCK_BYTES": t.block_bytes,
-                 "LANES": lanes, "NORM": int(gain is not None), "EPILOGUE": epilogue,
-                 "ATTENTION_PARTS": int(merge is not None)}
+                 "NORM": int(gain is not None), "EPILOGUE": epilogue}
+    tensors = [x, w, out, state, x if gain is None else gain, x if residual is None else residual]
+    if takes_tiled(m, lanes, merge):
+        tile_m, tile_n = TILED_SHAPE
+        outputs = tile_n // 2 if epilogue >= 2 else tile_n  # columns of y a workgroup
+        ctx.dispatch(KERNEL, "matmul_tiled", tensors, params,
+                     (-(-n // outputs), -(-m // tile_m), 1),
+                     {**constants, "TILE_M": tile_m, "TILE_N": tile_n})
+        return out
+    lanes = _lanes(ctx, lanes, m, n)
+    rows_per_wg = 256 // lanes
+    constants.update(LANES=lanes, ATTENTION_PARTS=int(merge is not None))
     if merge is not None:
         constants.update(partials.constants())
-    ctx.dispatch(KERNEL, "matmul",
-                 [x, w, out, state, x if gain is None else gain, x if residual is None else residual],
-                 params, ((n + rows_per_wg - 1) // rows_per_wg, m, 1), constants)
+    ctx.dispatch(KERNEL, "matmul", tensors, params,
+                 ((n + rows_per_wg - 1) // rows_per_wg, m, 1), constants)
     return out
 
 

@@ -2,7 +2,9 @@
 causal attention over a cache in one step, the position read from a state tensor on the
 device) and attention_cached_matmul_quant_add (the same with the output projection and
 residual), the GPU and the numpy backend against an independent float64 computation
-written here. The fused products are in test_transformer_products.py."""
+written here. The GPU's paths: `split` (one range, or ranges merged by `combine` or by the
+output projection) and, for prompts, the tiled attention_prompt.wgsl. The fused products
+are in test_transformer_products.py."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import pytest
 from conftest import NMSE_ELEMENTWISE, assert_close
 
 import pxvm
+from pxvm.backends.webgpu import WebGPUContext
 from pxvm.batch import Graph
 from pxvm.ops import quantized, transformer
 from pxvm.ops.transformer import attention_cached, attention_cached_matmul_quant_add
@@ -137,42 +140,122 @@ CASES = [  # (hq, hkv, d, n_ctx, pos, s, max_keys)
 
 def _take(kernels, monkeypatch):
     """Make attention_cached take `kernels`: "one range" (`split` alone, forced for every
-    bound) or "ranges" (its default: `split` over chunk-aligned ranges, then `combine`,
-    for bounds of more than CACHED_ONE_RANGE_MAX_KEYS keys; ranges are whole chunks, so
-    a bound of one chunk is one range on either path)."""
+    bound), "ranges" (`split` over chunk-aligned ranges, then `combine`, for bounds of
+    more than CACHED_ONE_RANGE_MAX_KEYS keys; ranges are whole chunks, so a bound of one
+    chunk is one range on either path), both for any number of new tokens, or "tiled"
+    (attention_prompt.wgsl, forced for every number of new tokens where
+    prompt_tiled_takes allows it)."""
     if kernels == "one range":
         monkeypatch.setattr(transformer, "CACHED_ONE_RANGE_MAX_KEYS", 10**9)
+    if kernels == "tiled":
+        monkeypatch.setattr(transformer, "PROMPT_TILED_MIN_TOKENS", 1)
+    else:
+        monkeypatch.setattr(transformer, "PROMPT_TILED_MIN_TOKENS", 10**9)
 
 
 def _ranges_taken(kernels, bound):
     """Check that `kernels` really takes its path for `bound` keys."""
+    if kernels == "tiled":
+        return
     n_ranges = transformer.cached_key_ranges(bound)[0]
     one_chunk = bound <= transformer.CACHED_CHUNK
     assert (n_ranges == 1) == (kernels == "one range" or one_chunk), (kernels, bound, n_ranges)
 
 
-@pytest.fixture(params=["one range", "ranges"])
+SPLIT, COMBINE = ("attention_cached.wgsl", "split"), ("attention_cached.wgsl", "combine")
+APPEND, TILED = ("attention_prompt.wgsl", "append"), ("attention_prompt.wgsl", "tiled")
+
+
+def _entries(kernels, bound, tokens, head_dim, ring=False):
+    """The (kernel file, entry point) dispatches `kernels` records for attention_cached."""
+    if kernels == "tiled" and transformer.prompt_tiled_takes(tokens, head_dim, ring):
+        return [APPEND, TILED]
+    return [SPLIT] if transformer.cached_key_ranges(bound)[0] == 1 else [SPLIT, COMBINE]
+
+
+@pytest.fixture
+def dispatched(monkeypatch):
+    """The (kernel file, entry point) of every WebGPU dispatch the test records."""
+    entries = []
+    record = WebGPUContext.dispatch
+
+    def dispatch(self, kernel, entry, *args, **kwargs):
+        entries.append((kernel, entry))
+        return record(self, kernel, entry, *args, **kwargs)
+
+    monkeypatch.setattr(WebGPUContext, "dispatch", dispatch)
+    return entries
+
+
+@pytest.fixture(params=["one range", "ranges", "tiled"])
 def path(request, monkeypatch):
     _take(request.param, monkeypatch)
     return request.param
 
 
-# Every case through one range and through ranges + combine.
+# Every case through one range, through ranges + combine and tiled.
 PATH_CASES = [pytest.param(path, *case, id=f"{path}-{'-'.join(map(str, case))}")
-              for case in CASES for path in ("one range", "ranges")]
+              for case in CASES for path in ("one range", "ranges", "tiled")]
 
 
 @pytest.mark.parametrize("style", ["interleaved", "neox"])
 @pytest.mark.parametrize("kernels,hq,hkv,d,n_ctx,pos,s,max_keys", PATH_CASES)
 def test_attention_cached_gpu_matches_float64_and_appends_only_its_rows(
-        kernels, hq, hkv, d, n_ctx, pos, s, max_keys, style, rng, gpu_device, monkeypatch):
+        kernels, hq, hkv, d, n_ctx, pos, s, max_keys, style, rng, gpu_device, monkeypatch,
+        dispatched):
     _take(kernels, monkeypatch)
     _ranges_taken(kernels, max_keys or n_ctx)
     qkv, kc, vc = _case(rng, hq, hkv, d, n_ctx, s)
     state = _state(rng, pos, extra=(12345,))
     got = _run("gpu", qkv, kc, vc, state, n_heads=hq, style=style, max_keys=max_keys)
+    assert dispatched == _entries(kernels, max_keys or n_ctx, s, d)
     _check(got, kc, vc, expected_step(qkv, kc, vc, pos, hq, style=style), pos, s)
     np.testing.assert_array_equal(got[3], state)  # the op only reads the state
+
+
+# Prompts long enough for the tiled attention by default (PROMPT_TILED_MIN_TOKENS): odd
+# lengths (a short last block of tokens), from position 0 and after a cached prefix,
+# GQA and not, the head sizes of the model families and an odd one
+TILED_CASES = [  # (hq, hkv, d, n_ctx, pos, s, max_keys)
+    (9, 3, 64, 96, 0, 70, None),      # SmolLM2's heads, a prompt from 0
+    (9, 3, 64, 160, 45, 37, None),    # .. after 45 cached keys
+    (4, 4, 128, 160, 45, 70, None),   # MHA, head size 128
+    (2, 1, 256, 96, 45, 37, None),    # MQA, head size 256
+    (6, 2, 40, 120, 13, 37, None),    # head size 40 (not a power of two)
+    (4, 2, 64, 300, 10, 70, 100),     # max_keys: work recorded for part of the cache
+]
+
+
+@pytest.mark.parametrize("style", ["interleaved", "neox"])
+@pytest.mark.parametrize("hq,hkv,d,n_ctx,pos,s,max_keys", TILED_CASES)
+def test_a_prompt_takes_the_tiled_attention_and_matches_float64(
+        hq, hkv, d, n_ctx, pos, s, max_keys, style, rng, gpu_device, dispatched):
+    assert s >= transformer.PROMPT_TILED_MIN_TOKENS
+    qkv, kc, vc = _case(rng, hq, hkv, d, n_ctx, s)
+    state = _state(rng, pos, extra=(12345,))
+    got = _run("gpu", qkv, kc, vc, state, n_heads=hq, style=style, max_keys=max_keys)
+    assert dispatched == [APPEND, TILED]
+    _check(got, kc, vc, expected_step(qkv, kc, vc, pos, hq, style=style), pos, s)
+    np.testing.assert_array_equal(got[3], state)
+
+
+def test_prompt_tiles_fit_the_kernel_and_workgroup_memory():
+    # attention_prompt.wgsl's limits on its tile shape (its comments), for every head
+    # size it takes; and where the tiled path applies
+    wg = transformer.PROMPT_WG
+    for d in range(4, 257, 4):
+        rows, keys = transformer.prompt_tiles(d)
+        quads = d // 4
+        assert rows % 2 == 0 and keys % 2 == 0 and rows <= wg, d
+        assert rows <= 4 * (wg // quads) and keys * quads <= 4 * wg, d
+        assert transformer.prompt_tile_bytes(d, rows, keys) <= transformer.PROMPT_WORKGROUP_BYTES
+    assert transformer.prompt_tiles(64) == (16, 32)
+    assert transformer.prompt_tiles(64, budget=1 << 15)[0] == 32  # more memory, more rows
+    least = transformer.PROMPT_TILED_MIN_TOKENS
+    assert transformer.prompt_tiled_takes(least, 64, ring=False)
+    assert not transformer.prompt_tiled_takes(least - 1, 64, ring=False)
+    assert not transformer.prompt_tiled_takes(least, 64, ring=True)   # rings: `split`
+    assert not transformer.prompt_tiled_takes(least, 18, ring=False)  # not whole quads
 
 
 @pytest.mark.parametrize("style", ["interleaved", "neox"])
@@ -183,10 +266,10 @@ def test_attention_cached_reference_matches_float64(hq, hkv, d, n_ctx, pos, s, s
     _check(got, kc, vc, expected_step(qkv, kc, vc, pos, hq, style=style), pos, s)
 
 
-@pytest.mark.parametrize("s", [1, 4])
+@pytest.mark.parametrize("s", [1, 4, 40])  # 40: the tiled attention
 def test_attention_cached_uses_theta_and_scale(s, rng, gpu_device):
     hq, hkv, d, pos = 4, 2, 32, 50
-    qkv, kc, vc = _case(rng, hq, hkv, d, 80, s)
+    qkv, kc, vc = _case(rng, hq, hkv, d, 96, s)
     params = {"n_heads": hq, "theta": 500000.0, "scale": 0.3}
     got = _run("gpu", qkv, kc, vc, _state(rng, pos), **params)
     _check(got, kc, vc, expected_step(qkv, kc, vc, pos, hq, 500000.0, scale=0.3), pos, s)
@@ -206,12 +289,12 @@ WINDOW_CASES = [  # (hq, hkv, d, n_ctx, pos, s, window)
 ]
 
 
-# The GPU's two paths (one range; ranges + combine), the host backends' one
+# The GPU's paths (one range; ranges + combine), the host backends' one
 BACKEND_PATHS = [("gpu", "one range"), ("gpu", "ranges"), ("cpu", "one range"),
                  ("numpy", "one range")]
 
 
-@pytest.mark.parametrize("backend,kernels", BACKEND_PATHS)
+@pytest.mark.parametrize("backend,kernels", BACKEND_PATHS + [("gpu", "tiled")])
 @pytest.mark.parametrize("hq,hkv,d,n_ctx,pos,s,window", WINDOW_CASES)
 def test_attention_cached_sliding_window_softcap_and_scaled_rope_match_float64(
         backend, kernels, hq, hkv, d, n_ctx, pos, s, window, rng, monkeypatch, request):
@@ -334,6 +417,28 @@ def test_one_recorded_attention_step_serves_every_position(path, rng, gpu_device
     np.testing.assert_array_equal(v_t.numpy(), v_ref.astype(np.float32))
 
 
+def test_one_recorded_prompt_serves_every_position(rng, gpu_device, dispatched):
+    # The tiled attention reads the position on the device too: a prompt's pass captured
+    # once serves a prompt's pieces at each position.
+    hq, hkv, d, n_ctx, s = 6, 2, 32, 160, 40
+    qkv, kc, vc = _case(rng, hq, hkv, d, n_ctx, s)
+    gpu = pxvm.backends.get_backend("gpu")
+    qkv_t, k_t, v_t = gpu.from_numpy(qkv), gpu.from_numpy(kc), gpu.from_numpy(vc)
+    state_t = gpu.from_numpy(_state(rng, 0))
+    step = Graph(gpu, lambda: {"out": attention_cached(qkv_t, k_t, v_t, state_t, n_heads=hq)})
+    k_ref, v_ref = kc.astype(np.float64), vc.astype(np.float64)
+    for pos in (0, 40, 80, 120):
+        piece = rng.standard_normal(qkv.shape).astype(np.float32)
+        qkv_t.write(piece)
+        state_t.write(np.array([7, pos], np.int32))
+        got = step.run("out")["out"]
+        expected, k_ref, v_ref = expected_step(piece, k_ref, v_ref, pos, hq)
+        assert_close(got, expected, TOL)
+    assert dispatched == [APPEND, TILED]  # recorded once
+    assert_close(k_t.numpy(), k_ref, TOL)
+    np.testing.assert_array_equal(v_t.numpy(), v_ref.astype(np.float32))
+
+
 def _bad_operands():
     rng = np.random.default_rng(0)
     qkv, kc, vc = _case(rng, 4, 2, 16, 20, 2)
@@ -405,6 +510,22 @@ def test_positions_beyond_max_keys_are_refused_by_the_reference_and_nan_elsewher
         assert np.isfinite(inside).all(), backend
 
 
+def test_a_prompt_reaching_beyond_max_keys_is_nan_only_there(path, rng, gpu_device):
+    # Tokens at positions from max_keys on answer NaN, those before it their attention
+    # (and their keys and values are appended; the rows beyond the bound hold what a
+    # path leaves there).
+    hq, hkv, d, n_ctx, pos, s, max_keys = 4, 2, 16, 200, 60, 70, 100
+    qkv, kc, vc = _case(rng, hq, hkv, d, n_ctx, s)
+    out, k_new, v_new, _ = _run("gpu", qkv, kc, vc, _state(rng, pos), n_heads=hq,
+                                max_keys=max_keys)
+    expected, k_ref, v_ref = expected_step(qkv, kc, vc, pos, hq)
+    inside = max_keys - pos
+    assert np.isnan(out[inside:]).all()
+    assert_close(out[:inside], expected[:inside], TOL)
+    assert_close(k_new[:max_keys], k_ref[:max_keys], TOL)
+    np.testing.assert_array_equal(v_new[:max_keys], v_ref[:max_keys].astype(np.float32))
+
+
 def test_python_constants_match_the_kernels():
     # The host sizes grids and buffers by these; the kernels loop by their own copies.
     def const(kernel, name):
@@ -412,6 +533,7 @@ def test_python_constants_match_the_kernels():
 
     assert const("attention_cached.wgsl", "WG") // const("attention_cached.wgsl", "KEY_LANES") \
         * 2 == transformer.CACHED_CHUNK  # CHUNK = 2 * SLOTS
+    assert const(transformer.PROMPT_KERNEL, "WG") == transformer.PROMPT_WG
     assert const("matmul_quant.wgsl", "MAX_MERGED") == quantized.MAX_MERGED
 
 
@@ -448,17 +570,21 @@ def _run_projected(backend, inputs, **params):
     return out, k_t.numpy(), v_t.numpy()
 
 
-@pytest.mark.parametrize("merge", ["in the product", "by combine"])
+@pytest.mark.parametrize("merge", ["in the product", "by combine", "none: tiled"])
 @pytest.mark.parametrize("hq,hkv,d,n_ctx,pos,s,max_keys,qtype", PROJECTED_CASES)
 def test_attention_cached_matmul_quant_add_gpu_matches_float64(
-        hq, hkv, d, n_ctx, pos, s, max_keys, qtype, merge, rng, gpu_device, monkeypatch):
+        hq, hkv, d, n_ctx, pos, s, max_keys, qtype, merge, rng, gpu_device, monkeypatch,
+        dispatched):
+    _take("tiled" if merge == "none: tiled" else "ranges", monkeypatch)
     if merge == "by combine":  # as for attention outputs too long to merge in the product
         monkeypatch.setattr(transformer, "MAX_MERGED", 0)
-    else:  # a prompt's tokens too (by default only a decoding step's one token)
-        monkeypatch.setattr(transformer, "PRODUCT_MERGES_MAX_TOKENS", 1000)
+    elif merge == "in the product":  # a prompt's tokens too (by default only a decoding
+        monkeypatch.setattr(transformer, "PRODUCT_MERGES_MAX_TOKENS", 1000)  # step's one)
     inputs, (expected, k_new, v_new) = _projected(rng, hq, hkv, d, n_ctx, pos, s, qtype)
     out, k_got, v_got = _run_projected("gpu", inputs, n_heads=hq, max_keys=max_keys,
                                        qtype=qtype, k=hq * d)
+    attention = {entry for entry in dispatched if entry[0].startswith("attention")}
+    assert (attention == {APPEND, TILED}) == (merge == "none: tiled"), attention
     assert out.shape == expected.shape and out.dtype == np.float32
     assert_close(out, expected, TOL)
     assert_close(k_got, k_new, TOL)

@@ -266,7 +266,24 @@ CACHED_ONE_RANGE_MAX_KEYS = 64
 PRODUCT_MERGES_MAX_TOKENS = 1
 
 
-@kernel_params(CACHED_KERNEL)
+# A prompt's many new tokens: attention_prompt.wgsl's `tiled` takes a block of tokens of
+# one query head a workgroup and walks the keys they see in tiles through workgroup
+# memory (after its `append` wrote the new keys and values), so each key is loaded once
+# per block, not once per token; it writes the output itself (no ranges to merge).
+# prompt_tiled_takes says where; PROMPT_TILED_MIN_TOKENS is the fewest new tokens it
+# takes (fewer make too few workgroups to fill a GPU while they walk the keys).
+PROMPT_KERNEL = "attention_prompt.wgsl"
+PROMPT_TILED_MIN_TOKENS = 32
+PROMPT_WG = 128             # attention_prompt.wgsl's WG
+PROMPT_MAX_ROWS = 32        # tokens a workgroup at most (its QUERY_ROWS)
+PROMPT_MIN_ROWS = 4         # .. and at least, where the head size allows
+PROMPT_MAX_TILE_KEYS = 32   # keys a tile at most (its TILE_KEYS)
+# Workgroup memory a tile shape may use: WebGPU's guaranteed minimum, so that every
+# device (and browser) takes it.
+PROMPT_WORKGROUP_BYTES = 16384
+
+
+@kernel_params(CACHED_KERNEL, PROMPT_KERNEL)
 class CachedAttentionParams(KernelParams):
     s: u32          # new tokens (rows of qkv)
     hq: u32
@@ -335,18 +352,77 @@ def cached_rows(window: int, new_tokens: int, positions: int) -> int:
     return min(ring, positions)
 
 
+def prompt_tiled_takes(tokens: int, head_dim: int, ring: bool) -> bool:
+    """Whether attention_cached of `tokens` new tokens runs attention_prompt.wgsl (the
+    tiled prompt attention) on WebGPU: a prompt of at least PROMPT_TILED_MIN_TOKENS
+    tokens over a cache that is not a ring, with a head size of whole quads (the kernel
+    loads four elements at a time)."""
+    return tokens >= PROMPT_TILED_MIN_TOKENS and not ring and head_dim % 4 == 0
+
+
+def prompt_tile_bytes(head_dim: int, rows: int, keys: int) -> int:
+    """Workgroup memory of attention_prompt.wgsl's `tiled` for a tile of `rows` tokens by
+    `keys` keys: the queries' and the keys' (or values') rows of head_dim / 4 + 1 quads,
+    the partial scores, a float a row and one a thread."""
+    quads = head_dim // 4 + 1
+    parts = max(1, PROMPT_WG // ((rows // 2) * (keys // 2)))
+    return 16 * (rows + keys) * quads + 4 * parts * rows * keys + 4 * rows + 4 * PROMPT_WG
+
+
+def prompt_tiles(head_dim: int, budget: int | None = None) -> tuple[int, int]:
+    """(tokens a workgroup, keys a tile) of attention_prompt.wgsl for `head_dim`, powers
+    of two within `budget` bytes of workgroup memory (default PROMPT_WORKGROUP_BYTES):
+    first the longest tile of keys (at most PROMPT_MAX_TILE_KEYS, and at most four quads
+    of it a thread) beside a block of PROMPT_MIN_ROWS tokens, then the most tokens beside
+    it (at most PROMPT_MAX_ROWS, and at most four output quads a thread). Longer tiles
+    mean fewer trips through the keys, fewer tokens more workgroups."""
+    budget = PROMPT_WORKGROUP_BYTES if budget is None else budget
+    quads = head_dim // 4
+    keys = PROMPT_MAX_TILE_KEYS
+    while keys > 2 and (keys * quads > 4 * PROMPT_WG
+                        or prompt_tile_bytes(head_dim, PROMPT_MIN_ROWS, keys) > budget):
+        keys //= 2
+    rows = PROMPT_MAX_ROWS
+    while rows > 2 and (rows > 4 * (PROMPT_WG // quads)
+                        or prompt_tile_bytes(head_dim, rows, keys) > budget):
+        rows //= 2
+    return rows, keys
+
+
+def _attend_tiled(ctx, qkv, k_cache, v_cache, state, table, params, style):
+    """attention_prompt.wgsl: `append` (the new keys and values into the caches), then
+    `tiled` over blocks of tokens of each query head; returns the attention output."""
+    s = qkv.shape[0]
+    _, hkv, d = k_cache.shape
+    rows, keys = prompt_tiles(d)
+    out = ctx.empty((s, params.hq * d), np.float32)
+    tensors = [qkv, k_cache, v_cache, state, table, out]
+    constants = {"NEOX": int(style == "neox"), "HEAD_DIM": d, "QUERY_ROWS": rows,
+                 "TILE_KEYS": keys}
+    ctx.dispatch(PROMPT_KERNEL, "append", tensors, params, -(-s * hkv * d // PROMPT_WG),
+                 constants)
+    ctx.dispatch(PROMPT_KERNEL, "tiled", tensors, params, (-(-s // rows), params.hq, 1),
+                 constants)
+    return out
+
+
 def _attend(ctx, qkv, k_cache, v_cache, state, bound, n_heads, theta, style, scale,
             freq_factors, attn_factor, softcap, window):
-    """Record `split` over the keys below `bound`. With one range: (the attention output,
-    None, None). Else (the ranges' partial results, their AttentionPartials, a function
-    recording `combine`, which merges them and returns the output), leaving the merge to
-    the caller: `combine`, or the output projection."""
+    """Record the attention over the keys below `bound`: a prompt's where
+    prompt_tiled_takes (attention_prompt.wgsl), else `split`. With one range or tiled:
+    (the attention output, None, None). Else (the ranges' partial results, their
+    AttentionPartials, a function recording `combine`, which merges them and returns the
+    output), leaving the merge to the caller: `combine`, or the output projection."""
     s = qkv.shape[0]
     n_ctx, hkv, d = k_cache.shape
-    n_ranges, range_len = cached_key_ranges(bound)
-    partials = AttentionPartials(d, n_ranges, range_len, bound)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     table = rope_table(ctx, theta, d, max(n_ctx, bound), freq_factors, attn_factor)
+    if prompt_tiled_takes(s, d, bound > n_ctx):
+        params = CachedAttentionParams(s, n_heads, hkv, n_ctx, 1, 0, bound, scale,
+                                       float(softcap), int(window))
+        return _attend_tiled(ctx, qkv, k_cache, v_cache, state, table, params, style), None, None
+    n_ranges, range_len = cached_key_ranges(bound)
+    partials = AttentionPartials(d, n_ranges, range_len, bound)
     part = ctx.empty((1 if n_ranges == 1 else s * n_heads * n_ranges, partials.stride),
                      np.float32, "attention partial sums")
     out = ctx.empty((s, n_heads * d), np.float32)

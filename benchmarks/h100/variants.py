@@ -1,6 +1,6 @@
 """Module constants set by name for a benchmark's variants: `name:module.CONST=value,..`
-(module a key of the modules given, the value converted to the constant's type; a
-variant without settings is the code as it is)."""
+(module a key of the modules given, the value converted to the constant's type, a
+tuple of ints written `64x32`; a variant without settings is the code as it is)."""
 import importlib
 
 
@@ -19,5 +19,7 @@ class Variants:
             short, const = key.split(".")
             module = importlib.import_module(self.modules[short])
             self.originals.setdefault((module, const), getattr(module, const))
-            setattr(module, const, type(getattr(module, const))(value))
+            current = getattr(module, const)
+            setattr(module, const, tuple(int(v) for v in value.split("x"))
+                    if isinstance(current, tuple) else type(current)(value))
         return name

@@ -7,6 +7,8 @@ to another backend.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..runtime.errors import ShapeError
@@ -103,7 +105,7 @@ class Tensor:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
@@ -132,9 +134,9 @@ class Tensor:
         size = self.size
         shape = list(shape)
         if shape.count(-1) == 1:
-            known = int(np.prod([s for s in shape if s != -1], dtype=np.int64))
+            known = math.prod(int(s) for s in shape if s != -1)
             shape[shape.index(-1)] = size // max(known, 1)
-        if int(np.prod(shape, dtype=np.int64)) != size:
+        if math.prod(int(s) for s in shape) != size:
             raise ShapeError(f"cannot reshape a tensor of shape {self.shape} to {tuple(shape)}")
         storage = self.storage.reshape(shape) if isinstance(self.storage, np.ndarray) else self.storage
         return Tensor(shape, self.dtype, self.backend, storage)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Protocol
 
 import numpy as np
@@ -75,7 +76,7 @@ class WebGPUContext(RecordingContext):
     def empty(self, shape, dtype, what: str = "output") -> Tensor:
         """A new tensor on the device, its values unset."""
         dtype = np.dtype(dtype)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = math.prod(int(s) for s in shape) * dtype.itemsize
         alloc = self.device.alloc(max(nbytes, 4), what)
         alloc.nbytes = nbytes
         if self._scratch_bytes is not None:

@@ -268,15 +268,18 @@ class Device:
             layout = self._layouts[kernel] = self.device.create_bind_group_layout(entries=entries)
         return layout
 
-    def bind_group(self, layout, entries):
-        """A bind group for these exact buffers and ranges, reused when seen before: with
-        pooled buffers a decoding loop binds the same buffers token after token, and
-        creating bind groups was the largest host cost of a dispatch. Keys hold the buffer
-        objects themselves, so a key can never match a different, later buffer."""
-        key = (layout, tuple((e["binding"], e["resource"]["buffer"], e["resource"]["offset"],
-                              e["resource"]["size"]) for e in entries))
+    def bind_group(self, layout, ranges: list[tuple]):
+        """A bind group of (buffer, offset, size) `ranges` at bindings 0, 1, .., reused
+        when seen before: with pooled buffers a decoding loop binds the same buffers token
+        after token, and creating bind groups was the largest host cost of a dispatch.
+        Keys hold the buffer objects themselves, so a key can never match a different,
+        later buffer."""
+        key = (layout, *ranges)
         group = self._bind_groups.get(key)
         if group is None:
+            entries = [{"binding": i, "resource": {"buffer": buffer, "offset": offset,
+                                                   "size": size}}
+                       for i, (buffer, offset, size) in enumerate(ranges)]
             group = self.calls.create_bind_group(self.device, layout, entries)
             self._bind_groups[key] = group
             if len(self._bind_groups) > BIND_GROUP_CACHE:

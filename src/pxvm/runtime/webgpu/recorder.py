@@ -82,16 +82,12 @@ class _Binding:
 
     def _bind(self, pipeline, buffers: list[Allocation], params: bytes | None):
         """Bindings 0..n-1 are `buffers`; binding n is the parameter block when given."""
-        entries = []
-        for i, alloc in enumerate(buffers):
-            entries.append({"binding": i, "resource": {
-                "buffer": alloc.buffer, "offset": 0, "size": alloc.binding_size()}})
-            self._keep.append(alloc)
+        self._keep.extend(buffers)
+        ranges = [(alloc.buffer, 0, alloc.binding_size()) for alloc in buffers]
         if params is not None:
             buffer, offset = self._uniforms.place(params)
-            entries.append({"binding": len(buffers), "resource": {
-                "buffer": buffer, "offset": offset, "size": UNIFORM_SLOT}})
-        return self.device.bind_group(pipeline.layout, entries)
+            ranges.append((buffer, offset, UNIFORM_SLOT))
+        return self.device.bind_group(pipeline.layout, ranges)
 
 
 class Recorder(_Binding):

@@ -6,7 +6,8 @@ time (timestamps around one submit), and at the end, for the first variant, ever
 dispatch of it timed alone and summed per kernel.
 Usage: python prefill_ab.py MODEL.gguf [--backend NAME] [VARIANT ..], a variant being
 `name:module.CONST=value,..` (variants.py; modules: the keys of MODULES), e.g.
-`rows16:quantized.TILED_MIN_ROWS=16`."""
+`rows16:quantized.TILED_MIN_ROWS=16`; a variant whose name starts with `graphs` also
+replays prompts as captured graphs (pxvm.llm.prompts) whatever the backend's default."""
 import statistics
 import sys
 import time
@@ -16,6 +17,7 @@ from variants import Variants
 
 from pxvm.batch import Batch
 from pxvm.llm.model import load_model
+from pxvm.llm.prompts import PromptGraphs
 
 MODULES = {"transformer": "pxvm.ops.transformer", "model": "pxvm.llm.model",
            "quantized": "pxvm.ops.quantized", "matmul": "pxvm.ops.matmul"}
@@ -34,6 +36,13 @@ rng = np.random.default_rng(0)
 ids = rng.integers(0, model.config.vocab_size, TOKENS).astype(np.int32)
 context = rng.integers(0, model.config.vocab_size, 512).astype(np.int32)
 variants = Variants(MODULES)
+default_graphs = model.prompt_graphs
+
+
+def apply(spec: str) -> str:
+    name = variants.apply(spec)
+    model.prompt_graphs = PromptGraphs(model) if name.startswith("graphs") else default_graphs
+    return name
 
 
 def prefill_seconds(depth: int) -> float:
@@ -74,13 +83,13 @@ def split_seconds() -> tuple[float, float]:
 print(f"{model.device_name}; {TOKENS}-token prompts on {model.backend_name}", flush=True)
 for round_ in range(ROUNDS):
     for spec in specs:
-        name = variants.apply(spec)
+        name = apply(spec)
         d0, d512 = prefill_seconds(0), prefill_seconds(512)
         host, gpu = split_seconds()
         print(f"round {round_} {name:>14}: pp{TOKENS} {TOKENS / d0:9,.1f} tok/s, "
               f"at depth 512 {TOKENS / d512:9,.1f}; one submit: host {host * 1e3:6.2f} ms, "
               f"GPU {gpu * 1e3:6.2f} ms", flush=True)
-variants.apply(specs[0])
+apply(specs[0])
 model.reset()
 with Batch(model.backend, profile=True) as batch:
     record(batch)

@@ -26,14 +26,9 @@ SPEC = TinySpec(dim=128, n_heads=2, n_kv_heads=1, ffn_dim=128, context_length=40
 
 
 @pytest.fixture(params=["webgpu", "cuda"])
-def backend(request, monkeypatch):
-    """A backend whose models replay prompts as graphs."""
-    device = request.getfixturevalue("gpu_device" if request.param == "webgpu"
-                                     else "cuda_device")
-    if request.param == "webgpu":
-        monkeypatch.setattr(type(model_module.model_backend("webgpu")[0]), "prompt_graphs",
-                            True)
-    del device
+def backend(request):
+    """A backend whose models replay prompts as graphs (both do by default)."""
+    request.getfixturevalue("gpu_device" if request.param == "webgpu" else "cuda_device")
     return request.param
 
 

@@ -99,8 +99,8 @@ class Backend(ABC):
     #: whether an op's first use compiles something (a warm-up then pays off)
     compiles_on_first_use: ClassVar[bool] = False
     #: whether a language model's prompts run faster replayed as captured graphs than
-    #: recorded anew (CUDA: launching a prompt's kernels from Python takes the host
-    #: longer than the GPU takes to run them; pxvm.llm.prompts)
+    #: recorded anew (CUDA and WebGPU: recording a prompt's kernels from Python takes the
+    #: host longer than the GPU takes to run them; pxvm.llm.prompts)
     prompt_graphs: ClassVar[bool] = False
     #: the largest tensor one kernel can take, in bytes (None: no bound but memory)
     max_tensor_bytes: int | None = None

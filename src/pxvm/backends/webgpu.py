@@ -147,6 +147,9 @@ _checked: set[tuple[type, str]] = set()
 class WebGPUBackend(Backend):
     name = "webgpu"
     compiles_on_first_use = True
+    # with prompts' products and attention tiled, recording a prompt takes the host longer
+    # than the GPU takes to run it (BENCHMARKS.md, issue 19); a replay only encodes
+    prompt_graphs = True
 
     def __init__(self, device: Device | None = None):
         self.device = device if device is not None else get_device()

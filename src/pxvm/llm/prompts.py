@@ -1,6 +1,7 @@
 """Prompts as captured graphs, where a backend's launches rather than its GPU are what a
 prompt waits for (Backend.prompt_graphs: CUDA, where Python launching a 512-token
-forward's kernels takes the host about twice the GPU's time; BENCHMARKS.md). The math
+forward's kernels takes the host about twice the GPU's time, and WebGPU, where recording
+them takes ~1.5 times; BENCHMARKS.md). The math
 is the model's (`transformer`); this module only schedules it.
 
 A prompt is cut into pieces of PIECE_TOKENS. The forward of a piece length met a second

@@ -62,8 +62,10 @@ def _quantized_rows(rng, qtype, n, k):
     return np.ascontiguousarray(raw).view(np.uint8).reshape(n, -1)
 
 
-def _quantized_matmul(qtype, rows=13):
-    return lambda rng: [rng.standard_normal((3, 64)).astype(np.float32),
+def _quantized_matmul(qtype, rows=13, tokens=3):
+    """x (tokens, 64) and a (rows, 64) weight; 32 tokens or more take the prompts' tiled
+    kernel (pxvm/ops/quantized.py's takes_tiled)."""
+    return lambda rng: [rng.standard_normal((tokens, 64)).astype(np.float32),
                         _quantized_rows(rng, qtype, rows, 64)]
 
 
@@ -147,14 +149,17 @@ CASES.update({
                         {"start": 4}, threshold=0.0)],
     "slice_rows": [Case(_normal(9, 7), {"start": 2, "stop": 6}, threshold=0.0)],
     "matmul_quant": [Case(_quantized_matmul(q), {"qtype": q, "k": 64}, threshold=NMSE_LONG)
-                     for q in (0, 1, 2, 3, 8)],
+                     for q in (0, 1, 2, 3, 8)]
+    + [Case(_quantized_matmul(q, 70, 37), {"qtype": q, "k": 64}, threshold=NMSE_LONG)
+       for q in (3, 8)],
     "embedding_quant": [Case(_quantized_embedding(q), {"qtype": q, "k": 64}, threshold=0.0)
                         for q in (3, 8)],
     "rmsnorm_matmul_quant": [Case(_with_gain(_quantized_matmul(q)), {"qtype": q, "k": 64},
                                   threshold=NMSE_LONG) for q in (3, 8)],
     "rmsnorm_glu_quant": [Case(_with_gain(_quantized_matmul(q, 26)),
                                {"qtype": q, "k": 64, "activation": act}, threshold=NMSE_LONG)
-                          for q, act in ((3, "silu"), (8, "silu"), (8, "gelu_tanh"))],
+                          for q, act in ((3, "silu"), (8, "silu"), (8, "gelu_tanh"))]
+    + [Case(_with_gain(_quantized_matmul(3, 70, 37)), {"qtype": 3, "k": 64}, threshold=NMSE_LONG)],
     "qk_norm": [Case(lambda rng: [rng.standard_normal((3, 64)).astype(np.float32),
                                   (1.0 + 0.3 * rng.standard_normal(8)).astype(np.float32),
                                   (1.0 + 0.3 * rng.standard_normal(8)).astype(np.float32)],
@@ -180,10 +185,12 @@ CASES.update({
     "concat_columns": [Case(lambda rng: [rng.standard_normal((5, 7)).astype(np.float32),
                                          rng.standard_normal((5, 4)).astype(np.float32)],
                             threshold=0.0)],
-    # one range; a cache longer than one range (64 keys): ranges + combine
+    # one range; a cache longer than one range (64 keys): ranges + combine; a prompt of 40
+    # tokens after 30 (attention_prompt.wgsl)
     "attention_cached": [Case(_cached_attention(tokens, n_ctx, pos), {"n_heads": 4},
                               threshold=NMSE_LONG) for tokens, n_ctx, pos in ((3, 11, 5),
-                                                                              (2, 300, 290))]
+                                                                              (2, 300, 290),
+                                                                              (40, 90, 30))]
     # Gemma 2's and Phi-3's extras: a window, capped scores, scaled RoPE
     + [Case(_cached_attention(2, 300, 290),
             {"n_heads": 4, "window": 100, "softcap": 2.0, "style": "neox",

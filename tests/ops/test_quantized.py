@@ -154,12 +154,12 @@ def test_matmul_quant_of_many_rows_is_tiled(qtype, rng, gpu_device, entries):
     assert nmse(got, expected) <= NMSE_LONG / 50
 
 
-@pytest.mark.parametrize("shape", [(64, 64), (128, 64), (64, 128), (128, 128)],
-                         ids=["64x64", "128x64", "64x128", "128x128"])
+@pytest.mark.parametrize("shape", quantized.TILE_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("qtype", [3, 14], ids=["Q4_1", "Q6_K"])
 def test_matmul_quant_tiled_in_every_tile_shape(qtype, shape, rng, gpu_device, entries,
                                                 monkeypatch):
-    # Each TILED_SHAPE on M and N one past a whole number of the widest tiles.
+    # Each TILED_SHAPE (the kernel's threads vary with it) on M and N one past a whole
+    # number of tiles of every width.
     monkeypatch.setattr(quantized, "TILED_SHAPE", shape)
     m, n, k = 129, 129, (512 if qtype in K_TYPES else 96)
     w = _weight(qtype, n, k, rng)
@@ -167,6 +167,15 @@ def test_matmul_quant_tiled_in_every_tile_shape(qtype, shape, rng, gpu_device, e
     got = pxvm.ops.matmul_quant(x, w, qtype=qtype, k=k, backend="gpu").numpy()
     assert entries == ["matmul_tiled"]
     assert nmse(got, pxvm.ops.matmul_quant.reference(x, w, qtype=qtype, k=k)) <= NMSE_LONG / 50
+
+
+@pytest.mark.parametrize("shape", [(32, 128), (128, 32), (16, 64), (96, 64)],
+                         ids=["32x128", "128x32", "16x64", "96x64"])
+def test_matmul_quant_tiled_rejects_other_tile_shapes(shape, rng, gpu_device, monkeypatch):
+    monkeypatch.setattr(quantized, "TILED_SHAPE", shape)
+    x = rng.standard_normal((40, 96)).astype(np.float32)
+    with pytest.raises(ValueError, match="TILED_SHAPE must be one of"):
+        pxvm.ops.matmul_quant(x, _weight(3, 8, 96, rng), qtype=3, k=96, backend="gpu")
 
 
 def test_matmul_quant_takes_the_tiled_kernel_from_its_row_threshold(rng, gpu_device, entries):

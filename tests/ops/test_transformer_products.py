@@ -168,15 +168,14 @@ def test_rmsnorm_glu_quant_tiled_with_gelu_matches_float64_geglu(qtype, rng, gpu
     assert_close(got, expected, TOLERANCE)
 
 
-@pytest.mark.parametrize("shape", [(64, 64), (128, 64), (64, 128), (128, 128)],
-                         ids=["64x64", "128x64", "64x128", "128x128"])
+@pytest.mark.parametrize("shape", quantized.TILE_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("name,qtype", [("rmsnorm_glu_quant", 12), ("matmul_quant_add", 7),
                                         ("rmsnorm_matmul_quant", 2)],
                          ids=["glu-Q4_K", "add-Q5_1", "norm-Q4_0"])
 def test_fused_product_tiled_in_every_tile_shape(name, qtype, shape, rng, gpu_device, entries,
                                                  monkeypatch):
-    # M one past the widest tile's rows; N = 70 outputs end inside a tile of every width
-    # (a GLU tile is half as many outputs wide as its W rows).
+    # M one past a whole number of tiles of every height; N = 70 outputs end inside a tile
+    # of every width (a GLU tile is half as many outputs wide as its W rows: 16 to 64).
     monkeypatch.setattr(quantized, "TILED_SHAPE", shape)
     args, params, expected = _case(name, rng, qtype, m=129, n=70)
     got = pxvm.ops.REGISTRY[name](*args, backend="gpu", **params).numpy()

@@ -442,32 +442,56 @@ fn embed(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) li
 // makes that the product's whole cost. Here a workgroup computes a TILE_M x TILE_N tile of
 // x @ W^T and dequantizes each block once per TILE_M rows: the register-blocked product
 // (matmul_blocked.wgsl) with W's slices dequantized as they go into workgroup memory.
-// 16 x 16 threads each own (TILE_M / 16) x (TILE_N / 16) outputs in vec4 accumulators:
-// row quads ty and ty + 16, column quads tx and tx + 16 (the second of each only in
-// 128-wide tiles), so that neighbouring threads read neighbouring vec4s of W's slice. K
-// advances SLICE values at a time: one block of the 32-value formats, an eighth of a K
-// super-block. x's slice (times `gain` for NORM) and W's are stored depth-major, so a
-// thread reads its 4 rows or 4 columns at one depth as one vec4. The next slice is
+// TILE_X x TILE_Y threads each own one quad (4 rows or 4 columns) along each side, two
+// along a 128-wide side: (TILE_M / 4 TILE_Y) x (TILE_N / 4 TILE_X) quads of 4 x 4
+// outputs in vec4 accumulators, row quads ty and ty + TILE_Y, column quads tx and
+// tx + TILE_X, so that neighbouring threads read neighbouring vec4s of W's slice. Tiles
+// of 32 (products too small to give every multiprocessor of a large GPU a 64 x 64 tile)
+// take fewer threads rather than fewer outputs a thread: the inner loop keeps its 16
+// multiply-adds per two vec4 reads. K advances SLICE values at a time: one block of the
+// 32-value formats, an eighth of a K super-block. x's slice (times `gain` for NORM) and
+// W's are stored depth-major, so a thread reads its 4 rows or 4 columns at one depth as
+// one vec4. The next slice is
 // fetched (and dequantized) into registers before the current one is multiplied, so its
 // loads are in flight during the arithmetic; one buffer of each tile and two barriers a
 // slice keep a 128 x 128 tile within 32 KiB of workgroup memory (D3D12's and lavapipe's
-// limit). GLU epilogues: the tile's columns are gate and up rows in alternating pairs
+// limit; tiles of 32 and 64 stay within the 16 KiB that browsers guarantee). GLU
+// epilogues: the tile's columns are gate and up rows in alternating pairs
 // (gate o, o + 1, up o, o + 1), so a thread's vec4 holds both halves of two outputs and
 // the tile is TILE_N / 2 outputs wide. NORM: each thread sums the squares of the x values
 // it fetches; the rows' totals meet in workgroup memory at the end. Rows, columns and
 // depth past the matrices (F32/F16/BF16 rows of any K) load as zeros and are not stored.
 // Not for ATTENTION_PARTS.
 
-override TILE_M: u32 = 64u;   // rows of x a workgroup: 64 or 128
-override TILE_N: u32 = 64u;   // rows of W a workgroup: 64 or 128
-const SIDE: u32 = 16u;        // threads along each side of the tile (SIDE * SIDE = WG)
+// 32, 64 or 128 each, but not 32 with 128 (its fetch would need more runs or tasks a
+// thread than `fetch` has registers for): pxvm/ops/quantized.py's TILE_SHAPES.
+override TILE_M: u32 = 64u;   // rows of x a workgroup
+override TILE_N: u32 = 64u;   // rows of W a workgroup
+// Threads along the tile's columns and rows, and the workgroup's: derived here only.
+override TILE_X: u32 = min(TILE_N / 4u, 16u);
+override TILE_Y: u32 = min(TILE_M / 4u, 16u);
+override TILE_WG: u32 = TILE_X * TILE_Y;
 const SLICE: u32 = 32u;       // K values a slice
 const NO_ROW: u32 = 0xffffffffu;
 
-// x_tile[k * TILE_M / 4 + q]: rows 4q..4q+3 of the slice at depth k; w_tile likewise the
-// columns (rows of W).
+// x_tile[x_slot(k, q)]: rows 4q..4q+3 of the slice at depth k; w_tile[w_slot(k, q)]
+// likewise the columns (rows of W).
 var<workgroup> x_tile: array<vec4<f32>, SLICE * TILE_M / 4u>;
 var<workgroup> w_tile: array<vec4<f32>, SLICE * TILE_N / 4u>;
+
+// A depth's quads are stored permuted (q xor a function of the depth): `stash` writes a
+// run's 4 values one by one down 4 depths, and the 32 threads of a warp write the same
+// row quad at 8 depths (x) or two column quads at 4 (W), which unpermuted fall in the same
+// few of the 32 banks; permuted they take all 32. The multiply reads one depth at a time,
+// where the permutation only reorders neighbouring quads. (Padding each depth by whole
+// vec4s, as the vec4 reads need, cannot spread the stores so.)
+fn x_slot(k: u32, q: u32) -> u32 {
+    return k * (TILE_M / 4u) + (q ^ ((k / 4u) % 8u));
+}
+
+fn w_slot(k: u32, q: u32) -> u32 {
+    return k * (TILE_N / 4u) + (q ^ (2u * ((k / 4u) % 4u)));
+}
 
 // This thread's state (one invocation's own variables, shared by the helpers below).
 var<private> lid: u32;
@@ -483,8 +507,8 @@ var<private> x_next3: vec4<f32>;
 var<private> w_next0: SliceValues;
 var<private> w_next1: SliceValues;
 var<private> x_squares: vec4<f32>;   // NORM: the squares of x run i's values so far
-// acc<r><h>: tile row 4 ty + r (r < 4) or 64 + 4 ty + r - 4 (r >= 4), column quad
-// tx + 16 h. Unrolled variables: private arrays indexed in loops can spill.
+// acc<r><h>: tile row 4 ty + r (r < 4) or 4 (ty + TILE_Y) + r - 4 (r >= 4), column quad
+// tx + TILE_X h. Unrolled variables: private arrays indexed in loops can spill.
 var<private> acc00: vec4<f32>;
 var<private> acc10: vec4<f32>;
 var<private> acc20: vec4<f32>;
@@ -640,9 +664,13 @@ fn gain_run(k: u32) -> vec4<f32> {
                      gain[min(k + 3u, last)]);
 }
 
-// Slice k0.. into registers. x: run i (i < TILE_M / 32) of a thread is row
-// lid / 8 + 32 i at depth 4 (lid % 8): eight threads read a row's 32 values in one
-// stretch. W: task j (j < TILE_N / 64) is tile column (lid + WG j) / 4, its values
+// x runs and W tasks a thread fetches a slice: 2 or 4, and 1 or 2.
+fn x_runs() -> u32 { return 8u * TILE_M / TILE_WG; }
+fn w_tasks() -> u32 { return 4u * TILE_N / TILE_WG; }
+
+// Slice k0.. into registers. x: run i (i < x_runs()) of a thread is row
+// lid / 8 + (TILE_WG / 8) i at depth 4 (lid % 8): eight threads read a row's 32 values in
+// one stretch. W: task j (j < w_tasks()) is tile column (lid + TILE_WG j) / 4, its values
 // 4i..4i+3 and 16+4i..16+4i+3 for i = lid % 4: four threads read one block's quant words.
 // Each run and task is a call of its own, not a loop: registers, not an indexed array.
 fn fetch(k0: u32) {
@@ -650,82 +678,85 @@ fn fetch(k0: u32) {
     let g = gain_run(k);
     x_next0 = fetch_x(0u, k, g);
     x_next1 = fetch_x(1u, k, g);
-    if (TILE_M == 128u) {
+    if (x_runs() == 4u) {
         x_next2 = fetch_x(2u, k, g);
         x_next3 = fetch_x(3u, k, g);
     }
     w_next0 = fetch_w(0u, k0);
-    if (TILE_N == 128u) { w_next1 = fetch_w(1u, k0); }
+    if (w_tasks() == 2u) { w_next1 = fetch_w(1u, k0); }
+}
+
+fn x_row(i: u32) -> u32 {
+    return lid / 8u + (TILE_WG / 8u) * i;
 }
 
 fn fetch_x(i: u32, k: u32, g: vec4<f32>) -> vec4<f32> {
-    let v = x_run(m0 + lid / 8u + 32u * i, k);
+    let v = x_run(m0 + x_row(i), k);
     if (NORM) { x_squares[i] = x_squares[i] + dot(v, v); }
     return v * g;
 }
 
 fn fetch_w(j: u32, k0: u32) -> SliceValues {
-    let task = lid + WG * j;
+    let task = lid + TILE_WG * j;
     let row = weight_row(task / 4u);
     if (row == NO_ROW) { return SliceValues(vec4<f32>(0.0), vec4<f32>(0.0)); }
     return slice_values(row * p.row_bytes, k0, task % 4u);
 }
 
-// A run of 4 values along K (depths k..k+3) of tile row r or tile column c into its tile.
+// A run of 4 values along K (depths k..k+3, k a multiple of 4) of tile row r or tile
+// column c into its tile.
 fn put_x(k: u32, r: u32, v: vec4<f32>) {
-    let q = k * (TILE_M / 4u) + r / 4u;
-    let step = TILE_M / 4u;
-    x_tile[q][r % 4u] = v.x;
-    x_tile[q + step][r % 4u] = v.y;
-    x_tile[q + 2u * step][r % 4u] = v.z;
-    x_tile[q + 3u * step][r % 4u] = v.w;
+    let q = r / 4u;
+    x_tile[x_slot(k, q)][r % 4u] = v.x;
+    x_tile[x_slot(k + 1u, q)][r % 4u] = v.y;
+    x_tile[x_slot(k + 2u, q)][r % 4u] = v.z;
+    x_tile[x_slot(k + 3u, q)][r % 4u] = v.w;
 }
 
 fn put_w(k: u32, c: u32, v: vec4<f32>) {
-    let q = k * (TILE_N / 4u) + c / 4u;
-    let step = TILE_N / 4u;
-    w_tile[q][c % 4u] = v.x;
-    w_tile[q + step][c % 4u] = v.y;
-    w_tile[q + 2u * step][c % 4u] = v.z;
-    w_tile[q + 3u * step][c % 4u] = v.w;
+    let q = c / 4u;
+    w_tile[w_slot(k, q)][c % 4u] = v.x;
+    w_tile[w_slot(k + 1u, q)][c % 4u] = v.y;
+    w_tile[w_slot(k + 2u, q)][c % 4u] = v.z;
+    w_tile[w_slot(k + 3u, q)][c % 4u] = v.w;
 }
 
 fn stash_w(j: u32, v: SliceValues) {
-    let task = lid + WG * j;
+    let task = lid + TILE_WG * j;
     put_w(4u * (task % 4u), task / 4u, v.lo);
     put_w(16u + 4u * (task % 4u), task / 4u, v.hi);
 }
 
 fn stash() {
     let k = 4u * (lid % 8u);
-    put_x(k, lid / 8u, x_next0);
-    put_x(k, lid / 8u + 32u, x_next1);
-    if (TILE_M == 128u) {
-        put_x(k, lid / 8u + 64u, x_next2);
-        put_x(k, lid / 8u + 96u, x_next3);
+    put_x(k, x_row(0u), x_next0);
+    put_x(k, x_row(1u), x_next1);
+    if (x_runs() == 4u) {
+        put_x(k, x_row(2u), x_next2);
+        put_x(k, x_row(3u), x_next3);
     }
     stash_w(0u, w_next0);
-    if (TILE_N == 128u) { stash_w(1u, w_next1); }
+    if (w_tasks() == 2u) { stash_w(1u, w_next1); }
 }
 
 fn multiply() {
     for (var k = 0u; k < SLICE; k = k + 1u) {
-        let a = x_tile[k * (TILE_M / 4u) + ty];
-        let b = w_tile[k * (TILE_N / 4u) + tx];
+        let a = x_tile[x_slot(k, ty)];
+        let b = w_tile[w_slot(k, tx)];
         acc00 = fma(vec4<f32>(a.x), b, acc00);
         acc10 = fma(vec4<f32>(a.y), b, acc10);
         acc20 = fma(vec4<f32>(a.z), b, acc20);
         acc30 = fma(vec4<f32>(a.w), b, acc30);
         var b_hi = vec4<f32>(0.0);
         if (TILE_N == 128u) {
-            b_hi = w_tile[k * (TILE_N / 4u) + tx + SIDE];
+            b_hi = w_tile[w_slot(k, tx + TILE_X)];
             acc01 = fma(vec4<f32>(a.x), b_hi, acc01);
             acc11 = fma(vec4<f32>(a.y), b_hi, acc11);
             acc21 = fma(vec4<f32>(a.z), b_hi, acc21);
             acc31 = fma(vec4<f32>(a.w), b_hi, acc31);
         }
         if (TILE_M == 128u) {
-            let a_hi = x_tile[k * (TILE_M / 4u) + ty + SIDE];
+            let a_hi = x_tile[x_slot(k, ty + TILE_Y)];
             acc40 = fma(vec4<f32>(a_hi.x), b, acc40);
             acc50 = fma(vec4<f32>(a_hi.y), b, acc50);
             acc60 = fma(vec4<f32>(a_hi.z), b, acc60);
@@ -758,27 +789,27 @@ fn store_row(r: u32, lo: vec4<f32>, hi: vec4<f32>, scale: f32) {
     let m = m0 + r;
     if (m >= p.M) { return; }
     store_quad(m, tx, lo, scale);
-    if (TILE_N == 128u) { store_quad(m, tx + SIDE, hi, scale); }
+    if (TILE_N == 128u) { store_quad(m, tx + TILE_X, hi, scale); }
 }
 
 fn finish() {
-    // 1 / rms of rows 4 ty..4 ty + 3 and 64 + 4 ty..
+    // 1 / rms of rows 4 ty..4 ty + 3 and 4 (ty + TILE_Y)..
     var scale_lo = vec4<f32>(1.0);
     var scale_hi = vec4<f32>(1.0);
     if (NORM) {
         // The last multiply is done: x_tile takes each run's sum of squares at (depth
         // lid % 8, its row); a row's 8 depths add up to its total.
         workgroupBarrier();
-        for (var i = 0u; i < TILE_M / 32u; i = i + 1u) {
-            let r = lid / 8u + 32u * i;
-            x_tile[(lid % 8u) * (TILE_M / 4u) + r / 4u][r % 4u] = x_squares[i];
+        for (var i = 0u; i < x_runs(); i = i + 1u) {
+            let r = x_row(i);
+            x_tile[x_slot(lid % 8u, r / 4u)][r % 4u] = x_squares[i];
         }
         workgroupBarrier();
         var sum_lo = vec4<f32>(0.0);
         var sum_hi = vec4<f32>(0.0);
         for (var k = 0u; k < 8u; k = k + 1u) {
-            sum_lo = sum_lo + x_tile[k * (TILE_M / 4u) + ty];
-            if (TILE_M == 128u) { sum_hi = sum_hi + x_tile[k * (TILE_M / 4u) + ty + SIDE]; }
+            sum_lo = sum_lo + x_tile[x_slot(k, ty)];
+            if (TILE_M == 128u) { sum_hi = sum_hi + x_tile[x_slot(k, ty + TILE_Y)]; }
         }
         scale_lo = inverseSqrt(sum_lo / f32(p.K) + vec4<f32>(p.eps));
         scale_hi = inverseSqrt(sum_hi / f32(p.K) + vec4<f32>(p.eps));
@@ -789,19 +820,20 @@ fn finish() {
     store_row(r + 2u, acc20, acc21, scale_lo.z);
     store_row(r + 3u, acc30, acc31, scale_lo.w);
     if (TILE_M == 128u) {
-        store_row(r + 64u, acc40, acc41, scale_hi.x);
-        store_row(r + 65u, acc50, acc51, scale_hi.y);
-        store_row(r + 66u, acc60, acc61, scale_hi.z);
-        store_row(r + 67u, acc70, acc71, scale_hi.w);
+        let r_hi = 4u * (ty + TILE_Y);
+        store_row(r_hi, acc40, acc41, scale_hi.x);
+        store_row(r_hi + 1u, acc50, acc51, scale_hi.y);
+        store_row(r_hi + 2u, acc60, acc61, scale_hi.z);
+        store_row(r_hi + 3u, acc70, acc71, scale_hi.w);
     }
 }
 
-@compute @workgroup_size(WG)
+@compute @workgroup_size(TILE_WG)
 fn matmul_tiled(@builtin(workgroup_id) wid: vec3<u32>,
                 @builtin(local_invocation_id) lid3: vec3<u32>) {
     lid = lid3.x;
-    tx = lid % SIDE;
-    ty = lid / SIDE;
+    tx = lid % TILE_X;
+    ty = lid / TILE_X;
     m0 = wid.y * TILE_M;
     o0 = wid.x * select(TILE_N, TILE_N / 2u, EPILOGUE >= 2u);
     fetch(0u);

@@ -137,9 +137,15 @@ def _product_cases(shapes, types=None):
 #: instead of once per row (on lavapipe too: 2-15x faster there for 64 to 512 rows). A
 #: first guess for GPUs, to be measured there.
 TILED_MIN_ROWS = 32
-#: (TILE_M, TILE_N) of `matmul_tiled`: rows of x and rows of W a workgroup multiplies, each
-#: 64 or 128 (a thread's outputs: TILE_M / 16 x TILE_N / 16; GLUs: half the W rows are up
-#: rows, so TILE_N / 2 outputs wide). The one place that picks the shape.
+#: The (TILE_M, TILE_N) that `matmul_tiled` takes: rows of x and rows of W a workgroup
+#: multiplies, 32, 64 or 128 each but not 32 with 128. A thread takes 4 x 4 outputs (a quad
+#: of rows by a quad of columns), two quads along a 128-wide side; the kernel derives its
+#: threads from the shape (min(TILE_M / 4, 16) x min(TILE_N / 4, 16): 64 for 32 x 32, 128
+#: for 32 x 64, 256 from 64 x 64). GLUs: half the W rows are up rows, so a tile is
+#: TILE_N / 2 outputs wide.
+TILE_SHAPES = ((32, 32), (32, 64), (64, 32), (64, 64), (64, 128), (128, 64), (128, 128))
+#: The shape `matmul_tiled` uses (one of TILE_SHAPES): the one place that picks it. Tiles
+#: of 32 give a small model's products more workgroups, to fill a large GPU.
 TILED_SHAPE = (64, 64)
 
 
@@ -167,6 +173,8 @@ def record_product(ctx, x, w, n, qtype, k, *, gain=None, residual=None, eps=0.0,
                  "NORM": int(gain is not None), "EPILOGUE": epilogue}
     tensors = [x, w, out, state, x if gain is None else gain, x if residual is None else residual]
     if takes_tiled(m, lanes, merge):
+        if tuple(TILED_SHAPE) not in TILE_SHAPES:
+            raise ValueError(f"TILED_SHAPE must be one of {TILE_SHAPES}, not {TILED_SHAPE}")
         tile_m, tile_n = TILED_SHAPE
         outputs = tile_n // 2 if epilogue >= 2 else tile_n  # columns of y a workgroup
         ctx.dispatch(KERNEL, "matmul_tiled", tensors, params,

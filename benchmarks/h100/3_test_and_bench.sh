@@ -17,5 +17,5 @@ for b in cuda webgpu; do
 done
 /tmp/lcpp/llama.cpp/build/bin/llama-bench -m $M -ngl 99 -p 512 -n 128 -d 0,512 -r 5 2>&1 | tail -6
 # prompts replayed as graphs against recorded anew, on the same model
-timeout 120 python3 benchmarks/h100/prompt_graphs.py $M cuda 2>&1 | grep round
+for b in cuda webgpu; do timeout 120 python3 benchmarks/h100/prompt_graphs.py $M $b 2>&1 | grep round; done
 timeout 60 python3 -m pxvm generate --model $M --backend cuda --chat "What is the capital of France?" --max-tokens 32 2>&1 | tail -3

@@ -15,7 +15,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 import pxvm
 from pxvm.backends.webgpu import WebGPUContext
-from pxvm.ops import quant_types, quantized
+from pxvm.ops import quant_types, quantized, tuning
 from pxvm.runtime.errors import ShapeError
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "llm"))
@@ -167,6 +167,24 @@ def test_matmul_quant_tiled_in_every_tile_shape(qtype, shape, rng, gpu_device, e
     got = pxvm.ops.matmul_quant(x, w, qtype=qtype, k=k, backend="gpu").numpy()
     assert entries == ["matmul_tiled"]
     assert nmse(got, pxvm.ops.matmul_quant.reference(x, w, qtype=qtype, k=k)) <= NMSE_LONG / 50
+
+
+def test_a_tuned_tile_shape_is_the_one_dispatched(rng, gpu_device, monkeypatch):
+    # `pxvm tune`'s choice (forced here as the tuner does) wins over TILED_SHAPE.
+    seen = []
+    dispatch = WebGPUContext.dispatch
+
+    def spy(self, kernel, entry, tensors, params, groups, constants=None):
+        seen.append((entry, constants.get("TILE_M"), constants.get("TILE_N"), groups))
+        return dispatch(self, kernel, entry, tensors, params, groups, constants)
+
+    monkeypatch.setattr(WebGPUContext, "dispatch", spy)
+    x = rng.standard_normal((40, 96)).astype(np.float32)
+    w = _weight(3, 70, 96, rng)
+    with tuning.forcing(quantized.TILED_TUNED, (32, 64)):
+        got = pxvm.ops.matmul_quant(x, w, qtype=3, k=96, backend="gpu").numpy()
+    assert seen == [("matmul_tiled", 32, 64, (2, 2, 1))]
+    assert nmse(got, pxvm.ops.matmul_quant.reference(x, w, qtype=3, k=96)) <= NMSE_LONG / 50
 
 
 @pytest.mark.parametrize("shape", [(32, 128), (128, 32), (16, 64), (96, 64)],

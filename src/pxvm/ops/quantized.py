@@ -133,9 +133,8 @@ def _product_cases(shapes, types=None):
 
 
 #: From this many rows of x (a prompt's), WebGPU products take matmul_quant.wgsl's
-#: `matmul_tiled`, which dequantizes each weight block once per tile of TILED_SHAPE[0] rows
-#: instead of once per row (on lavapipe too: 2-15x faster there for 64 to 512 rows). A
-#: first guess for GPUs, to be measured there.
+#: `matmul_tiled`, which dequantizes each weight block once per tile of rows instead of
+#: once per row (on lavapipe too: 2-15x faster there for 64 to 512 rows).
 TILED_MIN_ROWS = 32
 #: The (TILE_M, TILE_N) that `matmul_tiled` takes: rows of x and rows of W a workgroup
 #: multiplies, 32, 64 or 128 each but not 32 with 128. A thread takes 4 x 4 outputs (a quad
@@ -144,9 +143,20 @@ TILED_MIN_ROWS = 32
 #: for 32 x 64, 256 from 64 x 64). GLUs: half the W rows are up rows, so a tile is
 #: TILE_N / 2 outputs wide.
 TILE_SHAPES = ((32, 32), (32, 64), (64, 32), (64, 64), (64, 128), (128, 64), (128, 128))
-#: The shape `matmul_tiled` uses (one of TILE_SHAPES): the one place that picks it. Tiles
-#: of 32 give a small model's products more workgroups, to fill a large GPU.
+#: The shape `matmul_tiled` uses (one of TILE_SHAPES) where `pxvm tune` has not chosen
+#: one for the device (TILED_TUNED): the fastest on the H100 for SmolLM2's prompts
+#: (benchmarks/h100/prefill_ab.py, BENCHMARKS.md), though smaller tiles would give a small
+#: model's products more workgroups.
 TILED_SHAPE = (64, 64)
+TILED_TUNED = "matmul_quant.tiled.shape"
+
+
+def tiled_shape(ctx) -> tuple[int, int]:
+    """(TILE_M, TILE_N) of `matmul_tiled` on this device: as tuned, else TILED_SHAPE."""
+    shape = tuning.choice(ctx.backend, TILED_TUNED) or tuple(TILED_SHAPE)
+    if shape not in TILE_SHAPES:
+        raise ValueError(f"TILED_SHAPE must be one of {TILE_SHAPES}, not {shape}")
+    return shape
 
 
 def takes_tiled(m: int, lanes=None, merge=None) -> bool:
@@ -173,9 +183,7 @@ def record_product(ctx, x, w, n, qtype, k, *, gain=None, residual=None, eps=0.0,
                  "NORM": int(gain is not None), "EPILOGUE": epilogue}
     tensors = [x, w, out, state, x if gain is None else gain, x if residual is None else residual]
     if takes_tiled(m, lanes, merge):
-        if tuple(TILED_SHAPE) not in TILE_SHAPES:
-            raise ValueError(f"TILED_SHAPE must be one of {TILE_SHAPES}, not {TILED_SHAPE}")
-        tile_m, tile_n = TILED_SHAPE
+        tile_m, tile_n = tiled_shape(ctx)
         outputs = tile_n // 2 if epilogue >= 2 else tile_n  # columns of y a workgroup
         ctx.dispatch(KERNEL, "matmul_tiled", tensors, params,
                      (-(-n // outputs), -(-m // tile_m), 1),
@@ -469,6 +477,9 @@ def embedding_quant(ids, w, qtype=3, k=0, first_row=0, *, backend="auto"):
 
 for _name, _what, _shapes in LANES_TUNED:
     tuning.tunable(_name, _what, (1, 4, 8, 16, 32, 64, 128), ("webgpu",), _product_cases(_shapes))
+tuning.tunable(TILED_TUNED, "rows of x by rows of W a workgroup of a prompt's product "
+               "multiplies (matmul_tiled)", TILE_SHAPES, ("webgpu",),
+               _product_cases(((512, 1536, 576), (512, 576, 1536), (128, 4096, 4096))))
 for _code in ptx_quantized.SWEPT:
     _type = GGMLQuantizationType(_code)
     tuning.tunable(

@@ -12,6 +12,7 @@ import pytest
 
 from pxvm import backends
 from pxvm.backends import cpu as cpu_backend
+from pxvm.backends.webgpu import WebGPUContext
 from pxvm.ops import tuning
 from pxvm.runtime import cuda as cuda_runtime
 from pxvm.runtime import webgpu
@@ -86,6 +87,35 @@ def cuda_device():
     if reason is not None:
         pytest.skip(f"no CUDA here: {reason}")
     return backends.get_backend("cuda")
+
+
+def record_dispatches(monkeypatch, describe) -> list:
+    """A list that gets describe(kernel, entry, constants, groups) of every WebGPU dispatch
+    recorded from now on, where it is not None."""
+    seen = []
+    record = WebGPUContext.dispatch
+
+    def dispatch(self, kernel, entry, tensors, params, groups, constants=None):
+        item = describe(kernel, entry, constants or {}, groups)
+        if item is not None:
+            seen.append(item)
+        return record(self, kernel, entry, tensors, params, groups, constants)
+
+    monkeypatch.setattr(WebGPUContext, "dispatch", dispatch)
+    return seen
+
+
+@pytest.fixture
+def dispatched(monkeypatch):
+    """The (kernel file, entry point) of every WebGPU dispatch the test records."""
+    return record_dispatches(monkeypatch, lambda kernel, entry, *_: (kernel, entry))
+
+
+@pytest.fixture
+def product_entries(monkeypatch):
+    """The entry points of matmul_quant.wgsl (the quantized products) the test dispatches."""
+    return record_dispatches(
+        monkeypatch, lambda kernel, entry, *_: entry if kernel == "matmul_quant.wgsl" else None)
 
 
 @pytest.fixture

@@ -10,11 +10,10 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
-from conftest import NMSE_LONG, nmse
+from conftest import NMSE_LONG, nmse, record_dispatches
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 import pxvm
-from pxvm.backends.webgpu import WebGPUContext
 from pxvm.ops import quant_types, quantized, tuning
 from pxvm.runtime.errors import ShapeError
 
@@ -124,23 +123,8 @@ def test_matmul_quant_backends(qtype, m, rng, gpu_device):
         assert nmse(got, expected) <= NMSE_LONG / 50, (backend, lanes)
 
 
-@pytest.fixture
-def entries(monkeypatch):
-    """The entry points of matmul_quant.wgsl dispatched during the test, in order."""
-    seen = []
-    dispatch = WebGPUContext.dispatch
-
-    def spy(self, kernel, entry, *args, **kwargs):
-        if kernel == quantized.KERNEL:
-            seen.append(entry)
-        return dispatch(self, kernel, entry, *args, **kwargs)
-
-    monkeypatch.setattr(WebGPUContext, "dispatch", spy)
-    return seen
-
-
 @pytest.mark.parametrize("qtype", TYPES, ids=IDS)
-def test_matmul_quant_of_many_rows_is_tiled(qtype, rng, gpu_device, entries):
+def test_matmul_quant_of_many_rows_is_tiled(qtype, rng, gpu_device, product_entries):
     # A prompt's rows take matmul_tiled: M = 37 and N = 50 fill neither a 64-row nor a
     # 64-column tile; K spans several 32-value slices (float rows: K = 75 ends mid-slice).
     m, n = 37, 50
@@ -148,7 +132,7 @@ def test_matmul_quant_of_many_rows_is_tiled(qtype, rng, gpu_device, entries):
     w = _weight(qtype, n, k, rng)
     x = rng.standard_normal((m, k)).astype(np.float32)
     got = pxvm.ops.matmul_quant(x, w, qtype=qtype, k=k, backend="gpu").numpy()
-    assert entries == ["matmul_tiled"]
+    assert product_entries == ["matmul_tiled"]
     expected = pxvm.ops.matmul_quant.reference(x, w, qtype=qtype, k=k)
     assert got.shape == (m, n)
     assert nmse(got, expected) <= NMSE_LONG / 50
@@ -156,7 +140,7 @@ def test_matmul_quant_of_many_rows_is_tiled(qtype, rng, gpu_device, entries):
 
 @pytest.mark.parametrize("shape", quantized.TILE_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("qtype", [3, 14], ids=["Q4_1", "Q6_K"])
-def test_matmul_quant_tiled_in_every_tile_shape(qtype, shape, rng, gpu_device, entries,
+def test_matmul_quant_tiled_in_every_tile_shape(qtype, shape, rng, gpu_device, product_entries,
                                                 monkeypatch):
     # Each TILED_SHAPE (the kernel's threads vary with it) on M and N one past a whole
     # number of tiles of every width.
@@ -165,20 +149,14 @@ def test_matmul_quant_tiled_in_every_tile_shape(qtype, shape, rng, gpu_device, e
     w = _weight(qtype, n, k, rng)
     x = rng.standard_normal((m, k)).astype(np.float32)
     got = pxvm.ops.matmul_quant(x, w, qtype=qtype, k=k, backend="gpu").numpy()
-    assert entries == ["matmul_tiled"]
+    assert product_entries == ["matmul_tiled"]
     assert nmse(got, pxvm.ops.matmul_quant.reference(x, w, qtype=qtype, k=k)) <= NMSE_LONG / 50
 
 
 def test_a_tuned_tile_shape_is_the_one_dispatched(rng, gpu_device, monkeypatch):
     # `pxvm tune`'s choice (forced here as the tuner does) wins over TILED_SHAPE.
-    seen = []
-    dispatch = WebGPUContext.dispatch
-
-    def spy(self, kernel, entry, tensors, params, groups, constants=None):
-        seen.append((entry, constants.get("TILE_M"), constants.get("TILE_N"), groups))
-        return dispatch(self, kernel, entry, tensors, params, groups, constants)
-
-    monkeypatch.setattr(WebGPUContext, "dispatch", spy)
+    seen = record_dispatches(monkeypatch, lambda kernel, entry, constants, groups: (
+        entry, constants.get("TILE_M"), constants.get("TILE_N"), groups))
     x = rng.standard_normal((40, 96)).astype(np.float32)
     w = _weight(3, 70, 96, rng)
     with tuning.forcing(quantized.TILED_TUNED, (32, 64)):
@@ -196,17 +174,17 @@ def test_matmul_quant_tiled_rejects_other_tile_shapes(shape, rng, gpu_device, mo
         pxvm.ops.matmul_quant(x, _weight(3, 8, 96, rng), qtype=3, k=96, backend="gpu")
 
 
-def test_matmul_quant_takes_the_tiled_kernel_from_its_row_threshold(rng, gpu_device, entries):
+def test_matmul_quant_takes_the_tiled_kernel_from_its_row_threshold(rng, gpu_device, product_entries):
     # Fewer rows than TILED_MIN_ROWS, or a `lanes` asked for, take the row kernel.
     rows = quantized.TILED_MIN_ROWS
     k = 96
     w = _weight(3, 40, k, rng)
     for m, lanes, entry in ((rows - 1, None, "matmul"), (rows, None, "matmul_tiled"),
                             (65, None, "matmul_tiled"), (65, 1, "matmul")):
-        entries.clear()
+        product_entries.clear()
         x = rng.standard_normal((m, k)).astype(np.float32)
         got = pxvm.ops.matmul_quant(x, w, qtype=3, k=k, lanes=lanes, backend="gpu").numpy()
-        assert entries == [entry], (m, lanes)
+        assert product_entries == [entry], (m, lanes)
         expected = pxvm.ops.matmul_quant.reference(x, w, qtype=3, k=k)
         assert nmse(got, expected) <= NMSE_LONG / 50, (m, lanes)
 

@@ -17,7 +17,6 @@ import pytest
 from conftest import NMSE_ELEMENTWISE, assert_close
 
 import pxvm
-from pxvm.backends.webgpu import WebGPUContext
 from pxvm.batch import Graph
 from pxvm.ops import quantized, transformer
 from pxvm.ops.transformer import attention_cached, attention_cached_matmul_quant_add
@@ -171,20 +170,6 @@ def _entries(kernels, bound, tokens, head_dim, ring=False):
     if kernels == "tiled" and transformer.prompt_tiled_takes(tokens, head_dim, ring):
         return [APPEND, TILED]
     return [SPLIT] if transformer.cached_key_ranges(bound)[0] == 1 else [SPLIT, COMBINE]
-
-
-@pytest.fixture
-def dispatched(monkeypatch):
-    """The (kernel file, entry point) of every WebGPU dispatch the test records."""
-    entries = []
-    record = WebGPUContext.dispatch
-
-    def dispatch(self, kernel, entry, *args, **kwargs):
-        entries.append((kernel, entry))
-        return record(self, kernel, entry, *args, **kwargs)
-
-    monkeypatch.setattr(WebGPUContext, "dispatch", dispatch)
-    return entries
 
 
 @pytest.fixture(params=["one range", "ranges", "tiled"])

@@ -14,7 +14,6 @@ import pytest
 from conftest import NMSE_ELEMENTWISE, assert_close
 
 import pxvm
-from pxvm.backends.webgpu import WebGPUContext
 from pxvm.ops import quantized, transformer
 from pxvm.runtime import ShapeError
 
@@ -130,41 +129,26 @@ def test_fused_product_one_row_over_several_workgroups(name, lanes, rng, gpu_dev
     assert_close(got, expected, TOLERANCE)
 
 
-@pytest.fixture
-def entries(monkeypatch):
-    """The entry points of matmul_quant.wgsl dispatched during the test, in order."""
-    seen = []
-    dispatch = WebGPUContext.dispatch
-
-    def spy(self, kernel, entry, *args, **kwargs):
-        if kernel == quantized.KERNEL:
-            seen.append(entry)
-        return dispatch(self, kernel, entry, *args, **kwargs)
-
-    monkeypatch.setattr(WebGPUContext, "dispatch", spy)
-    return seen
-
-
 @pytest.mark.parametrize("qtype", QTYPES, ids=QTYPE_IDS)
 @pytest.mark.parametrize("name", FUSED)
 def test_fused_product_of_many_rows_is_tiled_and_matches_float64(name, qtype, rng, gpu_device,
-                                                                 entries):
+                                                                 product_entries):
     # A prompt's rows (37: no whole 64-row tile) take matmul_tiled with the norm, the
     # residual or SwiGLU fused in; 50 outputs fill no whole tile either.
     args, params, expected = _case(name, rng, qtype, m=37, n=50)
     got = pxvm.ops.REGISTRY[name](*args, backend="gpu", **params).numpy()
-    assert entries == ["matmul_tiled"]
+    assert product_entries == ["matmul_tiled"]
     assert got.shape == (37, 50)
     assert_close(got, expected, TOLERANCE)
 
 
 @pytest.mark.parametrize("qtype", [3, 8, 14, 0], ids=["Q4_1", "Q8_0", "Q6_K", "F32"])
 def test_rmsnorm_glu_quant_tiled_with_gelu_matches_float64_geglu(qtype, rng, gpu_device,
-                                                                  entries):
+                                                                  product_entries):
     args, params, expected = _case("rmsnorm_glu_quant", rng, qtype, m=40, n=37,
                                    activation="gelu_tanh")
     got = transformer.rmsnorm_glu_quant(*args, backend="gpu", **params).numpy()
-    assert entries == ["matmul_tiled"]
+    assert product_entries == ["matmul_tiled"]
     assert_close(got, expected, TOLERANCE)
 
 
@@ -172,24 +156,24 @@ def test_rmsnorm_glu_quant_tiled_with_gelu_matches_float64_geglu(qtype, rng, gpu
 @pytest.mark.parametrize("name,qtype", [("rmsnorm_glu_quant", 12), ("matmul_quant_add", 7),
                                         ("rmsnorm_matmul_quant", 2)],
                          ids=["glu-Q4_K", "add-Q5_1", "norm-Q4_0"])
-def test_fused_product_tiled_in_every_tile_shape(name, qtype, shape, rng, gpu_device, entries,
+def test_fused_product_tiled_in_every_tile_shape(name, qtype, shape, rng, gpu_device, product_entries,
                                                  monkeypatch):
     # M one past a whole number of tiles of every height; N = 70 outputs end inside a tile
     # of every width (a GLU tile is half as many outputs wide as its W rows: 16 to 64).
     monkeypatch.setattr(quantized, "TILED_SHAPE", shape)
     args, params, expected = _case(name, rng, qtype, m=129, n=70)
     got = pxvm.ops.REGISTRY[name](*args, backend="gpu", **params).numpy()
-    assert entries == ["matmul_tiled"]
+    assert product_entries == ["matmul_tiled"]
     assert_close(got, expected, TOLERANCE)
 
 
-def test_fused_product_tiled_equals_the_row_kernel(rng, gpu_device, entries):
+def test_fused_product_tiled_equals_the_row_kernel(rng, gpu_device, product_entries):
     # The same rows through both kernels (an explicit `lanes` keeps the row kernel): the
     # same sums in another order.
     (x, gain, w), params, _ = _case("rmsnorm_glu_quant", rng, 12, m=33, n=37)
     tiled = transformer.rmsnorm_glu_quant(x, gain, w, backend="gpu", **params).numpy()
     rows = transformer.rmsnorm_glu_quant(x, gain, w, lanes=8, backend="gpu", **params).numpy()
-    assert entries == ["matmul_tiled", "matmul"]
+    assert product_entries == ["matmul_tiled", "matmul"]
     assert_close(tiled, rows, REORDERED)
 
 

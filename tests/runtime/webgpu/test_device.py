@@ -12,7 +12,7 @@ from pxvm.backends import WebGPUBackend, webgpu_backend
 from pxvm.runtime.errors import BindingTooLargeError, DeviceLostError, ShaderCompileError
 from pxvm.runtime.webgpu import Device, NativeCalls, PortableCalls
 from pxvm.runtime.webgpu import device as device_module
-from pxvm.runtime.webgpu.shaders import declared_bindings
+from pxvm.runtime.webgpu.shaders import UNCHECKED_KERNELS, declared_bindings
 
 
 def test_buffer_over_the_binding_limit_names_both_sizes(gpu_device):
@@ -51,6 +51,50 @@ def test_shader_compile_error_names_kernel_and_line(gpu_device, monkeypatch):
         gpu_device.pipeline("broken_for_test.wgsl", "main", {"BOGUS": 1})
     text = str(info.value)
     assert "broken_for_test.wgsl" in text and "undefined_name" in text and ":3:" in text
+
+
+def test_a_compile_error_without_runtime_checks_names_kernel_and_line(gpu_device,
+                                                                     monkeypatch):
+    # The unchecked path (wgpu-native's trusted modules) reports errors as the checked one.
+    source = "@group(0) @binding(0) var<storage, read_write> x: array<f32>;\n\n" \
+             "@compute @workgroup_size(1) fn main() { x[0] = undefined_name; }\n"
+    monkeypatch.setattr(device_module, "load_wgsl", lambda name: source)
+    monkeypatch.setattr(device_module, "declared_bindings", lambda name: ((0, "storage"),))
+    monkeypatch.setattr(device_module, "UNCHECKED_KERNELS", {"broken_for_test.wgsl"})
+    monkeypatch.setattr(gpu_device, "calls", NativeCalls())
+    with pytest.raises(ShaderCompileError) as info:
+        gpu_device.pipeline("broken_for_test.wgsl", "main", {"BOGUS": 2})
+    assert "undefined_name" in str(info.value) and ":3:" in str(info.value)
+
+
+def test_kernels_compiled_with_and_without_runtime_checks_agree(gpu_device, rng,
+                                                                 monkeypatch):
+    # The products' kernels are compiled unchecked (shaders.UNCHECKED_KERNELS) through
+    # wgpu-native's calls, checked through wgpu-py's or with PXVM_SHADER_CHECKS=1; every
+    # way gives the same bits.
+    made = []
+    a = rng.standard_normal((70, 45)).astype(np.float32)
+    b = rng.standard_normal((45, 33)).astype(np.float32)
+    results = []
+    for calls, env in ((NativeCalls(), None), (NativeCalls(), "1"), (PortableCalls(), None)):
+        if env is None:
+            monkeypatch.delenv("PXVM_SHADER_CHECKS", raising=False)
+        else:
+            monkeypatch.setenv("PXVM_SHADER_CHECKS", env)
+        create = calls.create_shader_module
+        monkeypatch.setattr(calls, "create_shader_module", lambda device, label, code, checks,
+                            create=create: made.append((label, checks)) or create(
+                                device, label, code, checks))
+        monkeypatch.setattr(gpu_device, "calls", calls)
+        gpu_device.forget_pipelines()
+        results.append(pxvm.ops.matmul(a, b, kernel="blocked", backend="gpu").numpy())
+    gpu_device.forget_pipelines()
+    assert made and made[0][0] in UNCHECKED_KERNELS, made
+    # asked for: unchecked, checked (the variable), unchecked (wgpu-py compiles it checked)
+    assert [checks for label, checks in made if label == made[0][0]] == [False, True, False]
+    np.testing.assert_array_equal(results[0], results[1])
+    np.testing.assert_array_equal(results[0], results[2])
+    np.testing.assert_allclose(results[0], a @ b, rtol=1e-4, atol=1e-4)
 
 
 def test_lost_device_raises_clear_error_on_every_later_call(gpu_device, rng):

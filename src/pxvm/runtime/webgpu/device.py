@@ -20,7 +20,7 @@ from .adapters import AdapterDescription, choose_adapter, import_wgpu
 from .memory import Allocation, BufferPool
 from .native import PortableCalls, choose_calls
 from .recorder import CapturingRecorder, ProfilingRecorder, Recorder, Staged
-from .shaders import declared_bindings, load_wgsl
+from .shaders import UNCHECKED_KERNELS, declared_bindings, load_wgsl
 
 log = logging.getLogger("pxvm.runtime")
 
@@ -231,7 +231,9 @@ class Device:
             raise ShaderCompileError(
                 f"kernel {kernel} needs shader-f16, which {self.name} does not offer")
         try:
-            module = self.device.create_shader_module(label=kernel, code=source)
+            checks = (kernel not in UNCHECKED_KERNELS
+                      or os.environ.get("PXVM_SHADER_CHECKS") == "1")
+            module = self.calls.create_shader_module(self.device, kernel, source, checks)
             layout = self.bind_group_layout(kernel)
             pipe = self.device.create_compute_pipeline(
                 label=f"{kernel}:{entry}",

@@ -11,6 +11,10 @@ the measurements):
 - creating a bind group: wgpu-py builds and checks each entry's struct in Python, which
   cost a recorded prompt about as much as all its other host work (a prompt's buffers
   are new, so its bind groups are too);
+- compiling a kernel without naga's runtime checks (bounds checks on every array access,
+  a counter in every loop), which wgpu-py's API always asks for: the products and
+  attention run much faster without them (shaders.UNCHECKED_KERNELS says which kernels
+  may, and why that is safe);
 - reading back: wgpu-py's map polls until *all* queued work is done, so reading step i
   with steps i+1.. queued behind it would drain the queue and idle the GPU while the
   host encodes the next step; submitting with an index and waiting for that index lets
@@ -34,6 +38,11 @@ class PortableCalls:
         """A bind group of buffer `entries` ({"binding", "resource": {"buffer", "offset",
         "size"}}) on wgpu device `device`."""
         return device.create_bind_group(layout=layout, entries=entries)
+
+    def create_shader_module(self, device, label: str, code: str, checks: bool = True):
+        """A shader module of WGSL `code`; without `checks`, compiled without naga's
+        runtime checks where these calls can (wgpu-py's API cannot: always checked)."""
+        return device.create_shader_module(label=label, code=code)
 
     def prepare(self, items: list) -> list:
         """Captured (Pipeline, bind group, (x, y, z)) items in the form `encode` takes."""
@@ -76,6 +85,7 @@ class NativeCalls(PortableCalls):
 
         self.ffi, self.lib, self.libf = _api.ffi, _api.lib, _api.libf
         self._bind_group_class = _api.GPUBindGroup  # releases its handle when collected
+        self._shader_module_class = _api.GPUShaderModule
         raw = _ffi.lib  # without wgpu-py's error checks: three calls per dispatch
         self._pass_calls = (raw.wgpuComputePassEncoderSetPipeline,
                             raw.wgpuComputePassEncoderSetBindGroup,
@@ -105,6 +115,23 @@ class NativeCalls(PortableCalls):
         # libf: wgpu-py's checked call, so a validation error raises as it would there
         handle = self.libf.wgpuDeviceCreateBindGroup(device._internal, descriptor)
         return self._bind_group_class("", handle, device)
+
+    def create_shader_module(self, device, label: str, code: str, checks: bool = True):
+        if checks:
+            return super().create_shader_module(device, label, code)
+        ffi, lib = self.ffi, self.lib
+        text, name = code.encode(), label.encode()
+        source = ffi.new("WGPUShaderSourceWGSL *")
+        source.chain.sType = lib.WGPUSType_ShaderSourceWGSL
+        code_chars = ffi.new("char[]", text)  # kept alive until the call returns
+        source.code.data, source.code.length = code_chars, len(text)
+        descriptor = ffi.new("WGPUShaderModuleDescriptor *")
+        descriptor.nextInChain = ffi.cast("WGPUChainedStruct *", source)
+        label_chars = ffi.new("char[]", name)
+        descriptor.label.data, descriptor.label.length = label_chars, len(name)
+        handle = self.libf.wgpuDeviceCreateShaderModuleTrusted(
+            device._internal, descriptor, lib.WGPUShaderRuntimeChecks_None)
+        return self._shader_module_class(label, handle, device)
 
     def prepare(self, items: list) -> list:
         return [(pipeline.pipeline._internal, group._internal, *groups)

@@ -11,6 +11,20 @@ import re
 from importlib import resources
 
 
+#: Kernels compiled without naga's runtime checks where the device's calls can
+#: (native.NativeCalls; `PXVM_SHADER_CHECKS=1` keeps them everywhere, for debugging a
+#: kernel). Naga bounds every array index and counts every loop's trips so that no WGSL
+#: can reach outside its buffers or spin forever; these kernels' indices come from shapes
+#: their ops check on the host and their loops from those shapes, and their tests run at
+#: odd shapes on poisoned buffers. Without the checks the products and attention run
+#: much faster (BENCHMARKS.md, issue 19). Kernels that index by data a user gives (the
+#: pxVM interpreter) keep them, as do browsers, which always check.
+UNCHECKED_KERNELS = frozenset({
+    "matmul_blocked.wgsl", "matmul_f16_half.wgsl", "matmul_quant.wgsl",
+    "attention_cached.wgsl", "attention_prompt.wgsl",
+})
+
+
 @functools.lru_cache(maxsize=None)
 def load_wgsl(filename: str) -> str:
     """Return the source of `pxvm/kernels/<filename>`."""

@@ -478,9 +478,8 @@ def embedding_quant(ids, w, qtype=3, k=0, first_row=0, *, backend="auto"):
 for _name, _what, _shapes in LANES_TUNED:
     tuning.tunable(_name, _what, (1, 4, 8, 16, 32, 64, 128), ("webgpu",), _product_cases(_shapes))
 # Cases: the products of a 512-token prompt of the default model (SmolLM2: QKV's 960 rows,
-# the GLU's 3072, the down projection's K = 1536). A plain 1536-row product instead of the
-# GLU's favoured 64x32 on the H100, which is slower than 64x64 for SmolLM2's prompts
-# (BENCHMARKS.md).
+# the GLU's 3072, the down projection's K = 1536). With a plain 1536-row product in place
+# of the GLU, the H100 chose 64x32, slower than 64x64 for SmolLM2's prompts (BENCHMARKS.md).
 tuning.tunable(TILED_TUNED, "rows of x by rows of W a workgroup of a prompt's product "
                "multiplies (matmul_tiled)", TILE_SHAPES, ("webgpu",),
                _product_cases(((512, 960, 576), (512, 3072, 576), (512, 576, 1536))))

@@ -1,5 +1,5 @@
-"""The wgpu calls on the hot paths (a decoding step's encoding, a prompt's bind groups),
-behind one adapter with two implementations.
+"""The wgpu calls on the hot paths (a decoding step's encoding, a prompt's bind groups,
+compiling the heavy kernels), behind one adapter with two implementations.
 
 `PortableCalls` uses wgpu-py's public API and works with any wgpu-py backend.
 `NativeCalls` calls wgpu-native's C functions directly, which wgpu-py runs on today;

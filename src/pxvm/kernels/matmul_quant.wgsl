@@ -451,11 +451,11 @@ fn embed(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) li
 // multiply-adds per two vec4 reads. K advances SLICE values at a time: one block of the
 // 32-value formats, an eighth of a K super-block. x's slice (times `gain` for NORM) and
 // W's are stored depth-major, so a thread reads its 4 rows or 4 columns at one depth as
-// one vec4. The next slice is
-// fetched (and dequantized) into registers before the current one is multiplied, so its
-// loads are in flight during the arithmetic; one buffer of each tile and two barriers a
-// slice keep a 128 x 128 tile within 32 KiB of workgroup memory (D3D12's and lavapipe's
-// limit; tiles of 32 and 64 stay within the 16 KiB that browsers guarantee). GLU
+// one vec4. The next slice is fetched (and dequantized) into registers before the
+// current one is multiplied, so its loads are in flight during the arithmetic; one
+// buffer of each tile and two barriers a slice keep a 128 x 128 tile within 32 KiB of
+// workgroup memory (D3D12's and lavapipe's limit; tiles of 32 and 64 stay within the
+// 16 KiB that browsers guarantee). GLU
 // epilogues: the tile's columns are gate and up rows in alternating pairs
 // (gate o, o + 1, up o, o + 1), so a thread's vec4 holds both halves of two outputs and
 // the tile is TILE_N / 2 outputs wide. NORM: each thread sums the squares of the x values

@@ -1,6 +1,7 @@
 """Module constants set by name for a benchmark's variants: `name:module.CONST=value,..`
-(module a key of the modules given, the value converted to the constant's type, a
-tuple of ints written `64x32`; a variant without settings is the code as it is)."""
+(module a key of the modules given, the value converted to the constant's type: a
+tuple of ints written `64x32`, a bool True or False; a variant without settings is the
+code as it is)."""
 import importlib
 
 
@@ -20,6 +21,11 @@ class Variants:
             module = importlib.import_module(self.modules[short])
             self.originals.setdefault((module, const), getattr(module, const))
             current = getattr(module, const)
-            setattr(module, const, tuple(int(v) for v in value.split("x"))
-                    if isinstance(current, tuple) else type(current)(value))
+            if isinstance(current, tuple):
+                value = tuple(int(v) for v in value.split("x"))
+            elif isinstance(current, bool):
+                value = {"True": True, "False": False}[value]
+            else:
+                value = type(current)(value)
+            setattr(module, const, value)
         return name

@@ -64,10 +64,10 @@ def test_binds_to_loopback_by_default(served):
     assert inspect.signature(serve).parameters["host"].default.default == "127.0.0.1"
 
 
-def test_serves_page_and_the_package_kernels_byte_for_byte(served):
+def test_serves_page_and_the_package_kernels_as_the_runtime_loads_them(served):
     status, body = request(served, "GET", "/")
     assert status == 200 and b'src="/static/app.js"' in body
-    for name in ("elementwise.wgsl", "pxvm_interpreter.wgsl"):
+    for name in ("elementwise.wgsl", "pxvm_interpreter.wgsl", "matmul_quant_subgroups.wgsl"):
         status, body = request(served, "GET", f"/kernels/{name}")
         assert status == 200 and body.decode() == load_wgsl(name)
     status, body = request(served, "GET", "/api/info")

@@ -23,6 +23,11 @@ from .quant_types import dequantize, quant_type
 from .registry import MissingKernelError, meta, op, require
 
 KERNEL = "matmul_quant.wgsl"
+#: matmul_quant.wgsl's row product with its lanes summed by subgroup shuffles: taken for
+#: products of more than one lane a column where the device has the subgroup feature,
+#: unless SUBGROUP_REDUCTION is False (benchmarks compare the two with it).
+SUBGROUP_KERNEL = "matmul_quant_subgroups.wgsl"
+SUBGROUP_REDUCTION = True
 #: Allowed `lanes` (threads per output column; None lets the op choose).
 LANE_CHOICES = (None, 1, 2, 4, 8, 16, 32, 64, 128, 256)
 #: The longest attention output (heads x head size) that a product merges from attention's
@@ -30,7 +35,7 @@ LANE_CHOICES = (None, 1, 2, 4, 8, 16, 32, 64, 128, 256)
 MAX_MERGED = 2048
 
 
-@kernel_params(KERNEL)
+@kernel_params(KERNEL, SUBGROUP_KERNEL)
 class MatmulQuantParams(KernelParams):
     M: u32
     N: u32
@@ -77,25 +82,26 @@ LANES_TUNED = (
 )
 
 
+#: Untuned threads per output column on GPUs (LANES_TUNED's order: a few rows, one row,
+#: one row of very many columns), each the fastest for its products in SmolLM2's
+#: decoding step on the H100 (benchmarks/h100/step_variants.py, BENCHMARKS.md).
+UNTUNED_LANES = (8, 64, 16)
+
+
 def _lanes(ctx, lanes, m, n):
     """Threads per output column: as tuned for this device (`pxvm tune`), else 1 on CPU
-    drivers (lavapipe), where the reduction's barriers cost more than the parallelism
-    gains; on GPUs, for several rows 8 (longer prompts take the tiled kernel:
+    drivers (lavapipe), where the reduction costs more than the parallelism gains; on
+    GPUs UNTUNED_LANES: for several rows 8 (longer prompts take the tiled kernel:
     takes_tiled); for one row (decoding) a decoded token is a chain of small dispatches,
     each as long as its longest thread: 64, or 16 for very many columns (an LM head fills
-    the GPU with columns alone). Each was the fastest for its product in SmolLM2's
-    decoding step on the H100 (benchmarks/h100/step_variants.py, BENCHMARKS.md)."""
+    the GPU with columns alone)."""
     if lanes:
         return int(lanes)
     situation = 0 if m > 1 else 2 if n >= WIDE_COLUMNS else 1
     tuned = tuning.choice(ctx.backend, LANES_TUNED[situation][0])
     if tuned is not None:
         return tuned
-    if ctx.is_software:
-        return 1
-    if m > 1:
-        return 8
-    return 16 if n >= WIDE_COLUMNS else 64
+    return 1 if ctx.is_software else UNTUNED_LANES[situation]
 
 
 def _random_weight(rng, n: int, k: int, qtype: GGMLQuantizationType) -> np.ndarray:
@@ -194,7 +200,10 @@ def record_product(ctx, x, w, n, qtype, k, *, gain=None, residual=None, eps=0.0,
     constants.update(LANES=lanes, ATTENTION_PARTS=int(merge is not None))
     if merge is not None:
         constants.update(partials.constants())
-    ctx.dispatch(KERNEL, "matmul", tensors, params,
+    kernel, entry = KERNEL, "matmul"
+    if lanes > 1 and SUBGROUP_REDUCTION and ctx.has("subgroup"):
+        kernel, entry = SUBGROUP_KERNEL, "matmul_subgroup"
+    ctx.dispatch(kernel, entry, tensors, params,
                  ((n + rows_per_wg - 1) // rows_per_wg, m, 1), constants)
     return out
 

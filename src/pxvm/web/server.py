@@ -25,6 +25,7 @@ from .. import __version__
 from ..backends import webgpu_backend
 from ..ops import REGISTRY
 from ..runtime.errors import PxvmError, shortened
+from ..runtime.webgpu import load_wgsl
 from ..vm import ProgramError, load_pxi
 from ..vm.io import ImageTooLarge, read_png_header
 from . import cases, plans
@@ -131,8 +132,9 @@ class PxvmRequestHandler(BoundedHandler):
             head, rest = seg[0], seg[1:]
             if head == "static" and len(rest) == 1:
                 return self._file(static_files(), rest[0])
-            if head == "kernels" and len(rest) == 1:
-                return self._file(kernel_files(), rest[0])
+            if head == "kernels" and len(rest) == 1 and rest[0] in kernel_files():
+                # as the runtime compiles it: a variant file after the file it extends
+                return self._send(200, load_wgsl(rest[0]).encode(), CONTENT_TYPES[".wgsl"])
             if head == "examples" and len(rest) == 1:
                 return self._file(example_files(), rest[0])
             if head == "api":

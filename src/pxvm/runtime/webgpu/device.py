@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -20,10 +21,15 @@ from .adapters import AdapterDescription, choose_adapter, import_wgpu
 from .memory import Allocation, BufferPool
 from .native import PortableCalls, choose_calls
 from .recorder import CapturingRecorder, ProfilingRecorder, Recorder, Staged
-from .shaders import UNCHECKED_KERNELS, declared_bindings, load_wgsl
+from .shaders import UNCHECKED_KERNELS, declared_bindings, enables, load_wgsl
 
 log = logging.getLogger("pxvm.runtime")
 
+#: The device feature each WGSL extension of an `enable` directive needs.
+EXTENSION_FEATURES = {"f16": "shader-f16", "subgroups": "subgroup"}
+#: Enable directives naga (wgpu 0.32) rejects although browsers require them: naga
+#: compiles subgroup operations without it where the device has the feature.
+UNPARSED_ENABLE = re.compile(r"^enable subgroups;\n", re.MULTILINE)
 #: Features used when the adapter offers them; code checks `Device.has(...)` before use.
 WANTED_FEATURES = ("shader-f16", "timestamp-query", "timestamp-query-inside-passes", "subgroup")
 #: Limits requested at the adapter's own maximum.
@@ -227,9 +233,12 @@ class Device:
         if found is not None:
             return found
         source = load_wgsl(kernel)
-        if "enable f16;" in source and not self.has("shader-f16"):
-            raise ShaderCompileError(
-                f"kernel {kernel} needs shader-f16, which {self.name} does not offer")
+        for extension in enables(source):
+            feature = EXTENSION_FEATURES.get(extension, extension)
+            if not self.has(feature):
+                raise ShaderCompileError(
+                    f"kernel {kernel} needs {feature}, which {self.name} does not offer")
+        source = UNPARSED_ENABLE.sub("", source)
         try:
             checks = (kernel not in UNCHECKED_KERNELS
                       or os.environ.get("PXVM_SHADER_CHECKS") == "1")

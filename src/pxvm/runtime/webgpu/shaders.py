@@ -21,14 +21,37 @@ from importlib import resources
 #: pxVM interpreter) keep them, as do browsers, which always check.
 UNCHECKED_KERNELS = frozenset({
     "matmul_blocked.wgsl", "matmul_f16_half.wgsl", "matmul_quant.wgsl",
+    "matmul_quant_subgroups.wgsl",
     "attention_cached.wgsl", "attention_prompt.wgsl",
 })
 
 
+#: A kernel file's first line naming the file it extends: WGSL has no imports, so a
+#: variant that needs a feature the base must not (a subgroup reduction: the module would
+#: not compile without the feature) is a file of its own entry points, loaded after the
+#: base's text and sharing its functions, bindings and Params.
+EXTENDS = re.compile(r"\A// extends (\w+\.wgsl)\n")
+#: WGSL enable directives, which must precede every declaration of a module.
+ENABLE = re.compile(r"^enable [\w, ]+;\n", re.MULTILINE)
+
+
 @functools.lru_cache(maxsize=None)
 def load_wgsl(filename: str) -> str:
-    """Return the source of `pxvm/kernels/<filename>`."""
-    return resources.files("pxvm.kernels").joinpath(filename).read_text(encoding="utf-8")
+    """Return the source of `pxvm/kernels/<filename>`; for a file that extends another
+    (EXTENDS), the base's text then its own, the enable directives of both first."""
+    text = resources.files("pxvm.kernels").joinpath(filename).read_text(encoding="utf-8")
+    base = EXTENDS.match(text)
+    if base is None:
+        return text
+    parts = [load_wgsl(base.group(1)), text[base.end():]]
+    directives = [d for part in parts for d in ENABLE.findall(part)]
+    return "".join(dict.fromkeys(directives)) + "".join(ENABLE.sub("", part) for part in parts)
+
+
+def enables(source: str) -> list[str]:
+    """The extensions a module's enable directives name, e.g. ["f16", "subgroups"]."""
+    return [name.strip() for d in ENABLE.findall(source)
+            for name in d[len("enable "):-2].split(",")]
 
 
 def kernel_files() -> list[str]:

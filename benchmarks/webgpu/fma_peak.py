@@ -1,0 +1,84 @@
+"""The multiply-add rate WGSL reaches on this device, per arithmetic type: the ceiling a
+matmul kernel of that type works under (what limits matmul_f16's f16 products against
+its float32 ones, BENCHMARKS.md, issue 19). Each thread runs CHAINS independent
+multiply-add chains of one vector type over a fixed number of steps, its results
+stored so that nothing is optimised away; GPU time from timestamp queries around one
+dispatch, median of 7 after a warm-up. Raw wgpu, not pxvm: it measures the device.
+Usage: python benchmarks/webgpu/fma_peak.py [WORKGROUPS]"""
+import statistics
+import sys
+
+import numpy as np
+import wgpu
+
+STEPS = 4096
+CHAINS = 8
+WORKGROUPS = int(sys.argv[1]) if len(sys.argv) > 1 else 132 * 64  # 64 a multiprocessor of an H100
+WG = 256
+TYPES = {  # name: (WGSL type, scalar lanes, needs f16)
+    "f32": ("f32", 1, False), "vec4<f32>": ("vec4<f32>", 4, False),
+    "f16": ("f16", 1, True), "vec2<f16>": ("vec2<f16>", 2, True),
+    "vec4<f16>": ("vec4<f16>", 4, True),
+}
+
+
+def source(wgsl_type: str, half: bool) -> str:
+    chains = "\n".join(f"    var a{i} = {wgsl_type}(x + {i}.0);" for i in range(CHAINS))
+    steps = "\n".join(f"        a{i} = fma(a{i}, m, c);" for i in range(CHAINS))
+    total = " + ".join(f"a{i}" for i in range(CHAINS))
+    return f"""{"enable f16;" if half else ""}
+@group(0) @binding(0) var<storage, read_write> out: array<f32>;
+@compute @workgroup_size({WG})
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
+    let x = {"f16" if half else "f32"}(gid.x & 7u);
+    let m = {wgsl_type}(0.999);
+    let c = {wgsl_type}(0.001);
+{chains}
+    for (var s = 0u; s < {STEPS}u; s = s + 1u) {{
+{steps}
+    }}
+    let t = {total};
+    out[gid.x] = f32(dot(vec4<f32>(1.0), vec4<f32>(f32({"t" if "vec" not in wgsl_type else "t.x"}))));
+}}
+"""
+
+
+def main() -> None:
+    adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
+    features = [f for f in ("shader-f16", "timestamp-query") if f in adapter.features]
+    device = adapter.request_device_sync(required_features=features)
+    print(adapter.info["device"], adapter.info.get("driver_description", ""), features)
+    out = device.create_buffer(size=WORKGROUPS * WG * 4, usage=wgpu.BufferUsage.STORAGE)
+    query = device.create_query_set(type="timestamp", count=2)
+    resolved = device.create_buffer(size=16, usage=wgpu.BufferUsage.QUERY_RESOLVE
+                                    | wgpu.BufferUsage.COPY_SRC)
+    for name, (wgsl_type, lanes, half) in TYPES.items():
+        if half and "shader-f16" not in features:
+            print(f"{name}: skipped, no shader-f16")
+            continue
+        module = device.create_shader_module(code=source(wgsl_type, half))
+        pipeline = device.create_compute_pipeline(
+            layout="auto", compute={"module": module, "entry_point": "main"})
+        group = device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=[
+            {"binding": 0, "resource": {"buffer": out}}])
+        seconds = []
+        for _ in range(8):
+            encoder = device.create_command_encoder()
+            compute = encoder.begin_compute_pass(timestamp_writes={
+                "query_set": query, "beginning_of_pass_write_index": 0,
+                "end_of_pass_write_index": 1})
+            compute.set_pipeline(pipeline)
+            compute.set_bind_group(0, group)
+            compute.dispatch_workgroups(WORKGROUPS)
+            compute.end()
+            encoder.resolve_query_set(query, 0, 2, resolved, 0)
+            device.queue.submit([encoder.finish()])
+            begin, end = np.frombuffer(device.queue.read_buffer(resolved), np.uint64)
+            seconds.append((int(end) - int(begin)) * 1e-9)
+        t = statistics.median(seconds[1:])
+        flops = 2 * WORKGROUPS * WG * STEPS * CHAINS * lanes
+        print(f"{name:10s} {flops / t / 1e12:7.1f} TFLOP/s ({t * 1e3:.2f} ms)")
+
+
+if __name__ == "__main__":
+    main()

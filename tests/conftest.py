@@ -13,7 +13,7 @@ import pytest
 from pxvm import backends
 from pxvm.backends import cpu as cpu_backend
 from pxvm.backends.webgpu import WebGPUContext
-from pxvm.ops import quantized, tuning
+from pxvm.ops import tuning
 from pxvm.runtime import cuda as cuda_runtime
 from pxvm.runtime import webgpu
 from pxvm.runtime.webgpu import device as device_module
@@ -119,21 +119,16 @@ def product_entries(monkeypatch):
         "matmul_quant.wgsl", "matmul_quant_subgroups.wgsl") else None)
 
 
-@pytest.fixture(params=["subgroup", "workgroup"])
-def row_reduction(request, monkeypatch, gpu_device):
-    """Runs a test twice: quantized row products summing a column's threads by subgroup
-    shuffles (skipped where the device has no subgroups), then by workgroup barriers;
-    the value names the kernel file those products take."""
-    subgroups = request.param == "subgroup"
-    if subgroups and not gpu_device.has("subgroup"):
+@pytest.fixture(params=["subgroups", "no subgroups"])
+def subgroups(request, monkeypatch, gpu_device) -> bool:
+    """Runs a test twice: with WGSL ops taking their subgroup variants (skipped where the
+    device has no subgroups), then with the portable kernels; the value says which."""
+    wanted = request.param == "subgroups"
+    if wanted and not gpu_device.has("subgroup"):
         pytest.skip(f"{gpu_device.name} has no subgroups")
-    monkeypatch.setattr(quantized, "SUBGROUP_REDUCTION", subgroups)
-    return quantized.SUBGROUP_KERNEL if subgroups else quantized.KERNEL
+    monkeypatch.setattr(tuning, "SUBGROUP_KERNELS", wanted)
+    return wanted
 
-
-#: The quantized product's row kernel: `matmul`, or `matmul_subgroup` where the device
-#: has subgroups and a column has several threads.
-ROW_PRODUCT_ENTRIES = ("matmul", "matmul_subgroup")
 
 
 @pytest.fixture

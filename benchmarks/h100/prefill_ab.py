@@ -20,7 +20,8 @@ from pxvm.llm.model import load_model
 from pxvm.llm.prompts import PromptGraphs
 
 MODULES = {"transformer": "pxvm.ops.transformer", "model": "pxvm.llm.model",
-           "quantized": "pxvm.ops.quantized", "matmul": "pxvm.ops.matmul"}
+           "quantized": "pxvm.ops.quantized", "matmul": "pxvm.ops.matmul",
+           "tuning": "pxvm.ops.tuning"}
 ROUNDS = 2
 TOKENS = 512
 

@@ -19,7 +19,8 @@ from pxvm.llm.generate import benchmark
 POSITIONS = [0, 64, 128, 200, 255, 300, 640, 2000, 4000]
 ROUNDS = 3
 MODULES = {"transformer": "pxvm.ops.transformer", "model": "pxvm.llm.model",
-           "decode": "pxvm.llm.decode", "quantized": "pxvm.ops.quantized"}
+           "decode": "pxvm.llm.decode", "quantized": "pxvm.ops.quantized",
+           "tuning": "pxvm.ops.tuning"}
 
 path, label, specs = sys.argv[1], sys.argv[2], sys.argv[3:] or ["base"]
 step = RecordedStep(path, for_position=0)

@@ -10,7 +10,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
-from conftest import NMSE_LONG, ROW_PRODUCT_ENTRIES, nmse, record_dispatches
+from conftest import NMSE_LONG, nmse, record_dispatches
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 import pxvm
@@ -110,7 +110,7 @@ def test_quantization_error_within_one_step(qtype, rng):
 
 @pytest.mark.parametrize("qtype", TYPES, ids=IDS)
 @pytest.mark.parametrize("m", [1, 7])
-def test_matmul_quant_backends(qtype, m, rng, gpu_device, row_reduction, dispatched):
+def test_matmul_quant_backends(qtype, m, rng, gpu_device, subgroups, dispatched):
     n, k = 33, (512 if qtype in K_TYPES else 96)
     w = _weight(qtype, n, k, rng)
     x = rng.standard_normal((m, k)).astype(np.float32)
@@ -125,23 +125,24 @@ def test_matmul_quant_backends(qtype, m, rng, gpu_device, row_reduction, dispatc
         assert got.shape == (m, n)
         assert nmse(got, expected) <= NMSE_LONG / 50, (backend, lanes)
         if lanes and lanes > 1:
-            assert [kernel for kernel, _ in dispatched] == [row_reduction]
+            assert [kernel for kernel, _ in dispatched] == [
+                quantized.SUBGROUP_KERNEL if subgroups else quantized.KERNEL]
 
 
-@pytest.mark.parametrize("features,lanes,reduction,kernel,entry", [
-    (("subgroup",), 4, True, "matmul_quant_subgroups.wgsl", "matmul_subgroup"),
-    (("subgroup",), 1, True, "matmul_quant.wgsl", "matmul"),    # nothing to sum
-    (("subgroup",), 4, False, "matmul_quant.wgsl", "matmul"),
-    ((), 4, True, "matmul_quant.wgsl", "matmul"),                # the browser page's plans
+@pytest.mark.parametrize("features,lanes,variants,kernel", [
+    (("subgroup",), 4, True, "matmul_quant_subgroups.wgsl"),
+    (("subgroup",), 1, True, "matmul_quant.wgsl"),    # nothing to sum
+    (("subgroup",), 4, False, "matmul_quant.wgsl"),
+    ((), 4, True, "matmul_quant.wgsl"),                # the browser page's plans
 ])
-def test_row_products_sum_by_subgroups_where_granted(features, lanes, reduction, kernel, entry,
-                                                     rng, monkeypatch):
-    monkeypatch.setattr(quantized, "SUBGROUP_REDUCTION", reduction)
+def test_row_products_sum_by_subgroups_where_granted(features, lanes, variants, kernel, rng,
+                                                     monkeypatch):
+    monkeypatch.setattr(tuning, "SUBGROUP_KERNELS", variants)
     x = rng.standard_normal((1, 64)).astype(np.float32)
     w = _weight(8, 16, 64, rng)
     [dispatch] = record_op(pxvm.ops.matmul_quant, [x, w], {"qtype": 8, "k": 64,
                                                            "lanes": lanes}, features)["dispatches"]
-    assert (dispatch["kernel"], dispatch["entry"]) == (kernel, entry)
+    assert (dispatch["kernel"], dispatch["entry"]) == (kernel, "matmul")
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=IDS)
@@ -200,13 +201,12 @@ def test_matmul_quant_takes_the_tiled_kernel_from_its_row_threshold(rng, gpu_dev
     rows = quantized.TILED_MIN_ROWS
     k = 96
     w = _weight(3, 40, k, rng)
-    row, tiled = ROW_PRODUCT_ENTRIES, ("matmul_tiled",)
-    for m, lanes, entries in ((rows - 1, None, row), (rows, None, tiled),
-                              (65, None, tiled), (65, 1, ("matmul",))):
+    for m, lanes, entry in ((rows - 1, None, "matmul"), (rows, None, "matmul_tiled"),
+                            (65, None, "matmul_tiled"), (65, 1, "matmul")):
         product_entries.clear()
         x = rng.standard_normal((m, k)).astype(np.float32)
         got = pxvm.ops.matmul_quant(x, w, qtype=3, k=k, lanes=lanes, backend="gpu").numpy()
-        assert len(product_entries) == 1 and product_entries[0] in entries, (m, lanes)
+        assert product_entries == [entry], (m, lanes)
         expected = pxvm.ops.matmul_quant.reference(x, w, qtype=3, k=k)
         assert nmse(got, expected) <= NMSE_LONG / 50, (m, lanes)
 

@@ -161,15 +161,17 @@ def _ranges_taken(kernels, bound):
     assert (n_ranges == 1) == (kernels == "one range" or one_chunk), (kernels, bound, n_ranges)
 
 
-SPLIT, COMBINE = ("attention_cached.wgsl", "split"), ("attention_cached.wgsl", "combine")
 APPEND, TILED = ("attention_prompt.wgsl", "append"), ("attention_prompt.wgsl", "tiled")
 
 
-def _entries(kernels, bound, tokens, head_dim, ring=False):
-    """The (kernel file, entry point) dispatches `kernels` records for attention_cached."""
+def _entries(kernels, bound, tokens, head_dim, ring=False, subgroups=False):
+    """The (kernel file, entry point) dispatches `kernels` records for attention_cached,
+    `split` and `combine` in their subgroup variant where `subgroups`."""
     if kernels == "tiled" and transformer.prompt_tiled_takes(tokens, head_dim, ring):
         return [APPEND, TILED]
-    return [SPLIT] if transformer.cached_key_ranges(bound)[0] == 1 else [SPLIT, COMBINE]
+    cached = transformer.CACHED_SUBGROUP_KERNEL if subgroups else transformer.CACHED_KERNEL
+    split, combine = (cached, "split"), (cached, "combine")
+    return [split] if transformer.cached_key_ranges(bound)[0] == 1 else [split, combine]
 
 
 @pytest.fixture(params=["one range", "ranges", "tiled"])
@@ -187,13 +189,13 @@ PATH_CASES = [pytest.param(path, *case, id=f"{path}-{'-'.join(map(str, case))}")
 @pytest.mark.parametrize("kernels,hq,hkv,d,n_ctx,pos,s,max_keys", PATH_CASES)
 def test_attention_cached_gpu_matches_float64_and_appends_only_its_rows(
         kernels, hq, hkv, d, n_ctx, pos, s, max_keys, style, rng, gpu_device, monkeypatch,
-        dispatched):
+        dispatched, subgroups):
     _take(kernels, monkeypatch)
     _ranges_taken(kernels, max_keys or n_ctx)
     qkv, kc, vc = _case(rng, hq, hkv, d, n_ctx, s)
     state = _state(rng, pos, extra=(12345,))
     got = _run("gpu", qkv, kc, vc, state, n_heads=hq, style=style, max_keys=max_keys)
-    assert dispatched == _entries(kernels, max_keys or n_ctx, s, d)
+    assert dispatched == _entries(kernels, max_keys or n_ctx, s, d, subgroups=subgroups)
     _check(got, kc, vc, expected_step(qkv, kc, vc, pos, hq, style=style), pos, s)
     np.testing.assert_array_equal(got[3], state)  # the op only reads the state
 

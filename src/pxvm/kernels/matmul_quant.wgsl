@@ -389,6 +389,18 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l
     // they touch the row once), so the norm's reduction is the product's own tree.
     var acc = vec3<f32>(0.0);
     if (n < p.N) { acc = lane_dot(m, n, lane); }
+    let sums = column_sums(lid, lane, acc);
+    if (lane == 0u && n < p.N) {
+        var scale = 1.0;
+        if (NORM) { scale = inverseSqrt(sums.z / f32(p.K) + p.eps); }
+        store_output(m * p.N + n, sums.x * scale, sums.y, scale);
+    }
+}
+
+// The sums of `acc` (a lane's dot with W's row, with the up row, its x's sum of squares)
+// over each column's LANES threads, valid in the column's first lane: a tree of
+// workgroup barriers (matmul_quant_subgroups.wgsl replaces it by subgroup shuffles).
+fn column_sums(lid: u32, lane: u32, acc: vec3<f32>) -> vec3<f32> {
     partial[lid] = acc.x;
     partial_up[lid] = acc.y;
     squares[lid] = acc.z;
@@ -400,11 +412,7 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l
             if (NORM) { squares[lid] = squares[lid] + squares[lid + s]; }
         }
     }
-    if (lane == 0u && n < p.N) {
-        var scale = 1.0;
-        if (NORM) { scale = inverseSqrt(squares[lid] / f32(p.K) + p.eps); }
-        store_output(m * p.N + n, partial[lid] * scale, partial_up[lid], scale);
-    }
+    return vec3<f32>(partial[lid], partial_up[lid], squares[lid]);
 }
 
 // y[i] from its finished sum v (already times the norm's `scale`) and, for the GLUs, the

@@ -23,11 +23,9 @@ from .quant_types import dequantize, quant_type
 from .registry import MissingKernelError, meta, op, require
 
 KERNEL = "matmul_quant.wgsl"
-#: matmul_quant.wgsl's row product with its lanes summed by subgroup shuffles: taken for
-#: products of more than one lane a column where the device has the subgroup feature,
-#: unless SUBGROUP_REDUCTION is False (benchmarks compare the two with it).
+#: matmul_quant.wgsl with the row product's lanes summed by subgroup shuffles, for
+#: products of more than one lane a column (tuning.subgroup_variant).
 SUBGROUP_KERNEL = "matmul_quant_subgroups.wgsl"
-SUBGROUP_REDUCTION = True
 #: Allowed `lanes` (threads per output column; None lets the op choose).
 LANE_CHOICES = (None, 1, 2, 4, 8, 16, 32, 64, 128, 256)
 #: The longest attention output (heads x head size) that a product merges from attention's
@@ -200,10 +198,8 @@ def record_product(ctx, x, w, n, qtype, k, *, gain=None, residual=None, eps=0.0,
     constants.update(LANES=lanes, ATTENTION_PARTS=int(merge is not None))
     if merge is not None:
         constants.update(partials.constants())
-    kernel, entry = KERNEL, "matmul"
-    if lanes > 1 and SUBGROUP_REDUCTION and ctx.has("subgroup"):
-        kernel, entry = SUBGROUP_KERNEL, "matmul_subgroup"
-    ctx.dispatch(kernel, entry, tensors, params,
+    kernel = tuning.subgroup_variant(ctx, KERNEL, SUBGROUP_KERNEL) if lanes > 1 else KERNEL
+    ctx.dispatch(kernel, "matmul", tensors, params,
                  ((n + rows_per_wg - 1) // rows_per_wg, m, 1), constants)
     return out
 

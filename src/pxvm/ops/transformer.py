@@ -31,6 +31,7 @@ from ..kernels.ptx import elementwise as ptx_elementwise
 from ..kernels.ptx import rows as ptx_rows
 from ..kernels.ptx import transformer as ptx_transformer
 from ..runtime.webgpu.params import KernelParams, f32, kernel_params, u32
+from . import tuning
 from .attention import FLASH_SHAPE, MAX_HEAD_DIM, attention
 from .elementwise import add, gelu_tanh, silu
 from .layouts import AttentionPartials
@@ -252,6 +253,8 @@ def qk_norm(qkv, q_gain, k_gain, n_heads=1, n_kv_heads=1, eps=1e-6, *, backend="
 
 # ---- attention over a KV cache --------------------------------------------------------
 CACHED_KERNEL = "attention_cached.wgsl"
+#: attention_cached.wgsl with its reductions by subgroup operations (tuning.subgroup_variant)
+CACHED_SUBGROUP_KERNEL = "attention_cached_subgroups.wgsl"
 CACHED_CHUNK = 64  # keys per trip of attention_cached.wgsl's `split` (its CHUNK)
 # The keys a token may see are cut into at most CACHED_MAX_RANGES ranges, one workgroup
 # each per (token, head); their results are merged by `combine` or by the output
@@ -283,7 +286,7 @@ PROMPT_MAX_TILE_KEYS = 32   # keys a tile at most (its TILE_KEYS)
 PROMPT_WORKGROUP_BYTES = 16384
 
 
-@kernel_params(CACHED_KERNEL, PROMPT_KERNEL)
+@kernel_params(CACHED_KERNEL, CACHED_SUBGROUP_KERNEL, PROMPT_KERNEL)
 class CachedAttentionParams(KernelParams):
     s: u32          # new tokens (rows of qkv)
     hq: u32
@@ -431,12 +434,13 @@ def _attend(ctx, qkv, k_cache, v_cache, state, bound, n_heads, theta, style, sca
                                    float(softcap), int(window))
     constants = {"NEOX": int(style == "neox"), "RING": int(bound > n_ctx), "HEAD_DIM": d,
                  **partials.constants()}
-    ctx.dispatch(CACHED_KERNEL, "split", tensors, params, (n_ranges, n_heads, s), constants)
+    kernel = tuning.subgroup_variant(ctx, CACHED_KERNEL, CACHED_SUBGROUP_KERNEL)
+    ctx.dispatch(kernel, "split", tensors, params, (n_ranges, n_heads, s), constants)
     if n_ranges == 1:
         return out, None, None
 
     def combine():
-        ctx.dispatch(CACHED_KERNEL, "combine", tensors, params, (n_heads, s, 1), constants)
+        ctx.dispatch(kernel, "combine", tensors, params, (n_heads, s, 1), constants)
         return out
 
     return part, partials, combine

@@ -183,6 +183,18 @@ def forcing(name: str, value):
             stack[name] = saved
 
 
+#: Whether WGSL ops take their subgroup variants (kernel files extending theirs with
+#: subgroup operations) where the device has the subgroup feature; faster on the H100
+#: (BENCHMARKS.md, issue 19). Benchmarks compare with False.
+SUBGROUP_KERNELS = True
+
+
+def subgroup_variant(ctx, kernel: str, variant: str) -> str:
+    """`variant`, a kernel file extending `kernel` with subgroup operations, where the
+    device has subgroups (and SUBGROUP_KERNELS holds), else `kernel`."""
+    return variant if SUBGROUP_KERNELS and ctx.has("subgroup") else kernel
+
+
 def choice(backend: Backend, name: str):
     """The configuration tunable `name` takes on `backend`: forced, else measured, else
     None (the kernel's own rule)."""

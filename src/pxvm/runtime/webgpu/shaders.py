@@ -21,31 +21,58 @@ from importlib import resources
 #: pxVM interpreter) keep them, as do browsers, which always check.
 UNCHECKED_KERNELS = frozenset({
     "matmul_blocked.wgsl", "matmul_f16_half.wgsl", "matmul_quant.wgsl",
-    "matmul_quant_subgroups.wgsl",
-    "attention_cached.wgsl", "attention_prompt.wgsl",
+    "matmul_quant_subgroups.wgsl", "attention_cached.wgsl", "attention_cached_subgroups.wgsl",
+    "attention_prompt.wgsl",
 })
 
 
 #: A kernel file's first line naming the file it extends: WGSL has no imports, so a
-#: variant that needs a feature the base must not (a subgroup reduction: the module would
-#: not compile without the feature) is a file of its own entry points, loaded after the
-#: base's text and sharing its functions, bindings and Params.
+#: variant that needs a feature its base must not (subgroup operations: a module using
+#: them does not compile without the feature) is a file of functions that replace the
+#: base's of the same name, loaded with the base's text and sharing its entry points,
+#: bindings and Params.
 EXTENDS = re.compile(r"\A// extends (\w+\.wgsl)\n")
 #: WGSL enable directives, which must precede every declaration of a module.
 ENABLE = re.compile(r"^enable [\w, ]+;\n", re.MULTILINE)
+#: A function declaration at the start of a line (pxvm's kernels declare them so).
+FUNCTION = re.compile(r"^fn (\w+)\(", re.MULTILINE)
 
 
 @functools.lru_cache(maxsize=None)
 def load_wgsl(filename: str) -> str:
     """Return the source of `pxvm/kernels/<filename>`; for a file that extends another
-    (EXTENDS), the base's text then its own, the enable directives of both first."""
+    (EXTENDS), the base's text without the functions the file replaces, then the file's
+    own, the enable directives of both first."""
     text = resources.files("pxvm.kernels").joinpath(filename).read_text(encoding="utf-8")
     base = EXTENDS.match(text)
     if base is None:
         return text
-    parts = [load_wgsl(base.group(1)), text[base.end():]]
+    own = text[base.end():]
+    kept = load_wgsl(base.group(1))
+    for name in FUNCTION.findall(own):
+        kept = _without_function(kept, name)
+    parts = [kept, own]
     directives = [d for part in parts for d in ENABLE.findall(part)]
     return "".join(dict.fromkeys(directives)) + "".join(ENABLE.sub("", part) for part in parts)
+
+
+def _without_function(text: str, name: str) -> str:
+    """`text` without the declaration of function `name` (unchanged if it has none): from
+    `fn name(` to the brace closing its body, braces in comments skipped."""
+    found = re.search(rf"^fn {name}\(", text, re.MULTILINE)
+    if found is None:
+        return text
+    depth, i = 0, text.index("{", found.end())
+    while True:
+        if text.startswith("//", i):
+            i = text.index("\n", i)
+        elif text[i] == "{":
+            depth += 1
+        elif text[i] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[:found.start()] + text[i + 1:].removeprefix("\n")
+        i += 1
 
 
 def enables(source: str) -> list[str]:

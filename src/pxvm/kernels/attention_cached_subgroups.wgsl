@@ -12,10 +12,11 @@ fn reduce(lid: u32, x: f32, take_max: bool, size: u32) -> f32 {
     let v = select(select(0.0, EMPTY, take_max), x, lid < size);
     var r = 0.0;
     if (take_max) { r = subgroupMax(v); } else { r = subgroupAdd(v); }
-    if (lid % width == 0u) { scratch[lid / width] = r; }
+    let shift = countTrailingZeros(width);  // widths are powers of two
+    if ((lid & (width - 1u)) == 0u) { scratch[lid >> shift] = r; }
     workgroupBarrier();
     r = scratch[0];
-    for (var i = 1u; i < (size + width - 1u) / width; i = i + 1u) {
+    for (var i = 1u; i < ((size + width - 1u) >> shift); i = i + 1u) {
         if (take_max) { r = max(r, scratch[i]); } else { r = r + scratch[i]; }
     }
     workgroupBarrier();  // scratch is written again by the next reduction

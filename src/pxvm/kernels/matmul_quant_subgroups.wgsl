@@ -20,11 +20,12 @@ fn column_sums(lid: u32, lane: u32, acc: vec3<f32>) -> vec3<f32> {
         if (NORM) { sums.z = sums.z + subgroupShuffleXor(sums.z, o); }
     }
     // (the barrier outside the branch: `width` is uniform in a subgroup only)
-    if (LANES > width && lane % width == 0u) { subgroup_totals[lid / width] = sums; }
+    let shift = countTrailingZeros(width);  // widths are powers of two
+    if (LANES > width && (lane & (width - 1u)) == 0u) { subgroup_totals[lid >> shift] = sums; }
     workgroupBarrier();
     if (LANES > width && lane == 0u) {
-        for (var i = 1u; i < LANES / width; i = i + 1u) {
-            sums = sums + subgroup_totals[lid / width + i];
+        for (var i = 1u; i < (LANES >> shift); i = i + 1u) {
+            sums = sums + subgroup_totals[(lid >> shift) + i];
         }
     }
     return sums;

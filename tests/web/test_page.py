@@ -56,10 +56,15 @@ def test_page_runs_suite_programs_and_benchmarks(page_url):
             page = browser.new_page(viewport={"width": 1200, "height": 900})
             errors = []
             page.on("pageerror", lambda exc: errors.append(str(exc)))
+            kernels = _fetched_kernels(page)
             page.goto(page_url + "?bench=1&reps=3")
             summary = page.wait_for_selector("#suite-summary:not([data-state=running])", timeout=120_000)
             assert summary.get_attribute("data-state") == "done", summary.inner_text()
             assert page.get_attribute("#webgpu", "data-state") == "ok"
+            # SwiftShader grants subgroups (4 wide): the cases' plans take the subgroup
+            # variants, which the browser compiles with their `enable subgroups;`
+            assert "subgroups" in page.inner_text("#plan-features")
+            assert {"matmul_quant_subgroups.wgsl", "attention_cached_subgroups.wgsl"} <= kernels
 
             rows = page.query_selector_all("#suite-rows tr")
             assert len(rows) > 0
@@ -102,6 +107,36 @@ def test_page_runs_suite_programs_and_benchmarks(page_url):
                     shutil.copyfile(shot, docs)
             except Exception:
                 pass
+            browser.close()
+
+
+def _fetched_kernels(page) -> set[str]:
+    """The kernel files the page fetches from now on."""
+    names = set()
+    page.on("request", lambda r: names.add(r.url.rsplit("/", 1)[-1])
+            if "/kernels/" in r.url else None)
+    return names
+
+
+def test_page_declining_subgroups_runs_the_portable_kernels(page_url):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page()
+            kernels = _fetched_kernels(page)
+            page.goto(page_url + "?subgroups=0")
+            summary = page.wait_for_selector("#suite-summary:not([data-state=running])",
+                                             timeout=120_000)
+            assert summary.get_attribute("data-state") == "done", summary.inner_text()
+            assert "no optional features" in page.inner_text("#plan-features")
+            assert "matmul_quant.wgsl" in kernels
+            assert not [k for k in kernels if "subgroups" in k], kernels
+            failed = [r.inner_text() for r in page.query_selector_all("#suite-rows tr")
+                      if r.get_attribute("data-state") != "pass"]
+            assert not failed, "cases failing in the browser:\n" + "\n".join(failed)
+        finally:
             browser.close()
 
 

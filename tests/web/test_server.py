@@ -337,6 +337,10 @@ def raw_exchange(srv, data: bytes, half_close=True, timeout=30) -> tuple[int, di
      b"seed must be one integer"),
     (b"GET /api/program/random?seed=1&seed=2 HTTP/1.1\r\nHost: localhost\r\n\r\n", 400,
      b"got '1, 2'"),
+    (b"GET /api/case/add?features=shader-f64 HTTP/1.1\r\nHost: localhost\r\n\r\n", 400,
+     b"unknown plan features ['shader-f64']: a plan may use subgroups"),
+    (b"GET /api/case/add?features=subgroups&features=subgroups HTTP/1.1\r\nHost: localhost"
+     b"\r\n\r\n", 400, b"features must be one comma-separated list"),
     (b"GET /api/case/add--1 HTTP/1.1\r\nHost: localhost\r\n\r\n", 404,
      b"no conformance case 'add--1'"),
     (b"GET /api/case/add-999999999999 HTTP/1.1\r\nHost: localhost\r\n\r\n", 404,
@@ -358,6 +362,17 @@ def test_valid_seeds_and_case_ids_still_work(served):
     for path in ("/api/program/random?seed=4294967295", "/api/case/add?seed=0", "/api/case/add-1"):
         status, body = request(served, "GET", path)
         assert status == 200 and json.loads(body)["buffers"]
+
+
+def test_a_case_plan_uses_the_subgroup_variants_only_where_the_page_asks(served):
+    # a decoding product (one row of x): its columns' threads summed by subgroups or not
+    def kernels(query):
+        status, body = request(served, "GET", "/api/case/rmsnorm_matmul_quant" + query)
+        assert status == 200
+        return {d["kernel"] for d in json.loads(body)["dispatches"]}
+
+    assert kernels("?features=subgroups") == {"matmul_quant_subgroups.wgsl"}
+    assert kernels("") == kernels("?features=") == {"matmul_quant.wgsl"}
 
 
 def test_a_body_that_does_not_arrive_in_time_is_answered_400(served, monkeypatch):

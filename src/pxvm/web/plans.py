@@ -145,6 +145,22 @@ def record_op(op, inputs: list[np.ndarray], params: dict, features=()) -> dict:
     return ctx.device.plan(op.run(ctx.backend, ctx, tensors, params, shape))
 
 
+#: Optional WebGPU features a plan's kernels may use (the browser's names), each with the
+#: name the ops ask the device for (`ctx.has`, wgpu-native's): the page asks for plans with
+#: those its device was granted.
+BROWSER_FEATURES = {"subgroups": "subgroup"}
+
+
+def plan_features(names: list[str]) -> tuple[str, ...]:
+    """The ops' names of browser features `names` (BROWSER_FEATURES); ValueError names
+    any other."""
+    unknown = [n for n in names if n not in BROWSER_FEATURES]
+    if unknown:
+        raise ValueError(f"unknown plan features {unknown}: a plan may use "
+                         f"{', '.join(BROWSER_FEATURES)}")
+    return tuple(sorted({BROWSER_FEATURES[n] for n in names}))
+
+
 def case_ids(registry=REGISTRY) -> list[str]:
     """Every conformance case of the registered ops: "op" or "op-k" for the k-th extra one
     ('-' never occurs in op names, and unlike '#' survives in a URL)."""

@@ -161,6 +161,16 @@ class PxvmRequestHandler(BoundedHandler):
                              f"{shortened(', '.join(values))!r}")
         return int(text)
 
+    def _features(self, query) -> tuple[str, ...]:
+        """The plan features `features=a,b` asks for (plans.BROWSER_FEATURES)."""
+        values = query.get("features", [""])
+        if len(values) > 1 or len(values[-1]) > 200:
+            raise BadRequest("features must be one comma-separated list")
+        try:
+            return plans.plan_features([v for v in values[-1].split(",") if v])
+        except ValueError as exc:
+            raise BadRequest(shortened(str(exc))) from exc
+
     def _api_get(self, rest, query):
         route = "/".join(rest)
         if route == "info":
@@ -179,7 +189,8 @@ class PxvmRequestHandler(BoundedHandler):
         if len(rest) == 2 and rest[0] == "case":
             if rest[1] not in plans.case_ids(REGISTRY):
                 raise KeyError(f"no conformance case {rest[1]!r}; /api/info lists them")
-            return self._json(plans.conformance_plan(rest[1], self._seed(query)))
+            return self._json(plans.conformance_plan(rest[1], self._seed(query),
+                                                     self._features(query)))
         if len(rest) == 2 and rest[0] == "bench":
             if rest[1] == "native":
                 return self._json(self.server.native.measure())

@@ -27,6 +27,7 @@ const fmt = (x) => (x === 0 ? "0" : x < 1e-3 ? x.toExponential(2) : x.toPrecisio
 
 let gpu = null;
 let info = null;
+let planQuery = "";  // the device's plan features, asked of every case plan
 
 // ---- WebGPU status ---------------------------------------------------------------------
 async function showAdapter() {
@@ -43,6 +44,7 @@ async function showAdapter() {
     return false;
   }
   gpu = opened.gpu;
+  if (opened.planFeatures.length) planQuery = `?features=${opened.planFeatures.join(",")}`;
   const i = opened.info;
   const rows = [["vendor", i.vendor], ["architecture", i.architecture], ["device", i.device],
     ["description", i.description], ["fallback adapter", i.fallback]]
@@ -52,6 +54,7 @@ async function showAdapter() {
   box.replaceChildren(
     el("p", { class: "good" }, "WebGPU adapter found."),
     el("table", { class: "kv" }, ...rows.map(([k, v]) => el("tr", {}, el("th", {}, k), el("td", {}, String(v))))),
+    el("p", { id: "plan-features" }, `kernels use: ${opened.planFeatures.join(", ") || "no optional features"}`),
     el("details", {}, el("summary", {}, `limits (${limits.length}) and features (${opened.features.length})`),
       el("table", { class: "kv small" }, ...limits.map(([k, v]) => el("tr", {}, el("th", {}, k), el("td", {}, String(v))))),
       el("p", { class: "small" }, opened.features.join(", "))));
@@ -84,7 +87,7 @@ async function runSuite() {
     const cells = row.children;
     cells[5].textContent = "running";
     try {
-      const plan = await getJson(`/api/case/${encodeURIComponent(c.id)}`);
+      const plan = await getJson(`/api/case/${encodeURIComponent(c.id)}${planQuery}`);
       cells[1].textContent = plan.input_shapes.map((s) => `(${s.join(",")})`).join(" ");
       cells[2].textContent = plan.dispatches.length;
       cells[4].textContent = plan.exact ? "exact" : plan.threshold.toExponential(0);

@@ -47,6 +47,8 @@ const WANTED_LIMITS = [
   "maxComputeWorkgroupSizeX", "maxComputeWorkgroupSizeY", "maxComputeWorkgroupSizeZ",
 ];
 
+const PLAN_FEATURES = ["subgroups"];
+
 export async function openGpu() {
   if (!("gpu" in navigator)) {
     const why = window.isSecureContext
@@ -67,7 +69,11 @@ export async function openGpu() {
   for (const key of WANTED_LIMITS) {
     if (adapter.limits[key] !== undefined) requiredLimits[key] = adapter.limits[key];
   }
-  const device = await adapter.requestDevice({ requiredLimits });
+  // Features the ops' kernels use where granted (their browser names; pxvm/web/plans.py
+  // BROWSER_FEATURES): the page asks for plans that use them. `?subgroups=0` declines.
+  const declined = new URLSearchParams(location.search).get("subgroups") === "0";
+  const planFeatures = PLAN_FEATURES.filter((f) => adapter.features.has(f) && !declined);
+  const device = await adapter.requestDevice({ requiredLimits, requiredFeatures: planFeatures });
   const info = adapter.info || (adapter.requestAdapterInfo ? await adapter.requestAdapterInfo() : {});
   const limits = {};
   for (const key in adapter.limits) limits[key] = adapter.limits[key];
@@ -76,7 +82,7 @@ export async function openGpu() {
   return {
     gpu, info: { vendor: info.vendor, architecture: info.architecture, device: info.device,
       description: info.description, fallback: adapter.isFallbackAdapter ?? info.isFallbackAdapter },
-    limits, features: [...adapter.features].sort(),
+    limits, features: [...adapter.features].sort(), planFeatures,
   };
 }
 

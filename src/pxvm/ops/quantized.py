@@ -66,20 +66,17 @@ def infer_product(x, w, qtype=3, k=0, lanes=None):
 
 
 #: Products whose lanes `pxvm tune` chooses per device: (tunable, what it is for,
-#: benchmark chains (rows of x, values of x then of each product's output: _chain_cases)).
-#: The kernel's own rule (`_lanes`) holds until tuned. From TILED_MIN_ROWS rows products
-#: take the tiled kernel, which has no lanes: "prompt" is products of fewer rows than that.
-#: Decoding's products are timed in chains, as a step runs them: timed alone, each a
-#: dispatch of its own, they chose 16 lanes on the H100, which made decoding slower than
-#: the untuned 64 (BENCHMARKS.md).
+#: benchmark shapes (M, N, K)). The kernel's own rule (`_lanes`) holds until tuned. From
+#: TILED_MIN_ROWS rows products take the tiled kernel, which has no lanes: "prompt" is
+#: products of fewer rows than that.
 WIDE_COLUMNS = 16384
 LANES_TUNED = (
     ("matmul_quant.lanes.prompt", "threads per output column, products of a few rows",
-     ((16, (576, 1536)), (16, (1536, 576)))),
+     ((16, 1536, 576), (16, 576, 1536))),
     ("matmul_quant.lanes.decode", "threads per output column, one-row products",
-     ((1, (576, 1536, 576, 1536, 576, 1536, 576)), (1, (4096, 4096, 4096, 4096)))),
+     ((1, 1536, 576), (1, 576, 1536), (1, 4096, 4096))),
     ("matmul_quant.lanes.head", f"threads per output column, one row, >= {WIDE_COLUMNS} "
-     "columns (an LM head)", ((1, (576, 49152)),)),
+     "columns (an LM head)", ((1, 49152, 576),)),
 )
 
 
@@ -121,39 +118,20 @@ def _random_weight(rng, n: int, k: int, qtype: GGMLQuantizationType) -> np.ndarr
 
 
 def _product_cases(shapes, types=None):
-    """Benchmark cases of matmul_quant, x (M, K) @ W^T for W (N, K), for each (M, N, K) of
-    `shapes` (_chain_cases)."""
-    return _chain_cases([(m, (k, n)) for m, n, k in shapes], types)
-
-
-def _chain_cases(chains, types=None):
-    """Benchmark cases of matmul_quant: for each (m, dims) of `chains`, x (m, dims[0])
-    through weights of dims[i] -> dims[i + 1] values, each product the next one's x, as a
-    decoding step's products wait for each other; `types`, else a 4-bit weight (Q4_K where
-    every K allows, else Q4_0) and a Q8_0 one."""
+    """Benchmark cases of matmul_quant for `shapes`: `types`, else a 4-bit weight (Q4_K
+    where K allows, else Q4_0) and a Q8_0 one."""
     def cases(rng, backend) -> list[tuning.Case]:
         out = []
-        for m, dims in chains:
-            ks = dims[:-1]
-            four = (GGMLQuantizationType.Q4_K if all(k % 256 == 0 for k in ks)
-                    else GGMLQuantizationType.Q4_0)
+        for m, n, k in shapes:
+            four = GGMLQuantizationType.Q4_K if k % 256 == 0 else GGMLQuantizationType.Q4_0
             for qtype in types or (four, GGMLQuantizationType.Q8_0):
-                ws = [_random_weight(rng, n, k, qtype) for k, n in zip(ks, dims[1:])]
-                x = rng.standard_normal((m, dims[0]), np.float32)
-                expected = x
-                for w, k in zip(ws, ks):
-                    expected = matmul_quant.reference(expected, w, qtype=int(qtype), k=k)
-
-                def run(tx=backend.from_numpy(x), tws=[backend.from_numpy(w) for w in ws],
-                        q=int(qtype), ks=ks):
-                    t = tx
-                    for tw, k in zip(tws, ks):
-                        t = matmul_quant(t, tw, qtype=q, k=k)
-                    return t
-
-                label = (f"{qtype.name} {m}x{dims[0]} @ {dims[1]}x{dims[0]}^T" if len(dims) == 2
-                         else f"{qtype.name} {m}x{dims[0]} through {' -> '.join(map(str, dims))}")
-                out.append(tuning.Case(label, run, expected, 1e-5))
+                w = _random_weight(rng, n, k, qtype)
+                x = rng.standard_normal((m, k), np.float32)
+                tx, tw = backend.from_numpy(x), backend.from_numpy(w)
+                out.append(tuning.Case(
+                    f"{qtype.name} {m}x{k} @ {n}x{k}^T",
+                    lambda tx=tx, tw=tw, q=int(qtype), k=k: matmul_quant(tx, tw, qtype=q, k=k),
+                    matmul_quant.reference(x, w, qtype=int(qtype), k=k), 1e-5))
         return out
     return cases
 
@@ -502,8 +480,8 @@ def embedding_quant(ids, w, qtype=3, k=0, first_row=0, *, backend="auto"):
     return out
 
 
-for _name, _what, _chains in LANES_TUNED:
-    tuning.tunable(_name, _what, (1, 4, 8, 16, 32, 64, 128), ("webgpu",), _chain_cases(_chains))
+for _name, _what, _shapes in LANES_TUNED:
+    tuning.tunable(_name, _what, (1, 4, 8, 16, 32, 64, 128), ("webgpu",), _product_cases(_shapes))
 # Cases: the products of a 512-token prompt of the default model (SmolLM2: QKV's 960 rows,
 # the GLU's 3072, the down projection's K = 1536). With a plain 1536-row product in place
 # of the GLU, the H100 chose 64x32, slower than 64x64 for SmolLM2's prompts (BENCHMARKS.md).

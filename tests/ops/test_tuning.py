@@ -12,7 +12,7 @@ import pxvm
 from pxvm.backends import get_backend
 from pxvm.ops import tuning
 
-LANES = "matmul_quant.lanes.decode"
+LANES = "matmul_quant.lanes.prompt"
 
 
 def _write(backend, **fields):

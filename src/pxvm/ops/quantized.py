@@ -65,38 +65,31 @@ def infer_product(x, w, qtype=3, k=0, lanes=None):
     return meta((x.shape[0], w.shape[0]), np.float32)
 
 
-#: Products whose lanes `pxvm tune` chooses per device: (tunable, what it is for,
-#: benchmark shapes (M, N, K)). The kernel's own rule (`_lanes`) holds until tuned. From
-#: TILED_MIN_ROWS rows products take the tiled kernel, which has no lanes: "prompt" is
-#: products of fewer rows than that.
-WIDE_COLUMNS = 16384
-LANES_TUNED = (
-    ("matmul_quant.lanes.prompt", "threads per output column, products of a few rows",
-     ((16, 1536, 576), (16, 576, 1536))),
-    ("matmul_quant.lanes.decode", "threads per output column, one-row products",
-     ((1, 1536, 576), (1, 576, 1536), (1, 4096, 4096))),
-    ("matmul_quant.lanes.head", f"threads per output column, one row, >= {WIDE_COLUMNS} "
-     "columns (an LM head)", ((1, 49152, 576),)),
-)
-
-
-#: Untuned threads per output column on GPUs (LANES_TUNED's order: a few rows, one row,
-#: one row of very many columns), each the fastest for its products in SmolLM2's
-#: decoding step on the H100 (benchmarks/h100/step_variants.py, BENCHMARKS.md).
+#: Products of a few rows (fewer than TILED_MIN_ROWS: more take the tiled kernel, which
+#: has no lanes) take the lanes `pxvm tune` chooses per device for these shapes (M, N, K).
+LANES_TUNED = "matmul_quant.lanes.prompt"
+LANES_TUNED_SHAPES = ((16, 1536, 576), (16, 576, 1536))
+#: Threads per output column on GPUs, by situation: a few rows (until tuned), one row,
+#: one row of very many columns (an LM head). Decoding's two are not tuned: `pxvm tune`
+#: timed its products one by one and chose 16 and 4 on the H100, which decoded SmolLM2
+#: slower than these, even timed as chains of products; a step's fused norms, GLUs and
+#: attention merges and its context length decide them (BENCHMARKS.md, issue 19).
 UNTUNED_LANES = (8, 64, 16)
+WIDE_COLUMNS = 16384
 
 
 def _lanes(ctx, lanes, m, n):
-    """Threads per output column: as tuned for this device (`pxvm tune`), else 1 on CPU
-    drivers (lavapipe), where the reduction costs more than the parallelism gains; on
-    GPUs UNTUNED_LANES: for several rows 8 (longer prompts take the tiled kernel:
-    takes_tiled); for one row (decoding) a decoded token is a chain of small dispatches,
-    each as long as its longest thread: 64, or 16 for very many columns (an LM head fills
-    the GPU with columns alone)."""
+    """Threads per output column: `lanes` if given; 1 on CPU drivers (lavapipe), where
+    the reduction costs more than the parallelism gains; on GPUs for several rows as
+    tuned, else 8 (longer prompts take the tiled kernel: takes_tiled); for one row
+    (decoding: a chain of small dispatches, each as long as its longest thread) 64, or
+    16 for very many columns (an LM head fills the GPU with columns alone): each the
+    fastest for its products in SmolLM2's decoding step on the H100
+    (benchmarks/h100/step_variants.py and tree_ab.py, BENCHMARKS.md)."""
     if lanes:
         return int(lanes)
     situation = 0 if m > 1 else 2 if n >= WIDE_COLUMNS else 1
-    tuned = tuning.choice(ctx.backend, LANES_TUNED[situation][0])
+    tuned = tuning.choice(ctx.backend, LANES_TUNED) if situation == 0 else None
     if tuned is not None:
         return tuned
     return 1 if ctx.is_software else UNTUNED_LANES[situation]
@@ -480,8 +473,8 @@ def embedding_quant(ids, w, qtype=3, k=0, first_row=0, *, backend="auto"):
     return out
 
 
-for _name, _what, _shapes in LANES_TUNED:
-    tuning.tunable(_name, _what, (1, 4, 8, 16, 32, 64, 128), ("webgpu",), _product_cases(_shapes))
+tuning.tunable(LANES_TUNED, "threads per output column, products of a few rows",
+               (1, 4, 8, 16, 32, 64, 128), ("webgpu",), _product_cases(LANES_TUNED_SHAPES))
 # Cases: the products of a 512-token prompt of the default model (SmolLM2: QKV's 960 rows,
 # the GLU's 3072, the down projection's K = 1536). With a plain 1536-row product in place
 # of the GLU, the H100 chose 64x32, slower than 64x64 for SmolLM2's prompts (BENCHMARKS.md).

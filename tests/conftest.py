@@ -130,7 +130,6 @@ def subgroups(request, monkeypatch, gpu_device) -> bool:
     return wanted
 
 
-
 @pytest.fixture
 def rng(request):
     """A generator per test: fresh each run, reproducible with PXVM_TEST_SEED."""

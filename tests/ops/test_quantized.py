@@ -133,7 +133,7 @@ def test_matmul_quant_backends(qtype, m, rng, gpu_device, subgroups, dispatched)
     (("subgroup",), 4, True, "matmul_quant_subgroups.wgsl"),
     (("subgroup",), 1, True, "matmul_quant.wgsl"),    # nothing to sum
     (("subgroup",), 4, False, "matmul_quant.wgsl"),
-    ((), 4, True, "matmul_quant.wgsl"),                # the browser page's plans
+    ((), 4, True, "matmul_quant.wgsl"),                # a device without subgroups
 ])
 def test_row_products_sum_by_subgroups_where_granted(features, lanes, variants, kernel, rng,
                                                      monkeypatch):

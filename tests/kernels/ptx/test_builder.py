@@ -144,3 +144,21 @@ def test_a_register_cap_is_a_maxnreg_directive_between_parameters_and_body():
     capped = Kernel("capped", [("x", "u64")], max_registers=64)
     assert ")\n.maxnreg 64\n{" in module([capped], "sm_80")
     assert ".maxnreg" not in module([_kernel()], "sm_80")
+
+
+def test_bulk_copies_count_on_a_barrier_that_threads_wait_on_in_a_loop():
+    k = _kernel()
+    bar = k.op("mov.u32", k.shared("landed", "b64", 1, 8))
+    k.barrier_init(bar)
+    k.barrier_expect(bar, 256)
+    k.bulk_copy("%r9", "%rd9", 256, bar)
+    k.barrier_wait(bar, 1)
+    lines = [line.strip() for line in k.lines[1:]]
+    assert lines[:4] == ["mbarrier.init.shared::cta.b64 [%r1], 1;",
+                         "fence.mbarrier_init.release.cluster;",
+                         "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%r1], 256;",
+                         "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes "
+                         "[%r9], [%rd9], 256, [%r1];"]
+    # a try_wait that fails (it may time out) tries again
+    assert lines[4:] == ["L1:", "mbarrier.try_wait.parity.shared::cta.b64 %p1, [%r1], 1;",
+                         "@!%p1 bra L1;"]

@@ -195,6 +195,32 @@ class Kernel:
             raise PtxError(f"kernel {self.name}: wait_for_predecessors twice")
         self.lines.append(_WAIT_MARK)
 
+    # ---- Hopper's bulk copies (sm_90): global memory into shared, counted by a barrier ----
+    def barrier_init(self, barrier, arrivals: int = 1) -> None:
+        """An mbarrier (8 shared bytes at `barrier`) expecting `arrivals`, made visible to
+        the bulk copies that will complete it (every thread must pass a bar.sync before
+        waiting on it)."""
+        self.emit(f"mbarrier.init.shared::cta.b64 [{barrier}], {arrivals}")
+        self.emit("fence.mbarrier_init.release.cluster")
+
+    def barrier_expect(self, barrier, nbytes) -> None:
+        """Arrive on `barrier`, which then completes once `nbytes` more have landed."""
+        self.emit(f"mbarrier.arrive.expect_tx.shared::cta.b64 _, [{barrier}], {nbytes}")
+
+    def bulk_copy(self, to_shared, from_global, nbytes, barrier) -> None:
+        """Copy `nbytes` (a multiple of 16, both addresses 16-byte aligned) from global
+        to shared memory asynchronously, counted on `barrier` as they land."""
+        self.emit(f"cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes "
+                  f"[{to_shared}], [{from_global}], {nbytes}, [{barrier}]")
+
+    def barrier_wait(self, barrier, parity: int = 0) -> None:
+        """Wait until `barrier`'s phase of `parity` has completed (at once if it has)."""
+        again = self.label()
+        self.place(again)
+        done = self.reg("pred")
+        self.emit(f"mbarrier.try_wait.parity.shared::cta.b64 {done}, [{barrier}], {parity}")
+        self.branch(again, done, negate=True)
+
     def label(self) -> str:
         self._labels += 1
         return f"L{self._labels}"

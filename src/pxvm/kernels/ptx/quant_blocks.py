@@ -12,7 +12,8 @@ Where the fields are: `Raw` reads the GGUF rows themselves (one pointer; the wid
 the block's alignment allows: Q4_K's and Q5_K's 144- and 176-byte blocks are 16-byte
 aligned, Q8_0's 34-byte ones only 2-byte); `Planes` reads the weight repacked
 (quantized.repack) into one plane a field, each block's field at block * size, so that
-16-byte loads are aligned for every type. Same bytes either way.
+16-byte loads are aligned for every type. Same bytes either way. `Staged` reads either
+from shared memory, where a block's rows were copied first.
 
 Decoding without conversions: a quant u < 128 (every type but Q8_0) becomes the float
 0.5 + u / 256 by one byte permute (prmt: u into bits 16-22 under the exponent byte 0x3F),
@@ -99,24 +100,47 @@ FORMATS: dict[int, Format] = {f.code: f for f in (
 # ---- where the fields are ----------------------------------------------------------------
 
 class Source:
-    """Addresses of a row's fields and the loads they allow. While `prefetching`, the
-    units' loads are L2 prefetches of the same bytes instead (no registers)."""
+    """Addresses of a row's fields and the loads they allow. The fields lie in planes
+    (`pointer`, by name): each row's bytes of a plane one after another, `row_bytes` of
+    them a row. While `prefetching`, the units' loads are L2 prefetches of the same bytes
+    instead (no registers)."""
 
     prefetching = False
+    #: the weights' load instruction (the loads of load_words)
+    load_instr = WEIGHT_LOAD
+
+    def __init__(self, fmt: Format):
+        self.fmt = fmt
 
     def params(self) -> list[tuple[str, str]]:
         raise NotImplementedError
 
-    def spans(self, k: Kernel, first: Reg, count: Reg) -> list[tuple[Reg, Reg]]:
-        """(address, bytes) of rows first .. first + count - 1, each place they are in."""
+    def bind(self, k: Kernel, pointers: list[Reg], K: Reg) -> None:
+        """Sets `pointer` and `row_bytes` (plane name -> register) for rows of K values."""
         raise NotImplementedError
 
-    def bind(self, k: Kernel, pointers: list[Reg], K: Reg) -> None:
+    def place(self, field: Field) -> tuple[str, int, int, int]:
+        """(its plane, its offset in a block's part of the plane, that part's bytes, the
+        alignment of its address)."""
         raise NotImplementedError
+
+    def spans(self, k: Kernel, first: Reg, count: Reg) -> list[tuple[Reg, Reg]]:
+        """(address, bytes) of rows first .. first + count - 1 in each plane."""
+        return [(k.op("add.u64", self.pointer[p], k.op("mul.wide.u32", first, self.row_bytes[p])),
+                 k.op("mul.lo.u32", count, self.row_bytes[p])) for p in self.pointer]
 
     def address(self, k: Kernel, n: Reg, field: Field, j: Reg, extra) -> tuple[Reg, int]:
         """(address of byte `extra` of `field` of block j of row n, its alignment)."""
-        raise NotImplementedError
+        plane, offset, size, align = self.place(field)
+        row = k.op("add.u64", self.pointer[plane],
+                   k.op("mul.wide.u32", n, self.row_bytes[plane]))
+        return k.op("add.u64", row, k.op("cvt.u64.u32", _in_row(k, j, size, offset, extra))), align
+
+
+def _in_row(k: Kernel, j: Reg, size: int, offset: int, extra) -> Reg:
+    """j * size + offset + extra (a register or a number)."""
+    at = k.op("mad.lo.u32", j, size, offset) if offset else k.op("mul.lo.u32", j, size)
+    return k.op("add.u32", at, extra) if isinstance(extra, Reg) or extra else at
 
 
 def _log2(v: int) -> int:
@@ -124,63 +148,87 @@ def _log2(v: int) -> int:
 
 
 class Raw(Source):
-    """The GGUF rows (N, row_bytes) at one pointer."""
-
-    def __init__(self, fmt: Format):
-        self.fmt = fmt
+    """The GGUF rows (N, row_bytes) at one pointer: one plane of whole blocks."""
 
     def params(self):
         return [("w", "u64")]
 
     def bind(self, k, pointers, K):
-        (self.w,) = pointers
-        self.row_bytes = k.op("mul.lo.u32", k.op("shr.u32", K, _log2(self.fmt.block_values)),
-                              self.fmt.block_bytes)
+        self.pointer = {"w": pointers[0]}
+        self.row_bytes = {"w": k.op("mul.lo.u32",
+                                    k.op("shr.u32", K, _log2(self.fmt.block_values)),
+                                    self.fmt.block_bytes)}
 
-    def spans(self, k, first, count):
-        return [(k.op("add.u64", self.w, k.op("mul.wide.u32", first, self.row_bytes)),
-                 k.op("mul.lo.u32", count, self.row_bytes))]
-
-    def address(self, k, n, field, j, extra):
-        row = k.op("add.u64", self.w, k.op("mul.wide.u32", n, self.row_bytes))
-        offset = k.op("mad.lo.u32", j, self.fmt.block_bytes, field.offset)
-        if isinstance(extra, Reg) or extra:
-            offset = k.op("add.u32", offset, extra)
-        return (k.op("add.u64", row, k.op("cvt.u64.u32", offset)),
-                gcd(self.fmt.block_bytes, field.offset, 16))
+    def place(self, field):
+        return "w", field.offset, self.fmt.block_bytes, gcd(self.fmt.block_bytes,
+                                                             field.offset, 16)
 
 
 class Planes(Source):
     """The weight repacked into one plane a field (`quantized.repack`): block i's field at
     plane + i * size, a plane a pointer."""
 
-    def __init__(self, fmt: Format):
-        self.fmt = fmt
-
     def params(self):
         return [(f"w_{f.name}", "u64") for f in self.fmt.fields]
 
     def bind(self, k, pointers, K):
-        self.planes = dict(zip((f.name for f in self.fmt.fields), pointers))
+        self.pointer = dict(zip((f.name for f in self.fmt.fields), pointers))
         per_row = k.op("shr.u32", K, _log2(self.fmt.block_values))
         self.row_bytes = {f.name: k.op("mul.lo.u32", per_row, f.size) for f in self.fmt.fields}
 
-    def spans(self, k, first, count):
-        return [(k.op("add.u64", self.planes[f.name],
-                      k.op("mul.wide.u32", first, self.row_bytes[f.name])),
-                 k.op("mul.lo.u32", count, self.row_bytes[f.name])) for f in self.fmt.fields]
-
-    def address(self, k, n, field, j, extra):
-        row = k.op("add.u64", self.planes[field.name],
-                   k.op("mul.wide.u32", n, self.row_bytes[field.name]))
-        offset = k.op("mul.lo.u32", j, field.size)
-        if isinstance(extra, Reg) or extra:
-            offset = k.op("add.u32", offset, extra)
-        return k.op("add.u64", row, k.op("cvt.u64.u32", offset)), gcd(field.size, 16)
+    def place(self, field):
+        return field.name, 0, field.size, gcd(field.size, 16)
 
 
 def source(fmt: Format, planes: bool) -> Source:
     return Planes(fmt) if planes else Raw(fmt)
+
+
+def staging_fits(fmt: Format, k: int) -> bool:
+    """Whether rows of k values can be staged (`Staged`): every plane's rows a whole
+    number of 16-byte chunks, so that each starts aligned for the bulk copies."""
+    blocks = k // fmt.block_values
+    sizes = [f.size for f in fmt.fields] if fmt.planes else [fmt.block_bytes]
+    return k % fmt.block_values == 0 and all(blocks * size % 16 == 0 for size in sizes)
+
+
+class Staged(Source):
+    """The rows of `inner` copied into shared memory by Hopper's bulk copies
+    (`copy_rows`), in `slots` places a plane: row n of the loads is slot n there, each
+    plane's slots one after another. The rows need staging_fits."""
+
+    load_instr = "ld.shared"
+
+    def __init__(self, inner: Source, slots: int):
+        super().__init__(inner.fmt)
+        self.inner, self.slots = inner, slots
+
+    def params(self):
+        return self.inner.params()
+
+    def bind(self, k, pointers, K):
+        self.inner.bind(k, pointers, K)
+        self.row_bytes = self.inner.row_bytes
+        base = k.op("mov.u32", k.shared("staged", "b8", None))
+        self.pointer = {}
+        for plane, row_bytes in self.row_bytes.items():
+            self.pointer[plane] = base
+            base = k.op("mad.lo.u32", row_bytes, self.slots, base)
+
+    def place(self, field):
+        return self.inner.place(field)
+
+    def copy_rows(self, k: Kernel, slot, first: Reg, count: Reg, barrier) -> None:
+        """Queue the copies of inner's rows first .. first + count - 1 (count > 0) into
+        slots slot .. , completing on `barrier`."""
+        for plane, (address, nbytes) in zip(self.pointer, self.inner.spans(k, first, count)):
+            to = k.op("mad.lo.u32", self.row_bytes[plane], slot, self.pointer[plane])
+            k.bulk_copy(to, address, nbytes, barrier)
+
+    def address(self, k, n, field, j, extra):
+        plane, offset, size, align = self.place(field)
+        row = k.op("mad.lo.u32", n, self.row_bytes[plane], self.pointer[plane])
+        return k.op("add.u32", row, _in_row(k, j, size, offset, extra)), align
 
 
 def load_words(k: Kernel, address: Reg, nbytes: int, align: int,
@@ -396,7 +444,7 @@ def _load(k, src, n, fmt, name, j, extra, nbytes, extra_align):
     if src.prefetching:
         k.emit(f"prefetch.global.L2 [{address}]")
         return [None] * (nbytes // 4)
-    return load_words(k, address, nbytes, gcd(align, extra_align))
+    return load_words(k, address, nbytes, gcd(align, extra_align), src.load_instr)
 
 
 def _half(k, src, n, fmt, name, j):
@@ -404,7 +452,7 @@ def _half(k, src, n, fmt, name, j):
     if src.prefetching:
         k.emit(f"prefetch.global.L2 [{address}]")
         return None
-    return k.op("cvt.f32.f16", load_half(k, address))
+    return k.op("cvt.f32.f16", load_half(k, address, src.load_instr))
 
 
 def bulk_prefetch(k: Kernel, address: Reg, nbytes: Reg) -> None:

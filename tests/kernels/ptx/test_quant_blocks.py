@@ -1,0 +1,40 @@
+"""Where the matrix-vector kernel's rows can be staged in shared memory
+(pxvm.kernels.ptx.quant_blocks.staging_fits, quantized.stages and staged_bytes), against
+the `gguf` package's block sizes; CUDA runs of the staged kernel: tests/backends."""
+
+from __future__ import annotations
+
+import pytest
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from pxvm.kernels.ptx import quant_blocks
+from pxvm.kernels.ptx import quantized as ptx_quantized
+
+Q = GGMLQuantizationType
+
+
+@pytest.mark.parametrize("qtype,k,fits", [
+    (Q.Q8_0, 256, True),    # scales plane: 8 blocks of 2 bytes, one 16-byte chunk
+    (Q.Q8_0, 96, False),    # 3 blocks: 6 bytes of scales a row
+    (Q.Q8_0, 4096 + 32, False),
+    (Q.Q4_K, 256, True),    # raw 144-byte super-blocks
+    (Q.Q4_K, 11008, True),
+    (Q.Q6_K, 512, False),   # its d plane: 2 bytes a super-block
+    (Q.Q6_K, 2048, True),
+    (Q.Q4_0, 64, False),
+    (Q.F32, 32, True),      # one block of 32 floats: 128 bytes
+    (Q.F16, 32, True),
+])
+def test_rows_are_staged_where_every_plane_is_whole_16_byte_chunks(qtype, k, fits):
+    assert quant_blocks.staging_fits(quant_blocks.FORMATS[int(qtype)], k) == fits
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q8_0, Q.Q6_K, Q.Q4_0])
+def test_a_staged_block_holds_its_rows_gguf_bytes_within_the_limit(qtype):
+    block_values, block_bytes = GGML_QUANT_SIZES[qtype]
+    k = 4096
+    row_bytes = k // block_values * block_bytes
+    assert ptx_quantized.staged_bytes(int(qtype), 16, k) == 16 * row_bytes
+    rows_in_limit = ptx_quantized.MAX_STAGED_BYTES // row_bytes
+    assert ptx_quantized.stages(int(qtype), rows_in_limit, k)
+    assert not ptx_quantized.stages(int(qtype), rows_in_limit + 1, k)

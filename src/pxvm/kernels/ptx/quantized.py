@@ -12,9 +12,10 @@ memory. A block has a thread a unit of a row (in whole warps) up to MAX_THREADS,
 that several passes with the units spread evenly. So that the loads of all the rows are
 in flight at once whatever ptxas's schedule, the block first asks L2 for its rows
 (`prefetch`); "bulk" does so before the kernel waits for its predecessor (a dependent
-launch: decoding's graphs), while that one is still running. Types whose blocks are not
-16-byte aligned are read repacked into planes (`repack`, once per weight; the op keeps
-them).
+launch: decoding's graphs), while that one is still running; "stage" copies them into
+shared memory then (Hopper's bulk copies, a barrier a group of rows), and the products
+read them there. Types whose blocks are not 16-byte aligned are read repacked into
+planes (`repack`, once per weight; the op keeps them).
 
 A transformer's ops around the product go into the same launch (`FUSIONS`): the RMS norm
 of x before it (`norm`), and after it the residual's add or a GLU (`epilogue`).
@@ -29,8 +30,8 @@ from math import gcd
 
 from .builder import Kernel, f32
 from .elementwise import _unary_math
-from .quant_blocks import (FORMATS, UNIT, Planes, bulk_prefetch, load_half, load_words, source,
-                           store_words, unit)
+from .quant_blocks import (FORMATS, UNIT, Planes, Staged, bulk_prefetch, load_half, load_words,
+                           source, staging_fits, store_words, unit)
 
 THREADS = 256
 WARPS = THREADS // 32
@@ -40,14 +41,21 @@ MAX_THREADS = 256
 #: warps a block can have (the shared partial sums are sized for any block)
 MAX_WARPS = 32
 #: (outputs a block, rows a group) of `matvec`: the shapes the H100 benchmark sweeps
-SHAPES = ((4, 4), (8, 4), (8, 8), (16, 8), (16, 16))
+SHAPES = ((4, 4), (8, 4), (8, 8), (16, 4), (16, 8), (16, 16))
 #: the shape every type has (the op launches it unless told otherwise)
 DEFAULT_SHAPE = (8, 8)
+#: the shape of every type's "stage" kernel (ops.quantized launches it where a weight's
+#: rows are staged)
+STAGED_SHAPE = (16, 4)
 #: how `matvec` asks for its weights ahead of the loads: "bulk" (Hopper's bulk prefetch:
 #: one instruction a plane asks L2 for all the block's rows as the block starts; the
 #: module's target is then sm_90a, as wgmma's), "lines" (each thread prefetches its
-#: units' lines to L2 before loading them), "none"
-PREFETCHES = ("bulk", "lines", "none")
+#: units' lines to L2 before loading them), "none", "stage" (Hopper's bulk copies bring
+#: the block's rows into shared memory as it starts, a group of rows at a time, and the
+#: products read them there)
+PREFETCHES = ("bulk", "lines", "none", "stage")
+#: shared memory a block may stage its rows in (the H100 has 227 KiB a block)
+MAX_STAGED_BYTES = 200 * 1024
 #: the types whose SHAPES are all emitted (the ones benchmarked): Q4_K, Q8_0, Q4_0, Q6_K,
 #: Q5_K
 SWEPT = (12, 8, 2, 14, 13)
@@ -72,6 +80,18 @@ def threads_for(k: int) -> int:
     units = k // UNIT
     passes = max(1, -(-units // MAX_THREADS))
     return max(32, -(-units // (32 * passes)) * 32)
+
+
+def staged_bytes(code: int, rows: int, k: int) -> int:
+    """Shared memory (dynamic) of a "stage" matvec block of `rows` rows of k values."""
+    fmt = FORMATS[code]
+    return rows * (k // fmt.block_values) * fmt.block_bytes
+
+
+def stages(code: int, rows: int, k: int) -> bool:
+    """Whether a "stage" matvec block of `rows` rows of k values can be launched: rows
+    the bulk copies can take (quant_blocks.staging_fits) in MAX_STAGED_BYTES."""
+    return staging_fits(FORMATS[code], k) and staged_bytes(code, rows, k) <= MAX_STAGED_BYTES
 
 
 def _pairwise_sum(k: Kernel, values):
@@ -125,7 +145,10 @@ def matvec(code: int, rows: int = 8, group: int = 8, prefetch: str = "bulk",
     and eps with `norm`, residual with the "add" epilogue. `prefetch`: PREFETCHES
     (ptxas moves each load down to its first use where registers are short, so that
     loads issued together in the PTX do not stay together; prefetches put the bytes in
-    L2 ahead of them).
+    L2 ahead of them). "stage" copies the block's rows into shared memory (dynamic:
+    staged_bytes) before the wait, so that the weight streams in while the previous
+    kernel ends; then x's values are loaded, and each group's rows read from shared
+    memory once they have landed (a GLU's groups are then gate rows or up rows).
 
     `norm`: y = rmsnorm(x, gain, eps) @ W^T, computed as ((x * gain) @ W^T) * s with
     s = rsqrt(mean(x^2) + eps): an output is linear in x, so s can wait for the end,
@@ -135,14 +158,20 @@ def matvec(code: int, rows: int = 8, group: int = 8, prefetch: str = "bulk",
     W holds 2N rows (the gate's N, then the up projection's), a block's rows are rows / 2
     gate rows and the same rows / 2 up rows, and it stores act(gate) * up."""
     glu = epilogue in GLU_ACTIVATIONS
+    staged = prefetch == "stage"
     if rows & (rows - 1) or rows > 32 or rows % group or (glu and rows < 2):
         raise ValueError(f"rows must be a power of two <= 32 (>= 2 for a GLU) and a "
                          f"multiple of group, got {rows}, {group}")
+    if staged and glu and group > rows // 2:
+        raise ValueError(f"a staged GLU's groups are gate rows or up rows, not both: "
+                         f"group must be at most {rows // 2}, got {group}")
     if epilogue not in EPILOGUES:
         raise ValueError(f"epilogue must be one of {', '.join(EPILOGUES)}, got {epilogue!r}")
     fmt = FORMATS[code]
     reader = unit(fmt)
     src = source(fmt, fmt.planes)
+    if staged:
+        src = Staged(src, rows)
     fused = ("_norm" if norm else "") + ("" if epilogue == "none" else f"_{epilogue}")
     extras = ([("gain", "u64"), ("eps", "f32")] if norm else []) + \
         ([("residual", "u64")] if epilogue == "add" else [])
@@ -150,7 +179,8 @@ def matvec(code: int, rows: int = 8, group: int = 8, prefetch: str = "bulk",
     k = Kernel(f"matvec_{fmt.label}_r{rows}_g{group}_{prefetch}{fused}"
                f"{f'_reg{cap}' if cap else ''}",
                [("x", "u64"), *src.params(), ("y", "u64"), ("N", "u32"), ("K", "u32"),
-                *extras], arch="sm_90a" if prefetch == "bulk" else None, max_registers=cap)
+                *extras], arch={"bulk": "sm_90a", "stage": "sm_90"}.get(prefetch),
+               max_registers=cap)
     x, *rest = k.params()
     fields = len(src.params())
     pointers, (y, N, K), extra = rest[:fields], rest[fields:fields + 3], rest[fields + 3:]
@@ -170,16 +200,19 @@ def matvec(code: int, rows: int = 8, group: int = 8, prefetch: str = "bulk",
     last = k.op("sub.u32", N, 1)
     columns = [k.op("min.u32", k.op("add.u32", first, r), last) for r in range(outputs)]
     ns = columns + [k.op("add.u32", c, N) for c in columns] if glu else columns
+    block_rows = k.op("sub.u32", k.op("min.u32", k.op("add.u32", first, outputs), N), first)
+    if staged:  # rows are loaded from their slots: gate rows' first, then up rows'
+        ns = [k.op("sub.u32", c, first) for c in columns]
+        ns += [k.op("add.u32", slot, outputs) for slot in ns] if glu else []
+        barriers = _stage_rows(k, src, tid, first, block_rows, N, rows, group, outputs)
     x_row = k.element(x, k.op("mul.lo.u32", m, K), 4)
     units = k.op("shr.u32", K, 5)
     acc = [k.op("mov.f32", f32(0.0)) for _ in range(rows)]
     squares = k.op("mov.f32", f32(0.0)) if norm else None  # this thread's sum of x^2
     if prefetch == "bulk":  # one thread asks for every row of the block
         with k.if_(k.setp("eq.u32", tid, 0)):
-            count = k.op("sub.u32", k.op("min.u32", k.op("add.u32", first, outputs), N),
-                         first)
             for start in [first, k.op("add.u32", first, N)] if glu else [first]:
-                for address, nbytes in src.spans(k, start, count):
+                for address, nbytes in src.spans(k, start, block_rows):
                     bulk_prefetch(k, address, nbytes)
     # the weight's trip from memory overlaps the previous kernel's end (its prefetch
     # above); x, the gain and the residual may be its output
@@ -194,9 +227,13 @@ def matvec(code: int, rows: int = 8, group: int = 8, prefetch: str = "bulk",
             src.prefetching = False
 
         def loads(g):
+            if staged:  # once its rows have landed
+                k.barrier_wait(f"{barriers}+{8 * g}")
             return [reader.load(k, src, ns[r], prep) for r in range(g * group, (g + 1) * group)]
 
-        pending = loads(0)  # the weights first: their loads take longest
+        # the weights first: their loads take longest (staged, x's come first: its rows
+        # may still be landing)
+        pending = None if staged else loads(0)
         xs, raw = [], []
         for start, count in prep.segments:
             address = k.element(x_row, start, 4)
@@ -214,7 +251,9 @@ def matvec(code: int, rows: int = 8, group: int = 8, prefetch: str = "bulk",
             v += count
         groups = rows // group
         for g in range(groups):
-            following = loads(g + 1) if g + 1 < groups else None
+            if pending is None:
+                pending = loads(g)
+            following = loads(g + 1) if g + 1 < groups and not staged else None
             these = acc[g * group:(g + 1) * group]
             for a, total in zip(these, reader.dot_rows(k, pending, prep, xs, sums, these)):
                 k.to(a, "mov.f32", total)
@@ -222,6 +261,10 @@ def matvec(code: int, rows: int = 8, group: int = 8, prefetch: str = "bulk",
         # x^2 after the products: ptxas then issues the weights' loads earlier
         for v in raw:
             k.to(squares, "fma.rn.f32", v, v, squares)
+    # lanes past the last unit skipped the loop: the shuffles need the whole warp back
+    # (with the staged rows' waits in the loop, lanes past the row's units reached them
+    # first and read their partners' values before those were written: H100)
+    k.emit("bar.warp.sync 0xffffffff")
     _warp_sums(k, acc, lane, warp, partial, rows)
     if norm:  # each warp's sum of x^2 into squares_partial[warp]
         squares_partial = k.op("mov.u32", k.shared("squares", "f32", MAX_WARPS, 16))
@@ -261,6 +304,40 @@ def matvec(code: int, rows: int = 8, group: int = 8, prefetch: str = "bulk",
                 value = k.op("add.f32", value, k.load("f32", k.element(residual, at, 4)))
             k.store("f32", k.element(y, at, 4), value)
     return k
+
+
+def _stage_rows(k: Kernel, src: Staged, tid, first, count, N, rows: int, group: int,
+                outputs: int) -> str:
+    """Thread 0 queues the bulk copies of the block's rows into their slots, a group of
+    rows at a time, each group counted on its own barrier; returns the barriers' address
+    (group g's at +8 g). The rows past N are not copied (their slots are not read)."""
+    barriers = k.op("mov.u32", k.shared("landed", "b64", rows // group, 8))
+    row_bytes = k.op("mov.u32", 0)
+    for plane_bytes in src.row_bytes.values():
+        k.to(row_bytes, "add.u32", row_bytes, plane_bytes)
+    with k.if_(k.setp("eq.u32", tid, 0)):
+        for g in range(rows // group):
+            barrier = f"{barriers}+{8 * g}"
+            k.barrier_init(barrier)
+            slot = g * group
+            part = slot % outputs  # its first row's place among the gate's (or up's) rows
+            held = k.op("min.u32", k.op("sub.u32", count, k.op("min.u32", count, part)), group)
+            k.barrier_expect(barrier, k.op("mul.lo.u32", held, row_bytes))
+            with k.if_(k.setp("ne.u32", held, 0)):
+                start = k.op("add.u32", first, part)
+                if slot >= outputs:  # a GLU's up rows
+                    start = k.op("add.u32", start, N)
+                src.copy_rows(k, slot, start, held, barrier)
+    k.emit("bar.sync 0")  # the barriers exist before any thread waits on them
+    return str(barriers)
+
+
+def matvec_group(rows: int, group: int, prefetch: str, epilogue: str) -> int:
+    """The rows a group of a `matvec` of that shape: `group`, but a staged GLU's groups
+    are gate rows or up rows, half the block's at most."""
+    if prefetch == "stage" and epilogue in GLU_ACTIVATIONS:
+        return min(group, rows // 2)
+    return group
 
 
 def matvec_args(code: int, rows: int, group: int, prefetch: str, norm: bool = False,
@@ -340,9 +417,16 @@ def variants():
             # every type's small-weight shape (ops.quantized.SMALL_SHAPE) too
             shapes = SHAPES if code in SWEPT and prefetch != "lines" else (
                 (DEFAULT_SHAPE, (4, 4)) if prefetch != "lines" else (DEFAULT_SHAPE,))
+            if prefetch == "stage" and STAGED_SHAPE not in shapes:
+                shapes += (STAGED_SHAPE,)
+            seen = set()
             for rows, group in shapes:
                 for norm, epilogue in FUSIONS:
-                    yield matvec, matvec_args(code, rows, group, prefetch, norm, epilogue)
+                    args = matvec_args(code, rows, matvec_group(rows, group, prefetch, epilogue),
+                                       prefetch, norm, epilogue)
+                    if args not in seen:
+                        seen.add(args)
+                        yield matvec, args
         if fmt.planes:
             yield repack, (code,)
         if fmt.is_float:

@@ -111,21 +111,81 @@ def test_every_swept_shape_of_the_kernel(cuda_device, rng, qtype, shape, prefetc
                                          monkeypatch):
     if prefetch == "lines" and shape != ptx_quantized.DEFAULT_SHAPE:
         pytest.skip("line prefetches come in the default shape only")
-    if prefetch == "bulk" and cuda_device.device.info.arch != "sm_90":
-        pytest.skip("bulk prefetches are Hopper's (sm_90)")
+    if prefetch in ("bulk", "stage") and cuda_device.device.info.arch != "sm_90":
+        pytest.skip("bulk prefetches and copies are Hopper's (sm_90)")
     monkeypatch.setattr(quantized_module, "MATVEC_SHAPES", {qtype: shape})
     monkeypatch.setattr(quantized_module, "MATVEC_PREFETCH", prefetch)
-    n, k = 45, _k(qtype, 2)
+    n, k = 45, _k(qtype, 2 if qtype in K_TYPES else 8)  # rows that can be staged
     w = _weight(rng, qtype, n, k)
     x = rng.standard_normal((2, k)).astype(np.float32)
     assert_close(_product(x, w, qtype, k), _expected(x, w, qtype, k), MATVEC_NMSE)
 
 
+def _product_and_kernels(backend, x, w, qtype, k) -> tuple[np.ndarray, list[str]]:
+    """matmul_quant's result, and the names of the kernels it launched."""
+    x, w = backend.from_numpy(x), backend.from_numpy(w)
+    with Batch(backend, profile=True) as batch:
+        got = pxvm.ops.matmul_quant(x, w, qtype=qtype, k=k)
+    batch.execute()
+    return batch.read(got), [name for name, _ in batch.profile]
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=IDS)
+@pytest.mark.parametrize("m,n,shape", [(1, 45, (8, 4)), (3, 300, (16, 8)), (2, 5, (4, 4)),
+                                       (1, 61, (16, 4))])
+def test_products_staged_in_shared_memory_match_float64(cuda_device, rng, qtype, m, n, shape,
+                                                        monkeypatch):
+    if cuda_device.device.info.arch != "sm_90":
+        pytest.skip("bulk copies into shared memory are Hopper's (sm_90)")
+    monkeypatch.setattr(quantized_module, "MATVEC_SHAPES", {qtype: shape})
+    monkeypatch.setattr(quantized_module, "MATVEC_PREFETCH", "stage")
+    k = 2048  # every plane's rows whole 16-byte chunks, for every type
+    assert ptx_quantized.stages(qtype, shape[0], k)
+    w = _weight(rng, qtype, n, k)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    got, launched = _product_and_kernels(cuda_device, x, w, qtype, k)
+    assert any(name.startswith("matvec_") and "_stage" in name for name in launched), launched
+    assert_close(got, _expected(x, w, qtype, k), MATVEC_NMSE)
+
+
+@pytest.mark.parametrize("n_waves,k,staged", [(1, 4096, True), (2, 4096, True), (2.1, 4096, False),
+                                              (1, 11008, False)])
+def test_weights_that_stream_in_one_wave_of_small_blocks_are_staged(cuda_device, rng, n_waves,
+                                                                      k, staged):
+    # Q4_K's 16-row blocks: 36 KiB at K = 4096, 97 KiB (too large) at K = 11008
+    if cuda_device.device.info.arch != "sm_90":
+        pytest.skip("bulk copies into shared memory are Hopper's (sm_90)")
+    rows = ptx_quantized.STAGED_SHAPE[0]
+    n = int(n_waves * cuda_device.device.info.multiprocessors) * rows
+    w = _weight(rng, 12, n, k)
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    got, launched = _product_and_kernels(cuda_device, x, w, 12, k)
+    assert any("_stage" in name for name in launched) == staged, launched
+    assert_close(got, _expected(x, w, 12, k), MATVEC_NMSE)
+
+
+@pytest.mark.parametrize("qtype,k", [(8, 96), (14, 512), (2, 64)], ids=["Q8_0", "Q6_K", "Q4_0"])
+def test_rows_the_bulk_copies_cannot_take_are_read_from_global_memory(cuda_device, rng, qtype,
+                                                                      k, monkeypatch):
+    # a plane's rows that are not whole 16-byte chunks (Q8_0's scales: 2 bytes a block)
+    monkeypatch.setattr(quantized_module, "MATVEC_PREFETCH", "stage")
+    assert not ptx_quantized.stages(qtype, 16, k)
+    w = _weight(rng, qtype, 37, k)
+    x = rng.standard_normal((2, k)).astype(np.float32)
+    got, launched = _product_and_kernels(cuda_device, x, w, qtype, k)
+    assert not any("_stage" in name for name in launched), launched
+    assert_close(got, _expected(x, w, qtype, k), MATVEC_NMSE)
+
+
 @pytest.mark.parametrize("qtype", [12, 8, 2], ids=["Q4_K", "Q8_0", "Q4_0"])
+@pytest.mark.parametrize("prefetch", ["none", "stage"])
 def test_rows_longer_than_a_block_of_threads_take_several_passes(cuda_device, rng, qtype,
-                                                                monkeypatch):
+                                                                prefetch, monkeypatch):
+    if prefetch == "stage" and cuda_device.device.info.arch != "sm_90":
+        pytest.skip("bulk copies into shared memory are Hopper's (sm_90)")
     monkeypatch.setattr(ptx_quantized, "MAX_THREADS", 32)  # 32 units of a row a pass
-    n, k = 9, _k(qtype, 40 if qtype not in K_TYPES else 5)
+    monkeypatch.setattr(quantized_module, "MATVEC_PREFETCH", prefetch)
+    n, k = 9, _k(qtype, 64 if qtype not in K_TYPES else 5)  # K types: 5 super-blocks
     assert k // 32 > 32
     w = _weight(rng, qtype, n, k)
     x = rng.standard_normal((1, k)).astype(np.float32)

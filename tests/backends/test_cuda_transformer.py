@@ -143,24 +143,29 @@ def test_every_swept_shape_of_the_fused_kernel(qtype, shape, prefetch, cuda_devi
     # a GLU block's rows are half gate rows, half up rows, in groups of each or of both
     if prefetch == "lines" and shape != ptx_quantized.DEFAULT_SHAPE:
         pytest.skip("line prefetches come in the default shape only")
-    if prefetch == "bulk" and cuda_device.device.info.arch != "sm_90":
-        pytest.skip("bulk prefetches are Hopper's (sm_90)")
+    if prefetch in ("bulk", "stage") and cuda_device.device.info.arch != "sm_90":
+        pytest.skip("bulk prefetches and copies are Hopper's (sm_90)")
     monkeypatch.setattr(quantized_module, "MATVEC_SHAPES", {qtype: shape})
     monkeypatch.setattr(quantized_module, "MATVEC_PREFETCH", prefetch)
-    k = 512 if qtype in product_cases.K_TYPES else 128
+    k = 512 if qtype in product_cases.K_TYPES else 256  # rows that can be staged
     for name, activation in DECODING_FUSIONS:
         args, params, expected = product_cases._case(name, rng, qtype, m=2, n=21, k=k,
                                                      activation=activation)
         assert_close(_one_launch(cuda_device, name, args, params), expected, TOL)
 
 
+@pytest.mark.parametrize("prefetch", ["none", "stage"])
 @pytest.mark.parametrize("qtype", [12, 8], ids=["Q4_K", "Q8_0"])
 @pytest.mark.parametrize("name,activation", DECODING_FUSIONS, ids=lambda v: v)
 def test_fused_products_of_rows_longer_than_a_block_of_threads(name, activation, qtype,
-                                                               cuda_device, rng, monkeypatch):
+                                                               prefetch, cuda_device, rng,
+                                                               monkeypatch):
     # several passes over the row: each thread's sum of x^2 gathers several units
+    if prefetch == "stage" and cuda_device.device.info.arch != "sm_90":
+        pytest.skip("bulk copies into shared memory are Hopper's (sm_90)")
     monkeypatch.setattr(ptx_quantized, "MAX_THREADS", 32)  # 32 units of a row a pass
-    k = 256 * 5 if qtype == 12 else 32 * 70
+    monkeypatch.setattr(quantized_module, "MATVEC_PREFETCH", prefetch)
+    k = 256 * 5 if qtype == 12 else 32 * 72
     args, params, expected = product_cases._case(name, rng, qtype, m=3, n=11, k=k,
                                                  activation=activation)
     assert_close(_one_launch(cuda_device, name, args, params), expected, TOL)

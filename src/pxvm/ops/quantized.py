@@ -231,6 +231,14 @@ SMALL_SHAPE = (4, 4)
 #: their prefetch on sm_90: "bulk" asks L2 for the block's rows before the kernel waits
 #: for its predecessor in decoding's graphs (elsewhere "none")
 SMALL_PREFETCH = "bulk"
+#: Staging a weight's rows in shared memory (ptx_quantized.matvec's "stage", in its
+#: STAGED_SHAPE) pays where the whole weight streams in one wave of blocks, each small
+#: enough that blocks of the next product fit beside it (a graph's dependent launches
+#: then fetch the next weight while this one is multiplied): one to STAGED_WAVE blocks
+#: a multiprocessor, of at most STAGED_BLOCK_BYTES. On the H100 Q8_0's 68 KiB blocks
+#: gained and Q4_K's 97 KiB ones lost (BENCHMARKS.md).
+STAGED_WAVE = 2
+STAGED_BLOCK_BYTES = 72 << 10
 #: rows of x the matrix-vector kernels take (a grid row each: CUDA's grid height)
 MAX_GRID_ROWS = 65535
 
@@ -319,27 +327,41 @@ def record_prompt_product(ctx, x, w, qtype, k, residual=None):
     return record_f16_product(ctx, x, _f16_weight(ctx, w, qtype, k), residual=residual)
 
 
-def _matvec_shape(ctx, qtype: int, outputs: int) -> tuple[int, int, str]:
+def _matvec_shape(ctx, qtype: int, outputs: int, k: int) -> tuple[int, int, str]:
     """(rows, group, prefetch) of the matrix-vector kernel for `qtype` and `outputs`
-    rows of W: SMALL_SHAPE where the type's shape would give fewer blocks than the GPU
-    has multiprocessors (a small model's products), else as tuned for this device, else
-    MATVEC_SHAPES / MATVEC_PREFETCHES (DEFAULT_PREFETCH for the types not named). A
-    prefetch set for every type (benchmarks and tests sweeping shapes) takes the table
-    as it is."""
+    rows of W (of k values): SMALL_SHAPE where the type's shape would give fewer blocks
+    than the GPU has multiprocessors (a small model's products), STAGED_SHAPE where the
+    weight's rows can be staged in shared memory in one wave of blocks (Hopper), else as
+    tuned for this device, else MATVEC_SHAPES / MATVEC_PREFETCHES (DEFAULT_PREFETCH for
+    the types not named). A prefetch set for every type (benchmarks and tests sweeping
+    shapes) takes the table as it is."""
     hopper = ctx.device.info.arch == "sm_90"
     if MATVEC_PREFETCH == "auto":
         rows = MATVEC_SHAPES.get(qtype, ptx_quantized.DEFAULT_SHAPE)[0]
-        if -(-outputs // rows) < ctx.device.info.multiprocessors:
+        blocks = -(-outputs // rows)
+        if blocks < ctx.device.info.multiprocessors:
             return (*SMALL_SHAPE, SMALL_PREFETCH if hopper else "none")
+        rows, group = ptx_quantized.STAGED_SHAPE
+        staged_blocks = -(-outputs // rows)
+        if (hopper and ptx_quantized.stages(qtype, rows, k)
+                and ptx_quantized.staged_bytes(qtype, rows, k) <= STAGED_BLOCK_BYTES
+                and ctx.device.info.multiprocessors <= staged_blocks
+                <= STAGED_WAVE * ctx.device.info.multiprocessors):
+            return rows, group, "stage"
+    tuned = None
     if qtype in ptx_quantized.SWEPT:
         tuned = tuning.choice(ctx.backend, f"matmul_quant.cuda.{quant_type(qtype).name}")
-        if tuned is not None:
-            return tuned
-    rows, group = MATVEC_SHAPES.get(qtype, ptx_quantized.DEFAULT_SHAPE)
-    prefetch = MATVEC_PREFETCH if MATVEC_PREFETCH != "auto" else MATVEC_PREFETCHES.get(
-        qtype, DEFAULT_PREFETCH if hopper else "none")
+    if tuned is not None:
+        rows, group, prefetch = tuned
+    else:
+        rows, group = MATVEC_SHAPES.get(qtype, ptx_quantized.DEFAULT_SHAPE)
+        prefetch = MATVEC_PREFETCH if MATVEC_PREFETCH != "auto" else MATVEC_PREFETCHES.get(
+            qtype, DEFAULT_PREFETCH if hopper else "none")
+    # Hopper's own instructions elsewhere: the nearest that every GPU has
     if prefetch == "bulk" and not hopper:
         prefetch = "lines"
+    if prefetch == "stage" and not hopper:
+        prefetch = "none"
     return rows, group, prefetch
 
 
@@ -372,9 +394,16 @@ def record_product_cuda(ctx, x, w, qtype: int, k: int, gain=None, eps: float = 0
         return out
     fmt = quant_blocks.FORMATS[qtype]
     weights = _planes(ctx, w, qtype, k) if fmt.planes else [w]
-    rows, group, prefetch = _matvec_shape(ctx, qtype, outputs)
+    rows, group, prefetch = _matvec_shape(ctx, qtype, outputs, k)
     if glu and rows < 2:  # a gate row and its up row at least
         rows = 2
+    shared = 0
+    if prefetch == "stage":
+        if ptx_quantized.stages(qtype, rows, k):
+            shared = ptx_quantized.staged_bytes(qtype, rows, k)
+        else:  # rows the bulk copies cannot take: read from global memory
+            prefetch = "none"
+    group = ptx_quantized.matvec_group(rows, group, prefetch, epilogue)
     args = [x, *weights, out, outputs, k]
     if gain is not None:
         args += [gain, float(eps)]
@@ -384,7 +413,8 @@ def record_product_cuda(ctx, x, w, qtype: int, k: int, gain=None, eps: float = 0
     ctx.launch(ptx_quantized.matvec,
                ptx_quantized.matvec_args(qtype, rows, group, prefetch, gain is not None,
                                          epilogue),
-               args, (-(-outputs // per_block), m, 1), block=ptx_quantized.threads_for(k))
+               args, (-(-outputs // per_block), m, 1), block=ptx_quantized.threads_for(k),
+               shared_bytes=shared)
     return out
 
 

@@ -21,8 +21,9 @@ the products' the weight's bytes read. NMSE: each product against float64 numpy 
 --variants: every kernel shape (pxvm.kernels.ptx.quantized.SHAPES: outputs a block,
 rows loaded together) and prefetch (PREFETCHES) for the types that have them (SWEPT).
 --stream: the matrix-vector products again as a model's decoding graph runs them, back
-to back over distinct weights (stream_table), with and without the weights' L2 prefetch
-before each kernel waits for the one before it.
+to back over distinct weights (stream_table): the op's choice of kernel, then the type's
+shape reading the weights from global memory with and without their L2 prefetch before
+each kernel waits for the one before it.
 --threshold: the matrix-vector kernel against the dequantize-then-tensor-core path at
 M = 1 .. 128 (pxvm.ops.quantized.PROMPT_MIN_ROWS is where the second takes over).
 """
@@ -177,24 +178,35 @@ def matvec_table(timer, types, rng, variants: bool) -> None:
                   f"| {bw / copy_bw:.0%} | {bw / big_bw:.0%} | {err:.1e} |", flush=True)
 
 
+def kernels_of(backend, record) -> str:
+    """The names of the kernels record() launches, joined by +."""
+    with pxvm.Batch(backend, profile=True) as batch:
+        record()
+    batch.execute()
+    return "+".join(name for name, _ in batch.profile)
+
+
 def stream_table(backend, types, rng, repeats: int, copy_bw: float) -> None:
     """Matrix-vector products as a model's decoding runs them: one CUDA graph of products
     over STREAM_BYTES of distinct weights of the shape (so that L2, 50 MB, holds none of
-    a weight when its product starts): `streamed`."""
-    print("\n| type | W (N x K) | prefetch | weights in the graph | us a product | "
+    a weight when its product starts): `streamed`; the op's choice of kernel, then the
+    type's shape reading from global memory ("none") and with the bulk L2 prefetch."""
+    print("\n| type | W (N x K) | kernel | weights in the graph | us a product | "
           "weight GB/s | of the 512 MB copy | NMSE |")
     print("|---|---|---|---|---|---|---|---|")
     for name, qtype, n, k, w, x, expected in product_cases(rng, types):
         tx = backend.from_numpy(x)
         weights = [backend.from_numpy(w) for _ in range(-(-STREAM_BYTES // w.nbytes))]
-        for prefetch in ("auto", "bulk"):
+        for prefetch in ("auto", "none", "bulk"):
             quantized_module.MATVEC_PREFETCH = prefetch
             try:
+                kernel = kernels_of(backend, lambda: pxvm.ops.matmul_quant(
+                    tx, weights[0], qtype=qtype, k=k))
                 t, got = streamed(backend, tx, weights, qtype, k, repeats)
             finally:
                 quantized_module.MATVEC_PREFETCH = "auto"
             bw = w.nbytes / t
-            shown = "none (the type's default)" if prefetch == "auto" else prefetch
+            shown = f"{kernel} (the op's choice)" if prefetch == "auto" else kernel
             print(f"| {name} | {n} x {k} | {shown} | {len(weights)} | {t * 1e6:.1f} "
                   f"| {bw / 1e9:.0f} | {bw / copy_bw:.0%} | {nmse(got, expected):.1e} |",
                   flush=True)

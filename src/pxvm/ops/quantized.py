@@ -327,9 +327,10 @@ def record_prompt_product(ctx, x, w, qtype, k, residual=None):
     return record_f16_product(ctx, x, _f16_weight(ctx, w, qtype, k), residual=residual)
 
 
-def _matvec_shape(ctx, qtype: int, outputs: int, k: int) -> tuple[int, int, str]:
+def _matvec_shape(ctx, qtype: int, outputs: int, k: int,
+                  glu: bool = False) -> tuple[int, int, str]:
     """(rows, group, prefetch) of the matrix-vector kernel for `qtype` and `outputs`
-    rows of W (of k values): SMALL_SHAPE where the type's shape would give fewer blocks
+    rows of W (of k values; a GLU's blocks hold half as many outputs): SMALL_SHAPE where the type's shape would give fewer blocks
     than the GPU has multiprocessors (a small model's products), STAGED_SHAPE where the
     weight's rows can be staged in shared memory in one wave of blocks (Hopper), else as
     tuned for this device, else MATVEC_SHAPES / MATVEC_PREFETCHES (DEFAULT_PREFETCH for
@@ -342,7 +343,7 @@ def _matvec_shape(ctx, qtype: int, outputs: int, k: int) -> tuple[int, int, str]
         if blocks < ctx.device.info.multiprocessors:
             return (*SMALL_SHAPE, SMALL_PREFETCH if hopper else "none")
         rows, group = ptx_quantized.STAGED_SHAPE
-        staged_blocks = -(-outputs // rows)
+        staged_blocks = -(-outputs // (rows // 2 if glu else rows))
         if (hopper and ptx_quantized.stages(qtype, rows, k)
                 and ptx_quantized.staged_bytes(qtype, rows, k) <= STAGED_BLOCK_BYTES
                 and ctx.device.info.multiprocessors <= staged_blocks
@@ -394,7 +395,7 @@ def record_product_cuda(ctx, x, w, qtype: int, k: int, gain=None, eps: float = 0
         return out
     fmt = quant_blocks.FORMATS[qtype]
     weights = _planes(ctx, w, qtype, k) if fmt.planes else [w]
-    rows, group, prefetch = _matvec_shape(ctx, qtype, outputs, k)
+    rows, group, prefetch = _matvec_shape(ctx, qtype, outputs, k, glu)
     if glu and rows < 2:  # a gate row and its up row at least
         rows = 2
     shared = 0

@@ -361,7 +361,8 @@ def _matvec_shape(ctx, qtype: int, outputs: int, k: int,
     # Hopper's own instructions elsewhere: the nearest that every GPU has
     if prefetch == "bulk" and not hopper:
         prefetch = "lines"
-    if prefetch == "stage" and not hopper:
+    # ... and rows the bulk copies cannot take read from global memory
+    if prefetch == "stage" and not (hopper and ptx_quantized.stages(qtype, rows, k)):
         prefetch = "none"
     return rows, group, prefetch
 
@@ -398,12 +399,7 @@ def record_product_cuda(ctx, x, w, qtype: int, k: int, gain=None, eps: float = 0
     rows, group, prefetch = _matvec_shape(ctx, qtype, outputs, k, glu)
     if glu and rows < 2:  # a gate row and its up row at least
         rows = 2
-    shared = 0
-    if prefetch == "stage":
-        if ptx_quantized.stages(qtype, rows, k):
-            shared = ptx_quantized.staged_bytes(qtype, rows, k)
-        else:  # rows the bulk copies cannot take: read from global memory
-            prefetch = "none"
+    shared = ptx_quantized.staged_bytes(qtype, rows, k) if prefetch == "stage" else 0
     group = ptx_quantized.matvec_group(rows, group, prefetch, epilogue)
     args = [x, *weights, out, outputs, k]
     if gain is not None:

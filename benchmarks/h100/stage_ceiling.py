@@ -5,7 +5,7 @@ xor-ed together: the memory's ceiling) and with its bulk copies stripped (the ba
 complete at once, the products read whatever shared memory holds: the arithmetic's
 ceiling); the type's shape reading global memory ("none") alongside.
 
-    python benchmarks/h100/stage_ceiling.py
+    python benchmarks/h100/stage_ceiling.py [SHAPES: 16x4,16x8 (outputs x rows a group)]
 """
 import importlib
 import sys
@@ -21,11 +21,13 @@ from quantized import BUSY, STREAM_BYTES, Timer, product_cases, streamed  # noqa
 
 ops_quantized = importlib.import_module("pxvm.ops.quantized")
 cuda_backend = importlib.import_module("pxvm.backends.cuda")
-DOT, COPY, EXPECT = quant_blocks.K4.dot_rows, quant_blocks.Staged.copy_rows, \
-    builder.Kernel.barrier_expect
+DOT, X_TERMS, COPY, EXPECT = quant_blocks.K4.dot_rows, quant_blocks.K4.x_terms, \
+    quant_blocks.Staged.copy_rows, builder.Kernel.barrier_expect
+SHAPES = [tuple(map(int, s.split("x"))) for s in
+          (sys.argv[1] if len(sys.argv) > 1 else "16x4,16x8").split(",")]
 
 
-def xor_only(self, k, rows, prep, xs, sums, accs):
+def xor_only(self, k, rows, prep, terms, accs):
     """Every loaded word used, no arithmetic: the loads stay, the products go."""
     out = []
     for loaded, acc in zip(rows, accs):
@@ -37,13 +39,18 @@ def xor_only(self, k, rows, prep, xs, sums, accs):
     return out
 
 
+def strip_arithmetic():
+    quant_blocks.K4.dot_rows = xor_only
+    quant_blocks.K4.x_terms = lambda self, k, xs: (xs, [])
+
+
 def strip_copies():
     quant_blocks.Staged.copy_rows = lambda *args, **kwargs: None
     builder.Kernel.barrier_expect = lambda self, barrier, nbytes: EXPECT(self, barrier, 0)
 
 
 MODES = {"as built": lambda: None,
-         "no arithmetic": lambda: setattr(quant_blocks.K4, "dot_rows", xor_only),
+         "no arithmetic": strip_arithmetic,
          "no copies": strip_copies}
 backend = get_backend("cuda")
 copy_bw = 2 * BUSY / Timer(backend, 10).copy(BUSY)
@@ -55,7 +62,7 @@ for name, qtype, n, k, w, x, _ in product_cases(np.random.default_rng(0), ("Q4_K
         continue
     tx = backend.from_numpy(x)
     weights = [backend.from_numpy(w) for _ in range(-(-STREAM_BYTES // w.nbytes))]
-    for shape in ((16, 4), (16, 8)):
+    for shape in SHAPES:
         for mode, strip in MODES.items():
             for prefetch in ("stage", "none") if mode != "no copies" else ("stage",):
                 strip()
@@ -66,7 +73,8 @@ for name, qtype, n, k, w, x, _ in product_cases(np.random.default_rng(0), ("Q4_K
                 try:
                     t, _ = streamed(backend, tx, weights, qtype, k, 5)
                 finally:
-                    quant_blocks.K4.dot_rows, quant_blocks.Staged.copy_rows = DOT, COPY
+                    quant_blocks.K4.dot_rows, quant_blocks.K4.x_terms = DOT, X_TERMS
+                    quant_blocks.Staged.copy_rows = COPY
                     builder.Kernel.barrier_expect = EXPECT
                     ops_quantized.MATVEC_PREFETCH = "auto"
                 print(f"| {n} x {k} | {shape[0]} x {shape[1]} | {prefetch} | {mode} | "

@@ -111,8 +111,10 @@ def test_every_swept_shape_of_the_kernel(cuda_device, rng, qtype, shape, prefetc
                                          monkeypatch):
     if prefetch == "lines" and shape != ptx_quantized.DEFAULT_SHAPE:
         pytest.skip("line prefetches come in the default shape only")
-    if prefetch in ("bulk", "stage") and cuda_device.device.info.arch != "sm_90":
+    if prefetch in ("bulk", "stage", "part") and cuda_device.device.info.arch != "sm_90":
         pytest.skip("bulk prefetches and copies are Hopper's (sm_90)")
+    if prefetch == "part" and shape[0] // shape[1] < 2:
+        pytest.skip("\"part\" stages half of a block's groups: two at least")
     monkeypatch.setattr(quantized_module, "MATVEC_SHAPES", {qtype: shape})
     monkeypatch.setattr(quantized_module, "MATVEC_PREFETCH", prefetch)
     n, k = 45, _k(qtype, 2 if qtype in K_TYPES else 8)  # rows that can be staged
@@ -131,20 +133,24 @@ def _product_and_kernels(backend, x, w, qtype, k) -> tuple[np.ndarray, list[str]
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=IDS)
+@pytest.mark.parametrize("prefetch", ptx_quantized.STAGING)
 @pytest.mark.parametrize("m,n,shape", [(1, 45, (8, 4)), (3, 300, (16, 8)), (2, 5, (4, 4)),
                                        (1, 61, (16, 4))])
-def test_products_staged_in_shared_memory_match_float64(cuda_device, rng, qtype, m, n, shape,
-                                                        monkeypatch):
+def test_products_staged_in_shared_memory_match_float64(cuda_device, rng, qtype, prefetch, m, n,
+                                                        shape, monkeypatch):
     if cuda_device.device.info.arch != "sm_90":
         pytest.skip("bulk copies into shared memory are Hopper's (sm_90)")
+    if prefetch == "part" and shape[0] // shape[1] < 2:
+        pytest.skip("\"part\" stages half of a block's groups: two at least")
     monkeypatch.setattr(quantized_module, "MATVEC_SHAPES", {qtype: shape})
-    monkeypatch.setattr(quantized_module, "MATVEC_PREFETCH", "stage")
+    monkeypatch.setattr(quantized_module, "MATVEC_PREFETCH", prefetch)
     k = 2048  # every plane's rows whole 16-byte chunks, for every type
-    assert ptx_quantized.stages(qtype, shape[0], k)
+    assert ptx_quantized.stages(qtype, shape[0], k, prefetch)
     w = _weight(rng, qtype, n, k)
     x = rng.standard_normal((m, k)).astype(np.float32)
     got, launched = _product_and_kernels(cuda_device, x, w, qtype, k)
-    assert any(name.startswith("matvec_") and "_stage" in name for name in launched), launched
+    assert any(name.startswith("matvec_") and f"_{prefetch}" in name for name in launched), \
+        launched
     assert_close(got, _expected(x, w, qtype, k), MATVEC_NMSE)
 
 
@@ -190,6 +196,44 @@ def test_rows_longer_than_a_block_of_threads_take_several_passes(cuda_device, rn
     w = _weight(rng, qtype, n, k)
     x = rng.standard_normal((1, k)).astype(np.float32)
     assert_close(_product(x, w, qtype, k), _expected(x, w, qtype, k), MATVEC_NMSE)
+
+
+def _x_of_wide_range(rng, k: int) -> np.ndarray:
+    """Rows of x whose 32-value units (quant_blocks' units) are all zeros, hold one value
+    10^4 times the rest, are all tiny (1e-30) or are as usual: the K4 types' products
+    take x as integers scaled by each unit's largest value (quant_blocks.int16_x)."""
+    x = rng.standard_normal((3, k)).astype(np.float32)
+    units = x.reshape(3, -1, 32)
+    units[:, 0] = 0.0
+    units[:, 1, 5] *= 1e4
+    units[:, 2] *= 1e-30
+    units[1:, 3] = 0.0
+    return x
+
+
+@pytest.mark.parametrize("qtype", [12, 13], ids=["Q4_K", "Q5_K"])
+@pytest.mark.parametrize("prefetch", ["none", "stage"])
+def test_k4_products_keep_x_exact_enough_across_wide_ranges(cuda_device, rng, qtype, prefetch,
+                                                             monkeypatch):
+    if prefetch == "stage" and cuda_device.device.info.arch != "sm_90":
+        pytest.skip("bulk copies into shared memory are Hopper's (sm_90)")
+    monkeypatch.setattr(quantized_module, "MATVEC_PREFETCH", prefetch)
+    n, k = 37, _k(qtype, 4)
+    w = _weight(rng, qtype, n, k)
+    x = _x_of_wide_range(rng, k)
+    assert_close(_product(x, w, qtype, k), _expected(x, w, qtype, k), MATVEC_NMSE)
+
+
+@pytest.mark.parametrize("qtype", [12, 13], ids=["Q4_K", "Q5_K"])
+@pytest.mark.parametrize("bad", [np.inf, np.nan])
+def test_k4_products_of_non_finite_x_are_not_finite(cuda_device, rng, qtype, bad):
+    n, k = 9, _k(qtype, 2)
+    w = _weight(rng, qtype, n, k)
+    x = rng.standard_normal((2, k)).astype(np.float32)
+    x[0, 300] = bad
+    got = _product(x, w, qtype, k)
+    assert not np.isfinite(got[0]).any()
+    assert_close(got[1:], _expected(x[1:], w, qtype, k), MATVEC_NMSE)
 
 
 @pytest.mark.parametrize("qtype", FLOATS, ids=["F32", "F16", "BF16"])

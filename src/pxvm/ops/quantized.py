@@ -361,8 +361,11 @@ def _matvec_shape(ctx, qtype: int, outputs: int, k: int,
     # Hopper's own instructions elsewhere: the nearest that every GPU has
     if prefetch == "bulk" and not hopper:
         prefetch = "lines"
-    # ... and rows the bulk copies cannot take read from global memory
-    if prefetch == "stage" and not (hopper and ptx_quantized.stages(qtype, rows, k)):
+    # ... and rows the bulk copies cannot take (or blocks of one group, for "part") read
+    # from global memory
+    if prefetch in ptx_quantized.STAGING and not (
+            hopper and ptx_quantized.stages(qtype, rows, k, prefetch)
+            and (prefetch == "stage" or rows // group >= 2)):
         prefetch = "none"
     return rows, group, prefetch
 
@@ -399,7 +402,7 @@ def record_product_cuda(ctx, x, w, qtype: int, k: int, gain=None, eps: float = 0
     rows, group, prefetch = _matvec_shape(ctx, qtype, outputs, k, glu)
     if glu and rows < 2:  # a gate row and its up row at least
         rows = 2
-    shared = ptx_quantized.staged_bytes(qtype, rows, k) if prefetch == "stage" else 0
+    shared = ptx_quantized.staged_bytes(qtype, rows, k, prefetch)
     group = ptx_quantized.matvec_group(rows, group, prefetch, epilogue)
     args = [x, *weights, out, outputs, k]
     if gain is not None:

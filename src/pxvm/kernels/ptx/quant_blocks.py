@@ -342,6 +342,14 @@ def with_bits(k: Kernel, words: list[Reg], bits: list[Reg], shift, mask: str,
     return out
 
 
+def pairwise_sum(k: Kernel, values: list[Reg]) -> Reg:
+    values = list(values)
+    while len(values) > 1:
+        values = [k.op("add.f32", values[i], values[i + 1]) if i + 1 < len(values)
+                  else values[i] for i in range(0, len(values), 2)]
+    return values[0]
+
+
 @dataclass
 class Scale:
     """A group's scale terms: value = a * (u - c), or a * u + b where b is given (the
@@ -401,13 +409,23 @@ class Unit:
         groups' scales)."""
         raise NotImplementedError
 
+    def x_terms(self, k: Kernel, xs: list[Reg]):
+        """What dot_rows takes of the unit's 32 x values (in decoding order), made once for
+        all the rows a thread multiplies: the values and their sums by group."""
+        sums, v = [], 0
+        for count in self.groups or ():
+            sums.append(pairwise_sum(k, xs[v:v + count]))
+            v += count
+        return xs, sums
+
     # the generic uses of decode
-    def dot_rows(self, k: Kernel, rows: list[dict], prep: Prep, xs: list[Reg],
-                 sums: list[Reg], accs: list[Reg]) -> list[Reg]:
-        """accs + the sums of each row's unit values times xs (sums: xs summed by group).
-        The rows go together, value by value: every row's loaded words are in use from
-        the start, so that ptxas issues all their loads before the products (it moves a
-        load down to its first use where registers are short)."""
+    def dot_rows(self, k: Kernel, rows: list[dict], prep: Prep, terms,
+                 accs: list[Reg]) -> list[Reg]:
+        """accs + the sums of each row's unit values times x (terms: x_terms'). The rows
+        go together, value by value: every row's loaded words are in use from the start,
+        so that ptxas issues all their loads before the products (it moves a load down
+        to its first use where registers are short)."""
+        xs, sums = terms
         decoded = [self.decode(k, loaded, prep) for loaded in rows]
         terms = [[scale.dot_terms(k) for scale in scales] for _, scales in decoded]
         partial = [[None] * len(self.groups) for _ in rows]
@@ -526,7 +544,8 @@ class Q8_0(Unit):
             out += [small_f32(k, unsigned, b, 128) for b in range(4)]
         return out
 
-    def dot_rows(self, k, rows, prep, xs, sums, accs):
+    def dot_rows(self, k, rows, prep, terms, accs):
+        xs, _ = terms
         partial = [None] * len(rows)
         for w in range(8):  # word by word, every row (see Unit.dot_rows)
             for r, loaded in enumerate(rows):
@@ -562,13 +581,43 @@ class Floats(Unit):
             out.append(_as_f32(k, k.op("and.b32", w, "0xFFFF0000")))
         return out
 
-    def dot_rows(self, k, rows, prep, xs, sums, accs):
+    def dot_rows(self, k, rows, prep, terms, accs):
+        xs, _ = terms
         values = [self.values(k, loaded, prep) for loaded in rows]
         accs = list(accs)
         for i, x in enumerate(xs):  # value by value, every row (see Unit.dot_rows)
             for r, row in enumerate(values):
                 accs[r] = k.op("fma.rn.f32", row[i], x, accs[r])
         return accs
+
+
+#: int16_x's largest |q|
+X_STEPS = 32767
+#: 1.5 * 2^23: fma(x, a, X_ROUND)'s low 16 bits are rint(x * a) as int16 (|x a| < 2^22)
+X_ROUND = 12582912.0
+
+
+def int16_x(k: Kernel, xs: list[Reg], groups: tuple[int, ...]) -> tuple[list[Reg], list[Reg], Reg]:
+    """x as integers for products by dp2a: q = rint(x / s), s = max |x| / X_STEPS over
+    the values (|x - s q| <= s / 2: 16 bits against the largest value; a non-finite x
+    makes s non-finite, and so the product). Returns (q's in pairs, 16 bits each, two
+    values a word; the sums of q by group; s)."""
+    largest = [k.op("abs.f32", v) for v in xs]
+    while len(largest) > 1:
+        largest = [k.op("max.NaN.f32", a, b) for a, b in zip(largest[::2], largest[1::2])]
+    # 1e-30: no overflow in 1 / s where x is all zeros or tiny
+    s = k.op("mul.rn.f32", k.op("max.NaN.f32", largest[0], f32(1e-30)), f32(1 / X_STEPS))
+    a = k.op("rcp.approx.f32", s)  # within 2 ulp: |x a| stays below X_STEPS + 0.5
+    bits = [k.op("fma.rn.f32", v, a, f32(X_ROUND)) for v in xs]
+    pairs = [k.op("prmt.b32", lo, hi, 0x5410) for lo, hi in zip(bits[::2], bits[1::2])]
+    sums, v = [], 0
+    for count in groups:
+        total = 0
+        for pair in pairs[v // 2:(v + count) // 2]:
+            total = k.op("dp2a.lo.s32.u32", pair, "0x01010101", total)
+        sums.append(total)
+        v += count
+    return pairs, sums, s
 
 
 def _split(k: Kernel, u: Reg, parts: int) -> tuple[Reg, Reg]:
@@ -591,10 +640,15 @@ class K4(Unit):
         h = k.op("and.b32", p, 1)
         first = k.op("add.u32", k.op("shl.b32", j, 8),
                      k.op("add.u32", k.op("shl.b32", c, 6), k.op("shl.b32", h, 4)))
+        byte = k.op("shl.b32", k.op("and.b32", c, 1), 1)
         extra = {"c": c, "h": h,
                  # sub-blocks 4..7 (c >= 2) take the second form of the scales
                  "upper": k.setp("ge.u32", c, 2),
-                 "byte": k.op("shl.b32", k.op("and.b32", c, 1), 1)}
+                 "byte": byte,
+                 # prmt selectors: bytes byte, byte + 1 of the first word, then of the
+                 # second (dot_rows' scales and minimums, a byte each)
+                 "pick_two": k.op("mad.lo.u32", byte, 0x1111, 0x5410),
+                 "pick_one": k.op("mad.lo.u32", byte, 0x1111, 0x1010)}
         if self.fmt.name == "Q5_K":
             extra["shift"] = k.op("shl.b32", c, 1)
         return Prep(j, p, [(first, 16), (k.op("add.u32", first, 32), 16)], extra)
@@ -608,13 +662,65 @@ class K4(Unit):
                               16, 16)
         return out
 
-    def decode(self, k, loaded, prep):
+    def _quants(self, k, loaded, prep):
+        """The unit's 8 words of quants, a byte each (sub-block 2c's, then 2c + 1's)."""
         low, high = nibbles(k, loaded["qs"])
-        x = prep.extra
         if "qh" in loaded:
-            low = with_bits(k, low, loaded["qh"], x["shift"], "0x01010101", 4)
-            high = with_bits(k, high, loaded["qh"], k.op("add.u32", x["shift"], 1),
+            shift = prep.extra["shift"]
+            low = with_bits(k, low, loaded["qh"], shift, "0x01010101", 4)
+            high = with_bits(k, high, loaded["qh"], k.op("add.u32", shift, 1),
                              "0x01010101", 4)
+        return low + high
+
+    def x_terms(self, k, xs):
+        return int16_x(k, xs, self.groups)
+
+    def dot_rows(self, k, rows, prep, terms, accs):
+        """In integers (x as int16_x gives it): each sub-block's sum of u q by dp2a, then
+        T = sum of scale * that and M = sum of minimum * sum(q) over the unit's two sub-
+        blocks; the row's part is s (d T - dmin M). Exact until the last float steps:
+        |T| < 2^31 for 5-bit quants (2 * 16 * 31 * 63 * 32767)."""
+        pairs, sums, s = terms
+        quants = [self._quants(k, loaded, prep) for loaded in rows]
+        dots = [[None, None] for _ in rows]
+        for w in range(8):  # word by word, every row (see Unit.dot_rows)
+            for r, words in enumerate(quants):
+                for half, mode in enumerate(("lo", "hi")):  # values 4w.. and 4w + 2..
+                    prior = dots[r][w // 4]
+                    dots[r][w // 4] = k.op(f"dp2a.{mode}.s32.u32", pairs[2 * w + half],
+                                           words[w], 0 if prior is None else prior)
+        out = []
+        for loaded, (dot_a, dot_b), acc in zip(rows, dots, accs):
+            scale_a, scale_b, least_a, least_b = self._integer_scales(k, loaded["head"], prep)
+            t = k.op("mad.lo.s32", scale_b, dot_b, k.op("mul.lo.s32", scale_a, dot_a))
+            m = k.op("mad.lo.s32", least_b, sums[1], k.op("mul.lo.s32", least_a, sums[0]))
+            d, dmin = halves_f32(k, loaded["head"][0])
+            minimums = k.op("mul.f32", k.op("cvt.rn.f32.s32", m), dmin)
+            part = k.op("fma.rn.f32", k.op("cvt.rn.f32.s32", t), d,
+                        k.op("neg.f32", minimums))
+            out.append(k.op("fma.rn.f32", part, s, acc))
+        return out
+
+    def _integer_scales(self, k, head, prep):
+        """(scale, scale, minimum, minimum) of sub-blocks 2c and 2c + 1, as integers."""
+        _, h1, h2, h3 = head
+        x = prep.extra
+        # bytes of sub-blocks 2c, 2c + 1: scales (h1), minimums (h2); and h3's for c >= 2
+        pair = k.op("prmt.b32", h1, h2, x["pick_two"])
+        tops = k.op("prmt.b32", h3, h3, x["pick_one"])
+        lower = k.op("and.b32", pair, "0x3F3F3F3F")
+        # c >= 2: low 4 bits from h3 (the scale's low nibble, the minimum's high one),
+        # top 2 from the high bits of the lower form's bytes
+        nib = k.op("or.b32", k.op("and.b32", tops, "0x00000F0F"),
+                   k.op("and.b32", k.op("shr.u32", tops, 4), "0x0F0F0000"))
+        upper = k.op("or.b32", nib, k.op("and.b32", k.op("shr.u32", pair, 2), "0x30303030"))
+        both = k.op("selp.b32", upper, lower, x["upper"])
+        return [k.op("prmt.b32", both, 0, 0x4440 + b) for b in range(4)]
+
+    def decode(self, k, loaded, prep):
+        words = self._quants(k, loaded, prep)
+        low, high = words[:4], words[4:]
+        x = prep.extra
         h0, h1, h2, h3 = loaded["head"]
         d, dmin = halves_f32(k, h0)
         six = "0x3F3F3F3F"

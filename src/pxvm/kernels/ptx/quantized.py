@@ -52,8 +52,12 @@ STAGED_SHAPE = (16, 4)
 #: module's target is then sm_90a, as wgmma's), "lines" (each thread prefetches its
 #: units' lines to L2 before loading them), "none", "stage" (Hopper's bulk copies bring
 #: the block's rows into shared memory as it starts, a group of rows at a time, and the
-#: products read them there)
-PREFETCHES = ("bulk", "lines", "none", "stage")
+#: products read them there), "part" (the first half of the groups staged, L2 asked for
+#: the rest: blocks half the size, for weights too large to stage whole beside the next
+#: product's)
+PREFETCHES = ("bulk", "lines", "none", "stage", "part")
+#: the prefetches that stage rows in shared memory
+STAGING = ("stage", "part")
 #: shared memory a block may stage its rows in (the H100 has 227 KiB a block)
 MAX_STAGED_BYTES = 200 * 1024
 #: the types whose SHAPES are all emitted (the ones benchmarked): Q4_K, Q8_0, Q4_0, Q6_K,
@@ -82,24 +86,23 @@ def threads_for(k: int) -> int:
     return max(32, -(-units // (32 * passes)) * 32)
 
 
-def staged_bytes(code: int, rows: int, k: int) -> int:
-    """Shared memory (dynamic) of a "stage" matvec block of `rows` rows of k values."""
+def staged_rows(rows: int, prefetch: str) -> int:
+    """The rows of a matvec block of `rows` that are staged in shared memory."""
+    return {"stage": rows, "part": rows // 2}.get(prefetch, 0)
+
+
+def staged_bytes(code: int, rows: int, k: int, prefetch: str = "stage") -> int:
+    """Shared memory (dynamic) of a matvec block of `rows` rows of k values."""
     fmt = FORMATS[code]
-    return rows * (k // fmt.block_values) * fmt.block_bytes
+    return staged_rows(rows, prefetch) * (k // fmt.block_values) * fmt.block_bytes
 
 
-def stages(code: int, rows: int, k: int) -> bool:
-    """Whether a "stage" matvec block of `rows` rows of k values can be launched: rows
-    the bulk copies can take (quant_blocks.staging_fits) in MAX_STAGED_BYTES."""
-    return staging_fits(FORMATS[code], k) and staged_bytes(code, rows, k) <= MAX_STAGED_BYTES
-
-
-def _pairwise_sum(k: Kernel, values):
-    values = list(values)
-    while len(values) > 1:
-        values = [k.op("add.f32", values[i], values[i + 1]) if i + 1 < len(values)
-                  else values[i] for i in range(0, len(values), 2)]
-    return values[0]
+def stages(code: int, rows: int, k: int, prefetch: str = "stage") -> bool:
+    """Whether a matvec block of `rows` rows of k values staging them (`prefetch`) can be
+    launched: rows the bulk copies can take (quant_blocks.staging_fits) in
+    MAX_STAGED_BYTES."""
+    return (staging_fits(FORMATS[code], k)
+            and staged_bytes(code, rows, k, prefetch) <= MAX_STAGED_BYTES)
 
 
 def _shuffle(k: Kernel, value, offset: int):
@@ -148,7 +151,9 @@ def matvec(code: int, rows: int = 8, group: int = 8, prefetch: str = "bulk",
     L2 ahead of them). "stage" copies the block's rows into shared memory (dynamic:
     staged_bytes) before the wait, so that the weight streams in while the previous
     kernel ends; then x's values are loaded, and each group's rows read from shared
-    memory once they have landed (a GLU's groups are then gate rows or up rows).
+    memory once they have landed (a GLU's groups are then gate rows or up rows); "part"
+    stages the first half of the groups so (a GLU's gate rows), and asks L2 for the
+    rest before the wait as "bulk" does, which the products read from global memory.
 
     `norm`: y = rmsnorm(x, gain, eps) @ W^T, computed as ((x * gain) @ W^T) * s with
     s = rsqrt(mean(x^2) + eps): an output is linear in x, so s can wait for the end,
@@ -158,20 +163,25 @@ def matvec(code: int, rows: int = 8, group: int = 8, prefetch: str = "bulk",
     W holds 2N rows (the gate's N, then the up projection's), a block's rows are rows / 2
     gate rows and the same rows / 2 up rows, and it stores act(gate) * up."""
     glu = epilogue in GLU_ACTIVATIONS
-    staged = prefetch == "stage"
+    staged = prefetch in STAGING
     if rows & (rows - 1) or rows > 32 or rows % group or (glu and rows < 2):
         raise ValueError(f"rows must be a power of two <= 32 (>= 2 for a GLU) and a "
                          f"multiple of group, got {rows}, {group}")
     if staged and glu and group > rows // 2:
         raise ValueError(f"a staged GLU's groups are gate rows or up rows, not both: "
                          f"group must be at most {rows // 2}, got {group}")
+    if prefetch == "part" and rows // group < 2:
+        raise ValueError(f"\"part\" stages half of the groups: rows must be at least two "
+                         f"groups, got {rows}, {group}")
     if epilogue not in EPILOGUES:
         raise ValueError(f"epilogue must be one of {', '.join(EPILOGUES)}, got {epilogue!r}")
     fmt = FORMATS[code]
     reader = unit(fmt)
-    src = source(fmt, fmt.planes)
+    rows_src = src = source(fmt, fmt.planes)
+    groups = rows // group
+    staged_groups = staged_rows(rows, prefetch) // group
     if staged:
-        src = Staged(src, rows)
+        src = Staged(rows_src, staged_groups * group)
     fused = ("_norm" if norm else "") + ("" if epilogue == "none" else f"_{epilogue}")
     extras = ([("gain", "u64"), ("eps", "f32")] if norm else []) + \
         ([("residual", "u64")] if epilogue == "add" else [])
@@ -179,7 +189,7 @@ def matvec(code: int, rows: int = 8, group: int = 8, prefetch: str = "bulk",
     k = Kernel(f"matvec_{fmt.label}_r{rows}_g{group}_{prefetch}{fused}"
                f"{f'_reg{cap}' if cap else ''}",
                [("x", "u64"), *src.params(), ("y", "u64"), ("N", "u32"), ("K", "u32"),
-                *extras], arch={"bulk": "sm_90a", "stage": "sm_90"}.get(prefetch),
+                *extras], arch={"bulk": "sm_90a", "part": "sm_90a", "stage": "sm_90"}.get(prefetch),
                max_registers=cap)
     x, *rest = k.params()
     fields = len(src.params())
@@ -201,10 +211,11 @@ def matvec(code: int, rows: int = 8, group: int = 8, prefetch: str = "bulk",
     columns = [k.op("min.u32", k.op("add.u32", first, r), last) for r in range(outputs)]
     ns = columns + [k.op("add.u32", c, N) for c in columns] if glu else columns
     block_rows = k.op("sub.u32", k.op("min.u32", k.op("add.u32", first, outputs), N), first)
-    if staged:  # rows are loaded from their slots: gate rows' first, then up rows'
-        ns = [k.op("sub.u32", c, first) for c in columns]
-        ns += [k.op("add.u32", slot, outputs) for slot in ns] if glu else []
-        barriers = _stage_rows(k, src, tid, first, block_rows, N, rows, group, outputs)
+    if staged:  # staged rows are loaded from their slots: gate rows' first, then up rows'
+        slots = [k.op("sub.u32", c, first) for c in columns]
+        slots += [k.op("add.u32", slot, outputs) for slot in slots] if glu else []
+        barriers = _stage_rows(k, src, tid, first, block_rows, N, staged_groups, group,
+                               outputs)
     x_row = k.element(x, k.op("mul.lo.u32", m, K), 4)
     units = k.op("shr.u32", K, 5)
     acc = [k.op("mov.f32", f32(0.0)) for _ in range(rows)]
@@ -213,6 +224,12 @@ def matvec(code: int, rows: int = 8, group: int = 8, prefetch: str = "bulk",
         with k.if_(k.setp("eq.u32", tid, 0)):
             for start in [first, k.op("add.u32", first, N)] if glu else [first]:
                 for address, nbytes in src.spans(k, start, block_rows):
+                    bulk_prefetch(k, address, nbytes)
+    if prefetch == "part":  # another thread asks for the rows not staged
+        with k.if_(k.setp("eq.u32", tid, 32)):
+            for g in range(staged_groups, groups):
+                start, held = _group_rows(k, g, group, outputs, first, block_rows, N)
+                for address, nbytes in rows_src.spans(k, start, held):
                     bulk_prefetch(k, address, nbytes)
     # the weight's trip from memory overlaps the previous kernel's end (its prefetch
     # above); x, the gain and the residual may be its output
@@ -227,9 +244,12 @@ def matvec(code: int, rows: int = 8, group: int = 8, prefetch: str = "bulk",
             src.prefetching = False
 
         def loads(g):
-            if staged:  # once its rows have landed
+            if g < staged_groups:  # once its rows have landed
                 k.barrier_wait(f"{barriers}+{8 * g}")
-            return [reader.load(k, src, ns[r], prep) for r in range(g * group, (g + 1) * group)]
+                return [reader.load(k, src, slots[r], prep)
+                        for r in range(g * group, (g + 1) * group)]
+            return [reader.load(k, rows_src, ns[r], prep)
+                    for r in range(g * group, (g + 1) * group)]
 
         # the weights first: their loads take longest (staged, x's come first: its rows
         # may still be landing)
@@ -245,17 +265,13 @@ def matvec(code: int, rows: int = 8, group: int = 8, prefetch: str = "bulk",
                     regs = [k.op("mul.f32", v, g)
                             for v, g in zip(regs, k.load_vector("f32", f"{gains}+{16 * q}"))]
                 xs += regs
-        sums, v = [], 0
-        for count in reader.groups or ():
-            sums.append(_pairwise_sum(k, xs[v:v + count]))
-            v += count
-        groups = rows // group
+        terms = reader.x_terms(k, xs)
         for g in range(groups):
             if pending is None:
                 pending = loads(g)
-            following = loads(g + 1) if g + 1 < groups and not staged else None
+            following = loads(g + 1) if staged_groups <= g + 1 < groups else None
             these = acc[g * group:(g + 1) * group]
-            for a, total in zip(these, reader.dot_rows(k, pending, prep, xs, sums, these)):
+            for a, total in zip(these, reader.dot_rows(k, pending, prep, terms, these)):
                 k.to(a, "mov.f32", total)
             pending = following
         # x^2 after the products: ptxas then issues the weights' loads earlier
@@ -306,28 +322,36 @@ def matvec(code: int, rows: int = 8, group: int = 8, prefetch: str = "bulk",
     return k
 
 
-def _stage_rows(k: Kernel, src: Staged, tid, first, count, N, rows: int, group: int,
+def _group_rows(k: Kernel, g: int, group: int, outputs: int, first, count, N):
+    """(first row of W, rows before N) of group g of a block whose outputs are first ..
+    first + count - 1: a GLU's groups past its outputs are up rows, N further."""
+    slot = g * group
+    part = slot % outputs  # its first row's place among the gate's (or up's) rows
+    held = k.op("min.u32", k.op("sub.u32", count, k.op("min.u32", count, part)), group)
+    start = k.op("add.u32", first, part)
+    if slot >= outputs:
+        start = k.op("add.u32", start, N)
+    return start, held
+
+
+def _stage_rows(k: Kernel, src: Staged, tid, first, count, N, groups: int, group: int,
                 outputs: int) -> str:
-    """Thread 0 queues the bulk copies of the block's rows into their slots, a group of
-    rows at a time, each group counted on its own barrier; returns the barriers' address
-    (group g's at +8 g). The rows past N are not copied (their slots are not read)."""
-    barriers = k.op("mov.u32", k.shared("landed", "b64", rows // group, 8))
+    """Thread 0 queues the bulk copies of the block's first `groups` groups of rows
+    into their slots, each group counted on its own barrier; returns the barriers'
+    address (group g's at +8 g). The rows past N are not copied (their slots are not
+    read)."""
+    barriers = k.op("mov.u32", k.shared("landed", "b64", groups, 8))
     row_bytes = k.op("mov.u32", 0)
     for plane_bytes in src.row_bytes.values():
         k.to(row_bytes, "add.u32", row_bytes, plane_bytes)
     with k.if_(k.setp("eq.u32", tid, 0)):
-        for g in range(rows // group):
+        for g in range(groups):
             barrier = f"{barriers}+{8 * g}"
             k.barrier_init(barrier)
-            slot = g * group
-            part = slot % outputs  # its first row's place among the gate's (or up's) rows
-            held = k.op("min.u32", k.op("sub.u32", count, k.op("min.u32", count, part)), group)
+            start, held = _group_rows(k, g, group, outputs, first, count, N)
             k.barrier_expect(barrier, k.op("mul.lo.u32", held, row_bytes))
             with k.if_(k.setp("ne.u32", held, 0)):
-                start = k.op("add.u32", first, part)
-                if slot >= outputs:  # a GLU's up rows
-                    start = k.op("add.u32", start, N)
-                src.copy_rows(k, slot, start, held, barrier)
+                src.copy_rows(k, g * group, start, held, barrier)
     k.emit("bar.sync 0")  # the barriers exist before any thread waits on them
     return str(barriers)
 
@@ -335,7 +359,7 @@ def _stage_rows(k: Kernel, src: Staged, tid, first, count, N, rows: int, group: 
 def matvec_group(rows: int, group: int, prefetch: str, epilogue: str) -> int:
     """The rows a group of a `matvec` of that shape: `group`, but a staged GLU's groups
     are gate rows or up rows, half the block's at most."""
-    if prefetch == "stage" and epilogue in GLU_ACTIVATIONS:
+    if prefetch in STAGING and epilogue in GLU_ACTIVATIONS:
         return min(group, rows // 2)
     return group
 
@@ -417,8 +441,10 @@ def variants():
             # every type's small-weight shape (ops.quantized.SMALL_SHAPE) too
             shapes = SHAPES if code in SWEPT and prefetch != "lines" else (
                 (DEFAULT_SHAPE, (4, 4)) if prefetch != "lines" else (DEFAULT_SHAPE,))
-            if prefetch == "stage" and STAGED_SHAPE not in shapes:
+            if prefetch in STAGING and STAGED_SHAPE not in shapes:
                 shapes += (STAGED_SHAPE,)
+            if prefetch == "part":
+                shapes = tuple(s for s in shapes if s[0] // s[1] >= 2)
             seen = set()
             for rows, group in shapes:
                 for norm, epilogue in FUSIONS:

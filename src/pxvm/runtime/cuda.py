@@ -73,9 +73,6 @@ class DeviceInfo:
         return f"sm_{self.compute_capability[0]}{self.compute_capability[1]}"
 
 
-#: Dynamic shared memory a launch may use without asking (more needs an attribute set)
-STATIC_SHARED_BYTES = 48 * 1024
-
 #: Allocations are rounded up to this many bytes, so that similar sizes share the pool.
 GRANULE = 512
 
@@ -356,7 +353,7 @@ class CudaDevice:
         `dependent`: as a programmatic dependent launch (sm_90 on), which may start while
         the launch before it finishes; its kernel waits for that one's results (the
         builder's griddepcontrol)."""
-        if shared_bytes > STATIC_SHARED_BYTES:
+        if shared_bytes:  # the 48 KiB without asking count the kernel's static memory too
             self._allow_shared(function, shared_bytes)
         cu = _driver()
         if dependent and self.info.compute_capability[0] >= DEPENDENT_LAUNCH_MAJOR:
@@ -385,7 +382,8 @@ class CudaDevice:
         return CudaGraph(self, work)
 
     def _allow_shared(self, function, shared_bytes: int) -> None:
-        """Past 48 KiB a function's dynamic shared memory must be allowed first."""
+        """Allow a function `shared_bytes` of dynamic shared memory: without it, its
+        dynamic and static shared memory together may not pass 48 KiB."""
         if self._shared_allowed.get(int(function), 0) < shared_bytes:
             cu = _driver()
             _check(cu.cuFuncSetAttribute(

@@ -681,7 +681,12 @@ class K4(Unit):
         blocks; the row's part is s (d T - dmin M). Exact until the last float steps:
         |T| < 2^31 for 5-bit quants (2 * 16 * 31 * 63 * 32767)."""
         pairs, sums, s = terms
-        quants = [self._quants(k, loaded, prep) for loaded in rows]
+        # Q4_K's high nibbles in place (16 u, no shifts): its sums of u q then 16 times
+        # (< 2^31: 16 * 16 * 15 * 32767), exactly, and shifted back once
+        in_place = "qh" not in rows[0]
+        quants = [[k.op("and.b32", w, LOW_NIBBLES) for w in loaded["qs"]]
+                  + [k.op("and.b32", w, "0xF0F0F0F0") for w in loaded["qs"]] if in_place
+                  else self._quants(k, loaded, prep) for loaded in rows]
         dots = [[None, None] for _ in rows]
         for w in range(8):  # word by word, every row (see Unit.dot_rows)
             for r, words in enumerate(quants):
@@ -691,6 +696,8 @@ class K4(Unit):
                                            words[w], 0 if prior is None else prior)
         out = []
         for loaded, (dot_a, dot_b), acc in zip(rows, dots, accs):
+            if in_place:
+                dot_b = k.op("shr.s32", dot_b, 4)
             scale_a, scale_b, least_a, least_b = self._integer_scales(k, loaded["head"], prep)
             t = k.op("mad.lo.s32", scale_b, dot_b, k.op("mul.lo.s32", scale_a, dot_a))
             m = k.op("mad.lo.s32", least_b, sums[1], k.op("mul.lo.s32", least_a, sums[0]))

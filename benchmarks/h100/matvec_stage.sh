@@ -12,7 +12,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   backends/test_cuda_transformer.py backends/test_cuda.py -k "quant or graph or fused or glu or staged" \
   2>&1 | tail -4)
 timeout 200 python3 benchmarks/h100/matvec_registers.py --shapes ${SHAPES:-16x4,8x8} \
-  --prefetches ${PREFETCHES:-none,stage,part} --types ${TYPES:-Q4_K,Q8_0,Q4_0,Q6_K,Q5_K} > $OUT/sweep.md
+  --prefetches ${PREFETCHES:-none,stage,ring} --types ${TYPES:-Q4_K,Q8_0,Q4_0,Q6_K,Q5_K} > $OUT/sweep.md
 cat $OUT/sweep.md
 timeout 200 python3 benchmarks/cuda/quantized.py --stream --prompt-rows 0 --types Q4_K Q8_0 Q4_0 Q6_K Q5_K \
   > $OUT/quantized.md

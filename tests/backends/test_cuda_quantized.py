@@ -8,6 +8,7 @@ each run (conftest). Skipped, saying why, without a driver."""
 from __future__ import annotations
 
 import importlib
+import re
 import sys
 from pathlib import Path
 
@@ -111,10 +112,10 @@ def test_every_swept_shape_of_the_kernel(cuda_device, rng, qtype, shape, prefetc
                                          monkeypatch):
     if prefetch == "lines" and shape != ptx_quantized.DEFAULT_SHAPE:
         pytest.skip("line prefetches come in the default shape only")
-    if prefetch in ("bulk", "stage", "part") and cuda_device.device.info.arch != "sm_90":
+    if prefetch in ("bulk", "stage", "ring") and cuda_device.device.info.arch != "sm_90":
         pytest.skip("bulk prefetches and copies are Hopper's (sm_90)")
-    if prefetch == "part" and shape[0] // shape[1] < 2:
-        pytest.skip("\"part\" stages half of a block's groups: two at least")
+    if prefetch == "ring" and shape[0] // shape[1] < 2:
+        pytest.skip("a ring stages half of a block's groups at once: two at least")
     monkeypatch.setattr(quantized_module, "MATVEC_SHAPES", {qtype: shape})
     monkeypatch.setattr(quantized_module, "MATVEC_PREFETCH", prefetch)
     n, k = 45, _k(qtype, 2 if qtype in K_TYPES else 8)  # rows that can be staged
@@ -140,8 +141,8 @@ def test_products_staged_in_shared_memory_match_float64(cuda_device, rng, qtype,
                                                         shape, monkeypatch):
     if cuda_device.device.info.arch != "sm_90":
         pytest.skip("bulk copies into shared memory are Hopper's (sm_90)")
-    if prefetch == "part" and shape[0] // shape[1] < 2:
-        pytest.skip("\"part\" stages half of a block's groups: two at least")
+    if prefetch == "ring" and shape[0] // shape[1] < 2:
+        pytest.skip("a ring stages half of a block's groups at once: two at least")
     monkeypatch.setattr(quantized_module, "MATVEC_SHAPES", {qtype: shape})
     monkeypatch.setattr(quantized_module, "MATVEC_PREFETCH", prefetch)
     k = 2048  # every plane's rows whole 16-byte chunks, for every type
@@ -154,10 +155,27 @@ def test_products_staged_in_shared_memory_match_float64(cuda_device, rng, qtype,
     assert_close(got, _expected(x, w, qtype, k), MATVEC_NMSE)
 
 
-@pytest.mark.parametrize("n_waves,k,staged", [(1, 4096, True), (2, 4096, True), (2.1, 4096, False),
-                                              (1, 11008, False)])
-def test_weights_that_stream_in_one_wave_of_small_blocks_are_staged(cuda_device, rng, n_waves,
-                                                                      k, staged):
+def test_staged_rows_just_under_48_kib_beside_the_static_shared_memory_launch(cuda_device, rng,
+                                                                             monkeypatch):
+    # Q5_K's 16 staged rows of 4096 (44 KiB) and the 32-row block's 4 KiB of partial sums
+    # pass 48 KiB together: the launch must allow the dynamic part explicitly
+    if cuda_device.device.info.arch != "sm_90":
+        pytest.skip("bulk copies into shared memory are Hopper's (sm_90)")
+    monkeypatch.setattr(quantized_module, "MATVEC_SHAPES", {13: (32, 4)})
+    monkeypatch.setattr(quantized_module, "MATVEC_PREFETCH", "ring")
+    k = 4096
+    assert ptx_quantized.staged_bytes(13, 32, k, "ring") == 45056
+    w = _weight(rng, 13, 40, k)
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    got, launched = _product_and_kernels(cuda_device, x, w, 13, k)
+    assert any("_ring" in name for name in launched), launched
+    assert_close(got, _expected(x, w, 13, k), MATVEC_NMSE)
+
+
+@pytest.mark.parametrize("n_waves,k,kind", [(1, 4096, "stage"), (2, 4096, "stage"),
+                                            (2.1, 4096, "ring"), (1, 11008, "ring")])
+def test_weights_that_stream_in_one_wave_of_small_blocks_are_staged_others_ringed(
+        cuda_device, rng, n_waves, k, kind):
     # Q4_K's 16-row blocks: 36 KiB at K = 4096, 97 KiB (too large) at K = 11008
     if cuda_device.device.info.arch != "sm_90":
         pytest.skip("bulk copies into shared memory are Hopper's (sm_90)")
@@ -166,7 +184,9 @@ def test_weights_that_stream_in_one_wave_of_small_blocks_are_staged(cuda_device,
     w = _weight(rng, 12, n, k)
     x = rng.standard_normal((1, k)).astype(np.float32)
     got, launched = _product_and_kernels(cuda_device, x, w, 12, k)
-    assert any("_stage" in name for name in launched) == staged, launched
+    kinds = [re.search(r"_g\d+_([a-z]+)", name).group(1) for name in launched
+             if name.startswith("matvec_")]
+    assert kinds == [kind], launched
     assert_close(got, _expected(x, w, 12, k), MATVEC_NMSE)
 
 

@@ -143,7 +143,7 @@ def test_every_swept_shape_of_the_fused_kernel(qtype, shape, prefetch, cuda_devi
     # a GLU block's rows are half gate rows, half up rows, in groups of each or of both
     if prefetch == "lines" and shape != ptx_quantized.DEFAULT_SHAPE:
         pytest.skip("line prefetches come in the default shape only")
-    if prefetch in ("bulk", "stage") and cuda_device.device.info.arch != "sm_90":
+    if prefetch in ("bulk", "stage", "ring") and cuda_device.device.info.arch != "sm_90":
         pytest.skip("bulk prefetches and copies are Hopper's (sm_90)")
     monkeypatch.setattr(quantized_module, "MATVEC_SHAPES", {qtype: shape})
     monkeypatch.setattr(quantized_module, "MATVEC_PREFETCH", prefetch)
@@ -154,14 +154,15 @@ def test_every_swept_shape_of_the_fused_kernel(qtype, shape, prefetch, cuda_devi
         assert_close(_one_launch(cuda_device, name, args, params), expected, TOL)
 
 
-@pytest.mark.parametrize("prefetch", ["none", "stage"])
+@pytest.mark.parametrize("prefetch", ["none", "stage", "ring"])
 @pytest.mark.parametrize("qtype", [12, 8], ids=["Q4_K", "Q8_0"])
 @pytest.mark.parametrize("name,activation", DECODING_FUSIONS, ids=lambda v: v)
 def test_fused_products_of_rows_longer_than_a_block_of_threads(name, activation, qtype,
                                                                prefetch, cuda_device, rng,
                                                                monkeypatch):
-    # several passes over the row: each thread's sum of x^2 gathers several units
-    if prefetch == "stage" and cuda_device.device.info.arch != "sm_90":
+    # several passes over the row: each thread's sum of x^2 gathers several units (a
+    # ring's one pass: 40 or 72 units in 64 or 96 threads, those past them count nothing)
+    if prefetch in ("stage", "ring") and cuda_device.device.info.arch != "sm_90":
         pytest.skip("bulk copies into shared memory are Hopper's (sm_90)")
     monkeypatch.setattr(ptx_quantized, "MAX_THREADS", 32)  # 32 units of a row a pass
     monkeypatch.setattr(quantized_module, "MATVEC_PREFETCH", prefetch)

@@ -236,7 +236,9 @@ SMALL_PREFETCH = "bulk"
 #: enough that blocks of the next product fit beside it (a graph's dependent launches
 #: then fetch the next weight while this one is multiplied): one to STAGED_WAVE blocks
 #: a multiprocessor, of at most STAGED_BLOCK_BYTES. On the H100 Q8_0's 68 KiB blocks
-#: gained and Q4_K's 97 KiB ones lost (BENCHMARKS.md).
+#: gained and Q4_K's 97 KiB ones lost (BENCHMARKS.md). Other weights whose rows can be
+#: staged stream through a ring (RING_SHAPE's "ring": half its rows in shared memory
+#: at once, at most STAGED_BLOCK_BYTES).
 STAGED_WAVE = 2
 STAGED_BLOCK_BYTES = 72 << 10
 #: rows of x the matrix-vector kernels take (a grid row each: CUDA's grid height)
@@ -349,6 +351,10 @@ def _matvec_shape(ctx, qtype: int, outputs: int, k: int,
                 and ctx.device.info.multiprocessors <= staged_blocks
                 <= STAGED_WAVE * ctx.device.info.multiprocessors):
             return rows, group, "stage"
+        rows, group = ptx_quantized.RING_SHAPE
+        if (hopper and ptx_quantized.stages(qtype, rows, k, "ring")
+                and ptx_quantized.staged_bytes(qtype, rows, k, "ring") <= STAGED_BLOCK_BYTES):
+            return rows, group, "ring"
     tuned = None
     if qtype in ptx_quantized.SWEPT:
         tuned = tuning.choice(ctx.backend, f"matmul_quant.cuda.{quant_type(qtype).name}")
@@ -361,7 +367,7 @@ def _matvec_shape(ctx, qtype: int, outputs: int, k: int,
     # Hopper's own instructions elsewhere: the nearest that every GPU has
     if prefetch == "bulk" and not hopper:
         prefetch = "lines"
-    # ... and rows the bulk copies cannot take (or blocks of one group, for "part") read
+    # ... and rows the bulk copies cannot take (or blocks of one group, for a ring) read
     # from global memory
     if prefetch in ptx_quantized.STAGING and not (
             hopper and ptx_quantized.stages(qtype, rows, k, prefetch)
@@ -413,7 +419,8 @@ def record_product_cuda(ctx, x, w, qtype: int, k: int, gain=None, eps: float = 0
     ctx.launch(ptx_quantized.matvec,
                ptx_quantized.matvec_args(qtype, rows, group, prefetch, gain is not None,
                                          epilogue),
-               args, (-(-outputs // per_block), m, 1), block=ptx_quantized.threads_for(k),
+               args, (-(-outputs // per_block), m, 1),
+               block=ptx_quantized.threads_for(k, prefetch),
                shared_bytes=shared)
     return out
 

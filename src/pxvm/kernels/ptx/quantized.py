@@ -26,6 +26,7 @@ are not 16-byte aligned): a warp an output, a value a lane at a time.
 
 from __future__ import annotations
 
+import contextlib
 from math import gcd
 
 from .builder import Kernel, f32
@@ -47,17 +48,20 @@ DEFAULT_SHAPE = (8, 8)
 #: the shape of every type's "stage" kernel (ops.quantized launches it where a weight's
 #: rows are staged)
 STAGED_SHAPE = (16, 4)
+#: the shape of every type's "ring" kernel (ops.quantized launches it where a weight's
+#: rows stream through a ring)
+RING_SHAPE = (16, 4)
 #: how `matvec` asks for its weights ahead of the loads: "bulk" (Hopper's bulk prefetch:
 #: one instruction a plane asks L2 for all the block's rows as the block starts; the
 #: module's target is then sm_90a, as wgmma's), "lines" (each thread prefetches its
 #: units' lines to L2 before loading them), "none", "stage" (Hopper's bulk copies bring
 #: the block's rows into shared memory as it starts, a group of rows at a time, and the
-#: products read them there), "part" (the first half of the groups staged, L2 asked for
-#: the rest: blocks half the size, for weights too large to stage whole beside the next
-#: product's)
-PREFETCHES = ("bulk", "lines", "none", "stage", "part")
+#: products read them there), "ring" (as "stage", in slots for half the groups: each
+#: group's slot takes the group half the block further once its rows are multiplied;
+#: blocks half the size, for weights too large to stage whole beside the next product's)
+PREFETCHES = ("bulk", "lines", "none", "stage", "ring")
 #: the prefetches that stage rows in shared memory
-STAGING = ("stage", "part")
+STAGING = ("stage", "ring")
 #: shared memory a block may stage its rows in (the H100 has 227 KiB a block)
 MAX_STAGED_BYTES = 200 * 1024
 #: the types whose SHAPES are all emitted (the ones benchmarked): Q4_K, Q8_0, Q4_0, Q6_K,
@@ -77,18 +81,26 @@ FLOAT_BYTES = {0: 4, 1: 2, 30: 2}
 MATVEC_MAX_REGISTERS: int | None = None
 
 
-def threads_for(k: int) -> int:
+def threads_for(k: int, prefetch: str = "none") -> int:
     """Threads of a matvec block for rows of k values: a unit each in one pass where
-    MAX_THREADS allow, else as few passes as they allow with the units spread evenly over
+    MAX_THREADS allow (always for "ring", whose rows are multiplied in one pass: at most
+    MAX_RING_THREADS), else as few passes as they allow with the units spread evenly over
     them; in whole warps."""
     units = k // UNIT
-    passes = max(1, -(-units // MAX_THREADS))
+    passes = 1 if prefetch == "ring" else max(1, -(-units // MAX_THREADS))
     return max(32, -(-units // (32 * passes)) * 32)
 
 
+#: threads of a "ring" matvec block at most (K <= 12,288): its registers are capped
+#: (RING_REGISTERS) so that two such blocks fit a multiprocessor, this product's and the
+#: next's
+MAX_RING_THREADS = 384
+RING_REGISTERS = 65536 // (2 * MAX_RING_THREADS) // 8 * 8
+
+
 def staged_rows(rows: int, prefetch: str) -> int:
-    """The rows of a matvec block of `rows` that are staged in shared memory."""
-    return {"stage": rows, "part": rows // 2}.get(prefetch, 0)
+    """The rows of a matvec block of `rows` that are staged in shared memory at once."""
+    return {"stage": rows, "ring": rows // 2}.get(prefetch, 0)
 
 
 def staged_bytes(code: int, rows: int, k: int, prefetch: str = "stage") -> int:
@@ -102,7 +114,8 @@ def stages(code: int, rows: int, k: int, prefetch: str = "stage") -> bool:
     launched: rows the bulk copies can take (quant_blocks.staging_fits) in
     MAX_STAGED_BYTES."""
     return (staging_fits(FORMATS[code], k)
-            and staged_bytes(code, rows, k, prefetch) <= MAX_STAGED_BYTES)
+            and staged_bytes(code, rows, k, prefetch) <= MAX_STAGED_BYTES
+            and (prefetch != "ring" or threads_for(k, prefetch) <= MAX_RING_THREADS))
 
 
 def _shuffle(k: Kernel, value, offset: int):
@@ -151,9 +164,11 @@ def matvec(code: int, rows: int = 8, group: int = 8, prefetch: str = "bulk",
     L2 ahead of them). "stage" copies the block's rows into shared memory (dynamic:
     staged_bytes) before the wait, so that the weight streams in while the previous
     kernel ends; then x's values are loaded, and each group's rows read from shared
-    memory once they have landed (a GLU's groups are then gate rows or up rows); "part"
-    stages the first half of the groups so (a GLU's gate rows), and asks L2 for the
-    rest before the wait as "bulk" does, which the products read from global memory.
+    memory once they have landed (a GLU's groups are then gate rows or up rows). "ring"
+    stages the first half of the groups so, then, as each group's rows are multiplied
+    (all the threads past them: a barrier), copies the group half the block further
+    into its slot, counted on the same barrier's next phase; its threads take a unit
+    each in one pass (threads_for).
 
     `norm`: y = rmsnorm(x, gain, eps) @ W^T, computed as ((x * gain) @ W^T) * s with
     s = rsqrt(mean(x^2) + eps): an output is linear in x, so s can wait for the end,
@@ -170,18 +185,19 @@ def matvec(code: int, rows: int = 8, group: int = 8, prefetch: str = "bulk",
     if staged and glu and group > rows // 2:
         raise ValueError(f"a staged GLU's groups are gate rows or up rows, not both: "
                          f"group must be at most {rows // 2}, got {group}")
-    if prefetch == "part" and rows // group < 2:
-        raise ValueError(f"\"part\" stages half of the groups: rows must be at least two "
-                         f"groups, got {rows}, {group}")
+    if prefetch == "ring" and rows // group < 2:
+        raise ValueError(f"a ring stages half of the groups at once: rows must be at least "
+                         f"two groups, got {rows}, {group}")
     if epilogue not in EPILOGUES:
         raise ValueError(f"epilogue must be one of {', '.join(EPILOGUES)}, got {epilogue!r}")
     fmt = FORMATS[code]
     reader = unit(fmt)
-    rows_src = src = source(fmt, fmt.planes)
+    ring = prefetch == "ring"
+    src = source(fmt, fmt.planes)
     groups = rows // group
-    staged_groups = staged_rows(rows, prefetch) // group
+    resident = staged_rows(rows, prefetch) // group  # groups in shared memory at once
     if staged:
-        src = Staged(rows_src, staged_groups * group)
+        src = Staged(src, resident * group)
     fused = ("_norm" if norm else "") + ("" if epilogue == "none" else f"_{epilogue}")
     extras = ([("gain", "u64"), ("eps", "f32")] if norm else []) + \
         ([("residual", "u64")] if epilogue == "add" else [])
@@ -189,8 +205,8 @@ def matvec(code: int, rows: int = 8, group: int = 8, prefetch: str = "bulk",
     k = Kernel(f"matvec_{fmt.label}_r{rows}_g{group}_{prefetch}{fused}"
                f"{f'_reg{cap}' if cap else ''}",
                [("x", "u64"), *src.params(), ("y", "u64"), ("N", "u32"), ("K", "u32"),
-                *extras], arch={"bulk": "sm_90a", "part": "sm_90a", "stage": "sm_90"}.get(prefetch),
-               max_registers=cap)
+                *extras], arch={"bulk": "sm_90a", "stage": "sm_90", "ring": "sm_90"}.get(prefetch),
+               max_registers=cap or (RING_REGISTERS if ring else None))
     x, *rest = k.params()
     fields = len(src.params())
     pointers, (y, N, K), extra = rest[:fields], rest[fields:fields + 3], rest[fields + 3:]
@@ -214,8 +230,10 @@ def matvec(code: int, rows: int = 8, group: int = 8, prefetch: str = "bulk",
     if staged:  # staged rows are loaded from their slots: gate rows' first, then up rows'
         slots = [k.op("sub.u32", c, first) for c in columns]
         slots += [k.op("add.u32", slot, outputs) for slot in slots] if glu else []
-        barriers = _stage_rows(k, src, tid, first, block_rows, N, staged_groups, group,
-                               outputs)
+        if ring:  # group g's rows in the slots of group g % resident
+            slots = [(i // group % resident) * group + i % group for i in range(rows)]
+        barriers, row_bytes = _stage_rows(k, src, tid, first, block_rows, N, resident,
+                                          group, outputs)
     x_row = k.element(x, k.op("mul.lo.u32", m, K), 4)
     units = k.op("shr.u32", K, 5)
     acc = [k.op("mov.f32", f32(0.0)) for _ in range(rows)]
@@ -225,17 +243,16 @@ def matvec(code: int, rows: int = 8, group: int = 8, prefetch: str = "bulk",
             for start in [first, k.op("add.u32", first, N)] if glu else [first]:
                 for address, nbytes in src.spans(k, start, block_rows):
                     bulk_prefetch(k, address, nbytes)
-    if prefetch == "part":  # another thread asks for the rows not staged
-        with k.if_(k.setp("eq.u32", tid, 32)):
-            for g in range(staged_groups, groups):
-                start, held = _group_rows(k, g, group, outputs, first, block_rows, N)
-                for address, nbytes in rows_src.spans(k, start, held):
-                    bulk_prefetch(k, address, nbytes)
     # the weight's trip from memory overlaps the previous kernel's end (its prefetch
     # above); x, the gain and the residual may be its output
     k.wait_for_predecessors()
-    u = k.op("mov.u32", tid)
-    with k.loop(u, units, threads):
+    if ring:  # one pass: threads past the units take the last one, and count for nothing
+        u = k.op("min.u32", tid, k.op("sub.u32", units, 1))
+        body = contextlib.nullcontext()
+    else:
+        u = k.op("mov.u32", tid)
+        body = k.loop(u, units, threads)
+    with body:
         prep = reader.prepare(k, u)
         if prefetch == "lines":
             src.prefetching = True
@@ -244,12 +261,11 @@ def matvec(code: int, rows: int = 8, group: int = 8, prefetch: str = "bulk",
             src.prefetching = False
 
         def loads(g):
-            if g < staged_groups:  # once its rows have landed
-                k.barrier_wait(f"{barriers}+{8 * g}")
+            if staged:  # once its rows have landed
+                k.barrier_wait(f"{barriers}+{8 * (g % resident)}", g // resident & 1)
                 return [reader.load(k, src, slots[r], prep)
                         for r in range(g * group, (g + 1) * group)]
-            return [reader.load(k, rows_src, ns[r], prep)
-                    for r in range(g * group, (g + 1) * group)]
+            return [reader.load(k, src, ns[r], prep) for r in range(g * group, (g + 1) * group)]
 
         # the weights first: their loads take longest (staged, x's come first: its rows
         # may still be landing)
@@ -269,14 +285,26 @@ def matvec(code: int, rows: int = 8, group: int = 8, prefetch: str = "bulk",
         for g in range(groups):
             if pending is None:
                 pending = loads(g)
-            following = loads(g + 1) if staged_groups <= g + 1 < groups else None
+            following = loads(g + 1) if g + 1 < groups and not staged else None
             these = acc[g * group:(g + 1) * group]
             for a, total in zip(these, reader.dot_rows(k, pending, prep, terms, these)):
                 k.to(a, "mov.f32", total)
             pending = following
+            if ring and g + resident < groups:  # its slot takes the group further on
+                k.emit("bar.sync 0")
+                with k.if_(k.setp("eq.u32", tid, 0)):
+                    # the threads' reads of the slot come before the copy's writes
+                    k.emit("fence.proxy.async.shared::cta")
+                    _copy_group(k, src, g + resident, g % resident,
+                                f"{barriers}+{8 * (g % resident)}", first, block_rows, N,
+                                group, outputs, row_bytes)
         # x^2 after the products: ptxas then issues the weights' loads earlier
         for v in raw:
             k.to(squares, "fma.rn.f32", v, v, squares)
+    if ring:
+        live = k.setp("lt.u32", tid, units)
+        for a in acc + ([squares] if norm else []):
+            k.to(a, "selp.f32", a, f32(0.0), live)
     # lanes past the last unit skipped the loop: the shuffles need the whole warp back
     # (with the staged rows' waits in the loop, lanes past the row's units reached them
     # first and read their partners' values before those were written: H100)
@@ -334,12 +362,21 @@ def _group_rows(k: Kernel, g: int, group: int, outputs: int, first, count, N):
     return start, held
 
 
+def _copy_group(k: Kernel, src: Staged, g: int, slot_group: int, barrier: str, first, count,
+                N, group: int, outputs: int, row_bytes) -> None:
+    """Queue the copies of group g's rows into the slots of group `slot_group`, counted
+    on `barrier`. The rows past N are not copied (their slots are not stored from)."""
+    start, held = _group_rows(k, g, group, outputs, first, count, N)
+    k.barrier_expect(barrier, k.op("mul.lo.u32", held, row_bytes))
+    with k.if_(k.setp("ne.u32", held, 0)):
+        src.copy_rows(k, slot_group * group, start, held, barrier)
+
+
 def _stage_rows(k: Kernel, src: Staged, tid, first, count, N, groups: int, group: int,
-                outputs: int) -> str:
+                outputs: int):
     """Thread 0 queues the bulk copies of the block's first `groups` groups of rows
     into their slots, each group counted on its own barrier; returns the barriers'
-    address (group g's at +8 g). The rows past N are not copied (their slots are not
-    read)."""
+    address (group g's at +8 g) and the bytes of a row."""
     barriers = k.op("mov.u32", k.shared("landed", "b64", groups, 8))
     row_bytes = k.op("mov.u32", 0)
     for plane_bytes in src.row_bytes.values():
@@ -348,12 +385,9 @@ def _stage_rows(k: Kernel, src: Staged, tid, first, count, N, groups: int, group
         for g in range(groups):
             barrier = f"{barriers}+{8 * g}"
             k.barrier_init(barrier)
-            start, held = _group_rows(k, g, group, outputs, first, count, N)
-            k.barrier_expect(barrier, k.op("mul.lo.u32", held, row_bytes))
-            with k.if_(k.setp("ne.u32", held, 0)):
-                src.copy_rows(k, g * group, start, held, barrier)
+            _copy_group(k, src, g, g, barrier, first, count, N, group, outputs, row_bytes)
     k.emit("bar.sync 0")  # the barriers exist before any thread waits on them
-    return str(barriers)
+    return str(barriers), row_bytes
 
 
 def matvec_group(rows: int, group: int, prefetch: str, epilogue: str) -> int:
@@ -443,8 +477,8 @@ def variants():
                 (DEFAULT_SHAPE, (4, 4)) if prefetch != "lines" else (DEFAULT_SHAPE,))
             if prefetch in STAGING and STAGED_SHAPE not in shapes:
                 shapes += (STAGED_SHAPE,)
-            if prefetch == "part":
-                shapes = tuple(s for s in shapes if s[0] // s[1] >= 2)
+            if prefetch == "ring":
+                shapes = tuple(s for s in shapes + (RING_SHAPE,) if s[0] // s[1] >= 2)
             seen = set()
             for rows, group in shapes:
                 for norm, epilogue in FUSIONS:

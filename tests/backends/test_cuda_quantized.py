@@ -190,6 +190,19 @@ def test_weights_that_stream_in_one_wave_of_small_blocks_are_staged_others_ringe
     assert_close(got, _expected(x, w, 12, k), MATVEC_NMSE)
 
 
+def test_types_slower_ringed_are_not_ringed(cuda_device, rng):
+    # Q6_K: rows that could be staged, too many for one wave of blocks (RING_TYPES)
+    if cuda_device.device.info.arch != "sm_90":
+        pytest.skip("bulk copies into shared memory are Hopper's (sm_90)")
+    assert 14 not in quantized_module.RING_TYPES and ptx_quantized.stages(14, 16, 4096, "ring")
+    n = int(2.1 * cuda_device.device.info.multiprocessors) * 16
+    w = _weight(rng, 14, n, 4096)
+    x = rng.standard_normal((1, 4096)).astype(np.float32)
+    got, launched = _product_and_kernels(cuda_device, x, w, 14, 4096)
+    assert not any("_ring" in name or "_stage" in name for name in launched), launched
+    assert_close(got, _expected(x, w, 14, 4096), MATVEC_NMSE)
+
+
 @pytest.mark.parametrize("qtype,k", [(8, 96), (14, 512), (2, 64)], ids=["Q8_0", "Q6_K", "Q4_0"])
 def test_rows_the_bulk_copies_cannot_take_are_read_from_global_memory(cuda_device, rng, qtype,
                                                                       k, monkeypatch):

@@ -236,11 +236,14 @@ SMALL_PREFETCH = "bulk"
 #: enough that blocks of the next product fit beside it (a graph's dependent launches
 #: then fetch the next weight while this one is multiplied): one to STAGED_WAVE blocks
 #: a multiprocessor, of at most STAGED_BLOCK_BYTES. On the H100 Q8_0's 68 KiB blocks
-#: gained and Q4_K's 97 KiB ones lost (BENCHMARKS.md). Other weights whose rows can be
-#: staged stream through a ring (RING_SHAPE's "ring": half its rows in shared memory
-#: at once, at most STAGED_BLOCK_BYTES).
+#: gained and Q4_K's 97 KiB ones lost (BENCHMARKS.md). Other weights of RING_TYPES whose
+#: rows can be staged stream through a ring (RING_SHAPE's "ring": half its rows in shared
+#: memory at once, at most STAGED_BLOCK_BYTES).
 STAGED_WAVE = 2
 STAGED_BLOCK_BYTES = 72 << 10
+#: the types measured faster ringed than read from global memory on the H100 (Q4_K, Q5_K,
+#: Q8_0, Q4_0; Q6_K was slower, the others unmeasured: BENCHMARKS.md)
+RING_TYPES = (12, 13, 8, 2)
 #: rows of x the matrix-vector kernels take (a grid row each: CUDA's grid height)
 MAX_GRID_ROWS = 65535
 
@@ -352,7 +355,7 @@ def _matvec_shape(ctx, qtype: int, outputs: int, k: int,
                 <= STAGED_WAVE * ctx.device.info.multiprocessors):
             return rows, group, "stage"
         rows, group = ptx_quantized.RING_SHAPE
-        if (hopper and ptx_quantized.stages(qtype, rows, k, "ring")
+        if (hopper and qtype in RING_TYPES and ptx_quantized.stages(qtype, rows, k, "ring")
                 and ptx_quantized.staged_bytes(qtype, rows, k, "ring") <= STAGED_BLOCK_BYTES):
             return rows, group, "ring"
     tuned = None

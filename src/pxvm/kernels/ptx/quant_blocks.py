@@ -23,6 +23,11 @@ multiplies. Exact values (dequantization) are 256 f - 128 - offset, exact in one
 then the scales applied in the `gguf` package's order of float32 operations (its
 dequantization is the reference: the results agree bit for bit). Q8_0's signed bytes:
 2^23 + (q + 128) by prmt, less 2^23 + 128 (exact).
+
+Q4_K's and Q5_K's products go in integers instead (K4.dot_rows): each unit's x values
+become int16 against their largest (int16_x: 16 bits of the largest value, where
+llama.cpp's CUDA products take 8), the quants' sums with them by dp2a, two values an
+instruction, the 6-bit scales and minimums multiplied in integers, one float step a row.
 """
 
 from __future__ import annotations

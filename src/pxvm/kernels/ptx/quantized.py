@@ -14,8 +14,11 @@ in flight at once whatever ptxas's schedule, the block first asks L2 for its row
 (`prefetch`); "bulk" does so before the kernel waits for its predecessor (a dependent
 launch: decoding's graphs), while that one is still running; "stage" copies them into
 shared memory then (Hopper's bulk copies, a barrier a group of rows), and the products
-read them there. Types whose blocks are not 16-byte aligned are read repacked into
-planes (`repack`, once per weight; the op keeps them).
+read them there; "ring" stages half the groups so and refills each group's slot with
+the group half the block further once its rows are multiplied (blocks half the size,
+for weights too large to stage whole beside the next product's). Types whose blocks are
+not 16-byte aligned are read repacked into planes (`repack`, once per weight; the op
+keeps them).
 
 A transformer's ops around the product go into the same launch (`FUSIONS`): the RMS norm
 of x before it (`norm`), and after it the residual's add or a GLU (`epilogue`).

@@ -1,6 +1,7 @@
 """Where the matrix-vector kernel's rows can be staged in shared memory
-(pxvm.kernels.ptx.quant_blocks.staging_fits, quantized.stages and staged_bytes), against
-the `gguf` package's block sizes; CUDA runs of the staged kernel: tests/backends."""
+(pxvm.kernels.ptx.quant_blocks.staging_fits, quantized.stages, staged_bytes and a ring's
+threads), against the `gguf` package's block sizes; CUDA runs of the staged kernel:
+tests/backends."""
 
 from __future__ import annotations
 
@@ -38,3 +39,30 @@ def test_a_staged_block_holds_its_rows_gguf_bytes_within_the_limit(qtype):
     rows_in_limit = ptx_quantized.MAX_STAGED_BYTES // row_bytes
     assert ptx_quantized.stages(int(qtype), rows_in_limit, k)
     assert not ptx_quantized.stages(int(qtype), rows_in_limit + 1, k)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q8_0])
+def test_a_ring_holds_half_its_blocks_rows_at_once(qtype):
+    block_values, block_bytes = GGML_QUANT_SIZES[qtype]
+    k = 11008 if qtype == Q.Q4_K else 4096
+    row_bytes = k // block_values * block_bytes
+    assert ptx_quantized.staged_bytes(int(qtype), 16, k, "ring") == 8 * row_bytes
+    rows_in_limit = ptx_quantized.MAX_STAGED_BYTES // row_bytes
+    assert ptx_quantized.stages(int(qtype), 2 * rows_in_limit, k, "ring")
+    assert not ptx_quantized.stages(int(qtype), 2 * rows_in_limit + 2, k, "ring")
+
+
+def test_a_ring_multiplies_its_rows_in_one_pass_of_at_most_max_ring_threads():
+    # 11008 values: 344 units, in 352 threads (two passes of 192 for the other kernels)
+    assert ptx_quantized.threads_for(11008, "ring") == 352
+    assert ptx_quantized.threads_for(11008) == 192
+    most = ptx_quantized.MAX_RING_THREADS * 32  # values a ring's row may have
+    assert ptx_quantized.stages(int(Q.Q4_K), 2, most, "ring")
+    assert not ptx_quantized.stages(int(Q.Q4_K), 2, most + 256, "ring")
+    assert ptx_quantized.stages(int(Q.Q4_K), 2, most + 256, "stage")
+
+
+def test_a_ring_of_one_group_is_refused():
+    with pytest.raises(ValueError, match="two groups"):
+        ptx_quantized.matvec(int(Q.Q4_K), 8, 8, "ring")
+    assert ptx_quantized.matvec(int(Q.Q4_K), 8, 4, "ring").name == "matvec_q4_k_r8_g4_ring"

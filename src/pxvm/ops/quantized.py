@@ -335,12 +335,14 @@ def record_prompt_product(ctx, x, w, qtype, k, residual=None):
 def _matvec_shape(ctx, qtype: int, outputs: int, k: int,
                   glu: bool = False) -> tuple[int, int, str]:
     """(rows, group, prefetch) of the matrix-vector kernel for `qtype` and `outputs`
-    rows of W (of k values; a GLU's blocks hold half as many outputs): SMALL_SHAPE where the type's shape would give fewer blocks
-    than the GPU has multiprocessors (a small model's products), STAGED_SHAPE where the
-    weight's rows can be staged in shared memory in one wave of blocks (Hopper), else as
-    tuned for this device, else MATVEC_SHAPES / MATVEC_PREFETCHES (DEFAULT_PREFETCH for
-    the types not named). A prefetch set for every type (benchmarks and tests sweeping
-    shapes) takes the table as it is."""
+    rows of W (of k values; a GLU's blocks hold half as many outputs): SMALL_SHAPE where
+    the type's shape would give fewer blocks than the GPU has multiprocessors (a small
+    model's products), STAGED_SHAPE where the weight's rows can be staged in shared
+    memory in one wave of blocks (Hopper), RING_SHAPE's ring for the other weights of
+    RING_TYPES that can be staged (Hopper), else as tuned for this device, else
+    MATVEC_SHAPES / MATVEC_PREFETCHES (DEFAULT_PREFETCH for the types not named). A
+    prefetch set for every type (benchmarks and tests sweeping shapes) takes the table
+    as it is."""
     hopper = ctx.device.info.arch == "sm_90"
     if MATVEC_PREFETCH == "auto":
         rows = MATVEC_SHAPES.get(qtype, ptx_quantized.DEFAULT_SHAPE)[0]

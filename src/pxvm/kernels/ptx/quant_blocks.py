@@ -602,7 +602,8 @@ X_STEPS = 32767
 X_ROUND = 12582912.0
 
 
-def int16_x(k: Kernel, xs: list[Reg], groups: tuple[int, ...]) -> tuple[list[Reg], list[Reg], Reg]:
+def int16_x(k: Kernel, xs: list[Reg],
+            groups: tuple[int, ...]) -> tuple[list[Reg], list[Reg], Reg]:
     """x as integers for products by dp2a: q = rint(x / s), s = max |x| / X_STEPS over
     the values (|x - s q| <= s / 2: 16 bits against the largest value; a non-finite x
     makes s non-finite, and so the product). Returns (q's in pairs, 16 bits each, two

@@ -115,7 +115,7 @@ def staged_bytes(code: int, rows: int, k: int, prefetch: str = "stage") -> int:
 def stages(code: int, rows: int, k: int, prefetch: str = "stage") -> bool:
     """Whether a matvec block of `rows` rows of k values staging them (`prefetch`) can be
     launched: rows the bulk copies can take (quant_blocks.staging_fits) in
-    MAX_STAGED_BYTES."""
+    MAX_STAGED_BYTES, and for a ring one pass of at most MAX_RING_THREADS threads."""
     return (staging_fits(FORMATS[code], k)
             and staged_bytes(code, rows, k, prefetch) <= MAX_STAGED_BYTES
             and (prefetch != "ring" or threads_for(k, prefetch) <= MAX_RING_THREADS))

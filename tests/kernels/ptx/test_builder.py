@@ -162,3 +162,14 @@ def test_bulk_copies_count_on_a_barrier_that_threads_wait_on_in_a_loop():
     # a try_wait that fails (it may time out) tries again
     assert lines[4:] == ["L1:", "mbarrier.try_wait.parity.shared::cta.b64 %p1, [%r1], 1;",
                          "@!%p1 bra L1;"]
+
+
+def test_a_tree_pairs_values_level_by_level_carrying_an_odd_one_up():
+    k = Kernel("tree", [])
+    a, b, c = (k.reg("f32") for _ in range(3))
+    top = k.tree("max.f32", [a, b, c])
+    first, second = [line.strip() for line in k.lines if "max.f32" in line]
+    assert first.endswith(f"{a}, {b};")
+    pair = first.split()[1].rstrip(",")
+    assert second == f"max.f32 {top}, {pair}, {c};"
+    assert k.tree("add.f32", [a]) is a

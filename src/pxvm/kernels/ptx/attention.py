@@ -60,14 +60,6 @@ def _ldmatrix(k: Kernel, address: str, trans: bool = False) -> list[Reg]:
     return regs
 
 
-def _tree(k: Kernel, values: list[Reg], instr: str) -> Reg:
-    """`instr` (max.f32, add.f32) of the values pairwise: short dependency chains."""
-    while len(values) > 1:
-        values = [k.op(instr, *values[i:i + 2]) if i + 1 < len(values) else values[i]
-                  for i in range(0, len(values), 2)]
-    return values[0]
-
-
 def _quad_reduce(k: Kernel, value: Reg, instr: str) -> Reg:
     """`instr` of `value` over the 4 lanes holding one accumulator row (lane / 4 alike)."""
     for offset in (1, 2):
@@ -251,7 +243,7 @@ def flash_f16(head_dim: int = 128, block_n: int = 64, warps: int = 4,
         corrections = []
         for r in range(2):
             row = [s[n][2 * r + e] for n in range(BN // 8) for e in range(2)]
-            top = _quad_reduce(k, _tree(k, [m[r], *row], "max.f32"), "max.f32")
+            top = _quad_reduce(k, k.tree("max.f32", [m[r], *row]), "max.f32")
             minus_top = k.op("neg.f32", k.op("mul.f32", top, scale_log2))
             # 2^((m_old - m_new) * scale log2 e): 0 for the first tile's m_old = -inf
             corrections.append(k.op("ex2.approx.ftz.f32",
@@ -259,7 +251,7 @@ def flash_f16(head_dim: int = 128, block_n: int = 64, warps: int = 4,
             k.to(m[r], "mov.f32", top)
             for x in row:
                 k.to(x, "ex2.approx.ftz.f32", k.op("fma.rn.f32", x, scale_log2, minus_top))
-            k.to(l[r], "fma.rn.f32", l[r], corrections[r], _tree(k, row, "add.f32"))
+            k.to(l[r], "fma.rn.f32", l[r], corrections[r], k.tree("add.f32", row))
         for tile_o in o:
             for e in range(4):
                 k.to(tile_o[e], "mul.f32", tile_o[e], corrections[e // 2])

@@ -116,6 +116,15 @@ class Kernel:
         self.emit(f"{guard}{instr} {', '.join(str(x) for x in (dst, *srcs))}")
         return dst
 
+    def tree(self, instr: str, values: list[Reg]) -> Reg:
+        """`instr` (add.f32, max.f32, ..) of the values, pairwise: short dependency
+        chains."""
+        values = list(values)
+        while len(values) > 1:
+            values = [self.op(instr, *values[i:i + 2]) if i + 1 < len(values) else values[i]
+                      for i in range(0, len(values), 2)]
+        return values[0]
+
     def to(self, dst: Reg, instr: str, *srcs, pred: Reg | str | None = None) -> Reg:
         """`instr dst, srcs..` into an existing register (loop variables, accumulators)."""
         guard = f"@{pred} " if pred is not None else ""

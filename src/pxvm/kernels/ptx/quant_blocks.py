@@ -347,14 +347,6 @@ def with_bits(k: Kernel, words: list[Reg], bits: list[Reg], shift, mask: str,
     return out
 
 
-def pairwise_sum(k: Kernel, values: list[Reg]) -> Reg:
-    values = list(values)
-    while len(values) > 1:
-        values = [k.op("add.f32", values[i], values[i + 1]) if i + 1 < len(values)
-                  else values[i] for i in range(0, len(values), 2)]
-    return values[0]
-
-
 @dataclass
 class Scale:
     """A group's scale terms: value = a * (u - c), or a * u + b where b is given (the
@@ -419,7 +411,7 @@ class Unit:
         all the rows a thread multiplies: the values and their sums by group."""
         sums, v = [], 0
         for count in self.groups or ():
-            sums.append(pairwise_sum(k, xs[v:v + count]))
+            sums.append(k.tree("add.f32", xs[v:v + count]))
             v += count
         return xs, sums
 
@@ -608,11 +600,9 @@ def int16_x(k: Kernel, xs: list[Reg],
     the values (|x - s q| <= s / 2: 16 bits against the largest value; a non-finite x
     makes s non-finite, and so the product). Returns (q's in pairs, 16 bits each, two
     values a word; the sums of q by group; s)."""
-    largest = [k.op("abs.f32", v) for v in xs]
-    while len(largest) > 1:
-        largest = [k.op("max.NaN.f32", a, b) for a, b in zip(largest[::2], largest[1::2])]
+    largest = k.tree("max.NaN.f32", [k.op("abs.f32", v) for v in xs])
     # 1e-30: no overflow in 1 / s where x is all zeros or tiny
-    s = k.op("mul.rn.f32", k.op("max.NaN.f32", largest[0], f32(1e-30)), f32(1 / X_STEPS))
+    s = k.op("mul.rn.f32", k.op("max.NaN.f32", largest, f32(1e-30)), f32(1 / X_STEPS))
     a = k.op("rcp.approx.f32", s)  # within 2 ulp: |x a| stays below X_STEPS + 0.5
     bits = [k.op("fma.rn.f32", v, a, f32(X_ROUND)) for v in xs]
     pairs = [k.op("prmt.b32", lo, hi, 0x5410) for lo, hi in zip(bits[::2], bits[1::2])]

@@ -66,3 +66,27 @@ def test_a_ring_of_one_group_is_refused():
     with pytest.raises(ValueError, match="two groups"):
         ptx_quantized.matvec(int(Q.Q4_K), 8, 8, "ring")
     assert ptx_quantized.matvec(int(Q.Q4_K), 8, 4, "ring").name == "matvec_q4_k_r8_g4_ring"
+
+
+def _copies_around_the_wait(kernel) -> tuple[int, int]:
+    """(bulk copies queued before the kernel's griddepcontrol.wait, after it)."""
+    from pxvm.kernels.ptx.builder import module
+    lines = module([kernel], "sm_90").splitlines()
+    wait = next(i for i, line in enumerate(lines) if "griddepcontrol.wait" in line)
+    copies = [i for i, line in enumerate(lines) if "cp.async.bulk.shared" in line]
+    return sum(i < wait for i in copies), sum(i > wait for i in copies)
+
+
+@pytest.mark.parametrize("qtype,rows,group,prefetch,around", [
+    (Q.Q4_K, 16, 4, "stage", (3, 1)),   # the last of 4 groups after the wait
+    (Q.Q6_K, 16, 4, "stage", (12, 4)),  # four planes: four copies a group
+    (Q.Q4_K, 16, 16, "stage", (1, 0)),  # one group: before the wait
+    (Q.Q4_0, 16, 4, "stage", (8, 0)),   # not a late type: every group before
+    (Q.Q4_K, 16, 4, "ring", (1, 3)),    # 2 groups at once, the second late; 2 refills
+])
+def test_late_types_queue_the_last_group_they_hold_at_once_after_the_wait(
+        qtype, rows, group, prefetch, around):
+    late = int(qtype) in ptx_quantized.LATE_GROUP_TYPES
+    assert late == (qtype != Q.Q4_0)
+    assert _copies_around_the_wait(
+        ptx_quantized.matvec(int(qtype), rows, group, prefetch)) == around

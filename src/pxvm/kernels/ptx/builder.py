@@ -205,11 +205,12 @@ class Kernel:
         self.lines.append(_WAIT_MARK)
 
     # ---- Hopper's bulk copies (sm_90): global memory into shared, counted by a barrier ----
-    def barrier_init(self, barrier, arrivals: int = 1) -> None:
-        """An mbarrier (8 shared bytes at `barrier`) expecting `arrivals`, made visible to
-        the bulk copies that will complete it (every thread must pass a bar.sync before
-        waiting on it)."""
-        self.emit(f"mbarrier.init.shared::cta.b64 [{barrier}], {arrivals}")
+    def barrier_init(self, barriers, arrivals: int = 1) -> None:
+        """mbarriers (8 shared bytes at each address of `barriers`, one or a list) each
+        expecting `arrivals`, made visible to the bulk copies that will complete them
+        (one fence for all; every thread must pass a bar.sync before waiting on them)."""
+        for barrier in barriers if isinstance(barriers, list) else [barriers]:
+            self.emit(f"mbarrier.init.shared::cta.b64 [{barrier}], {arrivals}")
         self.emit("fence.mbarrier_init.release.cluster")
 
     def barrier_expect(self, barrier, nbytes) -> None:

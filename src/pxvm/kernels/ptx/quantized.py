@@ -13,8 +13,8 @@ that several passes with the units spread evenly. So that the loads of all the r
 in flight at once whatever ptxas's schedule, the block first asks L2 for its rows
 (`prefetch`); "bulk" does so before the kernel waits for its predecessor (a dependent
 launch: decoding's graphs), while that one is still running; "stage" copies them into
-shared memory then (Hopper's bulk copies, a barrier a group of rows), and the products
-read them there; "ring" stages half the groups so and refills each group's slot with
+shared memory then (Hopper's bulk copies, a barrier a group of rows; the last group
+only after the wait for LATE_GROUP_TYPES), and the products read them there; "ring" stages half the groups so and refills each group's slot with
 the group half the block further once its rows are multiplied (blocks half the size,
 for weights too large to stage whole beside the next product's). Types whose blocks are
 not 16-byte aligned are read repacked into planes (`repack`, once per weight; the op
@@ -65,6 +65,12 @@ RING_SHAPE = (16, 4)
 PREFETCHES = ("bulk", "lines", "none", "stage", "ring")
 #: the prefetches that stage rows in shared memory
 STAGING = ("stage", "ring")
+#: the types whose staging blocks ("stage", "ring") queue the copy of the last group of
+#: rows they hold at once only after their wait for the previous kernel, the others'
+#: before it: the previous kernel's end, which the wait waits for, came later the more
+#: copies were queued ahead of it; these types were measured faster so (Q4_K, Q5_K,
+#: Q6_K, Q8_0), Q4_0 slower (BENCHMARKS.md, "The last group after the wait")
+LATE_GROUP_TYPES = (12, 13, 14, 8)
 #: shared memory a block may stage its rows in (the H100 has 227 KiB a block)
 MAX_STAGED_BYTES = 200 * 1024
 #: the types whose SHAPES are all emitted (the ones benchmarked): Q4_K, Q8_0, Q4_0, Q6_K,
@@ -166,7 +172,7 @@ def matvec(code: int, rows: int = 8, group: int = 8, prefetch: str = "bulk",
     loads issued together in the PTX do not stay together; prefetches put the bytes in
     L2 ahead of them). "stage" copies the block's rows into shared memory (dynamic:
     staged_bytes) before the wait, so that the weight streams in while the previous
-    kernel ends; then x's values are loaded, and each group's rows read from shared
+    kernel ends (for LATE_GROUP_TYPES the last group's rows after it); then x's values are loaded, and each group's rows read from shared
     memory once they have landed (a GLU's groups are then gate rows or up rows). "ring"
     stages the first half of the groups so, then, as each group's rows are multiplied
     (all the threads past them: a barrier), copies the group half the block further
@@ -235,8 +241,9 @@ def matvec(code: int, rows: int = 8, group: int = 8, prefetch: str = "bulk",
         slots += [k.op("add.u32", slot, outputs) for slot in slots] if glu else []
         if ring:  # group g's rows in the slots of group g % resident
             slots = [(i // group % resident) * group + i % group for i in range(rows)]
+        late = int(code in LATE_GROUP_TYPES and resident > 1)  # groups queued after the wait
         barriers, row_bytes = _stage_rows(k, src, tid, first, block_rows, N, resident,
-                                          group, outputs)
+                                          group, outputs, resident - late)
     x_row = k.element(x, k.op("mul.lo.u32", m, K), 4)
     units = k.op("shr.u32", K, 5)
     acc = [k.op("mov.f32", f32(0.0)) for _ in range(rows)]
@@ -249,6 +256,11 @@ def matvec(code: int, rows: int = 8, group: int = 8, prefetch: str = "bulk",
     # the weight's trip from memory overlaps the previous kernel's end (its prefetch
     # above); x, the gain and the residual may be its output
     k.wait_for_predecessors()
+    if staged and late:
+        with k.if_(k.setp("eq.u32", tid, 0)):
+            for g in range(resident - late, resident):
+                _copy_group(k, src, g, g, f"{barriers}+{8 * g}", first, block_rows, N, group,
+                            outputs, row_bytes)
     if ring:  # one pass: threads past the units take the last one, and count for nothing
         u = k.op("min.u32", tid, k.op("sub.u32", units, 1))
         body = contextlib.nullcontext()
@@ -376,19 +388,20 @@ def _copy_group(k: Kernel, src: Staged, g: int, slot_group: int, barrier: str, f
 
 
 def _stage_rows(k: Kernel, src: Staged, tid, first, count, N, groups: int, group: int,
-                outputs: int):
-    """Thread 0 queues the bulk copies of the block's first `groups` groups of rows
-    into their slots, each group counted on its own barrier; returns the barriers'
-    address (group g's at +8 g) and the bytes of a row."""
+                outputs: int, queued: int):
+    """Thread 0 initialises a barrier for each of the block's first `groups` groups of
+    rows and queues the bulk copies of the first `queued` of them into their slots
+    (`copy_groups` queues the others); returns the barriers' address (group g's at
+    +8 g) and the bytes of a row."""
     barriers = k.op("mov.u32", k.shared("landed", "b64", groups, 8))
     row_bytes = k.op("mov.u32", 0)
     for plane_bytes in src.row_bytes.values():
         k.to(row_bytes, "add.u32", row_bytes, plane_bytes)
     with k.if_(k.setp("eq.u32", tid, 0)):
-        for g in range(groups):
-            barrier = f"{barriers}+{8 * g}"
-            k.barrier_init(barrier)
-            _copy_group(k, src, g, g, barrier, first, count, N, group, outputs, row_bytes)
+        k.barrier_init([f"{barriers}+{8 * g}" for g in range(groups)])
+        for g in range(queued):
+            _copy_group(k, src, g, g, f"{barriers}+{8 * g}", first, count, N, group, outputs,
+                        row_bytes)
     k.emit("bar.sync 0")  # the barriers exist before any thread waits on them
     return str(barriers), row_bytes
 

@@ -82,11 +82,10 @@ def _copies_around_the_wait(kernel) -> tuple[int, int]:
     (Q.Q6_K, 16, 4, "stage", (12, 4)),  # four planes: four copies a group
     (Q.Q4_K, 16, 16, "stage", (1, 0)),  # one group: before the wait
     (Q.Q4_0, 16, 4, "stage", (8, 0)),   # not a late type: every group before
+    (Q.Q8_0, 16, 4, "stage", (8, 0)),
     (Q.Q4_K, 16, 4, "ring", (1, 3)),    # 2 groups at once, the second late; 2 refills
 ])
 def test_late_types_queue_the_last_group_they_hold_at_once_after_the_wait(
         qtype, rows, group, prefetch, around):
-    late = int(qtype) in ptx_quantized.LATE_GROUP_TYPES
-    assert late == (qtype != Q.Q4_0)
     assert _copies_around_the_wait(
         ptx_quantized.matvec(int(qtype), rows, group, prefetch)) == around

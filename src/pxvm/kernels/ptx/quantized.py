@@ -69,8 +69,8 @@ STAGING = ("stage", "ring")
 #: rows they hold at once only after their wait for the previous kernel, the others'
 #: before it: the previous kernel's end, which the wait waits for, came later the more
 #: copies were queued ahead of it; these types were measured faster so (Q4_K, Q5_K,
-#: Q6_K, Q8_0), Q4_0 slower (BENCHMARKS.md, "The last group after the wait")
-LATE_GROUP_TYPES = (12, 13, 14, 8)
+#: Q6_K), Q8_0 and Q4_0 not (BENCHMARKS.md, "The last group after the wait")
+LATE_GROUP_TYPES = (12, 13, 14)
 #: shared memory a block may stage its rows in (the H100 has 227 KiB a block)
 MAX_STAGED_BYTES = 200 * 1024
 #: the types whose SHAPES are all emitted (the ones benchmarked): Q4_K, Q8_0, Q4_0, Q6_K,

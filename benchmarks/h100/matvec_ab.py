@@ -21,7 +21,8 @@ from pxvm.backends import get_backend
 from variants import Variants
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cuda"))
-from quantized import BUSY, STREAM_BYTES, Timer, kernels_of, nmse, product_cases, streamed  # noqa: E402
+from quantized import (BUSY, STREAM_BYTES, Timer, kernels_of, nmse, product_cases,  # noqa: E402
+                       streamed)
 
 MODULES = {"ptx_quantized": "pxvm.kernels.ptx.quantized", "quantized": "pxvm.ops.quantized"}
 cuda_backend = importlib.import_module("pxvm.backends.cuda")

@@ -9,9 +9,10 @@ or without copies ("no-copies": the barriers complete at once).
 
     python benchmarks/h100/stage_timeline.py [TYPE [N K [MODE ..]]]
 
-Prints, over the products of the graph's second run, the median of each product's
+Prints, over the products of one graph launch (two runs), the median of each product's
 times measured from the end of the product before it (its last block's summed
-products), and the multiprocessors' share of its blocks.
+products), and the multiprocessors' share of its blocks. The stamps cost 10-15% of the
+time ("+bare" leaves them out).
 """
 import importlib
 import statistics
@@ -66,7 +67,9 @@ def carved_allow_shared(self, function, shared_bytes):
     runtime_cuda._check(cu.cuFuncSetAttribute(
         function, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
         100), "carveout")
-state = {}
+
+
+state = {}  # the kernel being built: its mode, thread 0's predicate, its record
 
 
 def stamp(k, slot: int, now=None) -> None:
@@ -213,36 +216,45 @@ def unpatch() -> None:
 
 
 def timeline(records: np.ndarray) -> None:
-    """The products' medians, each from the end of the one before."""
-    records = records[records[:, START] != 0]
+    """The products' medians (but the first three's), each from the end of the one
+    before (its last block's summed products)."""
+    records = records[records[:, START] != 0].astype(np.int64)
     products = {}  # by output and run (the records are in the order the blocks started)
     for i, r in enumerate(records):
         products.setdefault((int(r[0]), 2 * i // len(records)), []).append(r)
-    order = sorted(products.values(), key=lambda rs: min(r[START] for r in rs))
-    done = [max(r[DONE] for r in rs) for rs in order]
-    rows = []
+    order = sorted((np.array(rs) for rs in products.values()), key=lambda rs: rs[:, START].min())
+    rows: dict[str, list[float]] = {}
     for before, this in zip(order, order[1:]):
-        this = np.array(this, dtype=np.int64)
-        end = max(r[END] for r in before)
+        end = int(before[:, END].max())
         landed = this[:, LANDED:END].max(axis=1)
-        rel = lambda v: (int(v) - int(end)) / 1e3  # noqa: E731
-        per_sm = np.bincount((this[:, 1] >> 32).astype(np.int64))
-        rows.append([rel(done[len(rows)]), rel(this[:, START].min()), rel(np.median(this[:, START])),
-                     rel(this[:, START].max()), rel(this[:, QUEUED].max()),
-                     rel(this[:, WAITED].min()), rel(this[:, WAITED].max()),
-                     rel(np.median(landed)), rel(landed.max()),
-                     rel(np.median(this[:, END])), rel(this[:, END].max()),
-                     rel(this[:, DONE].max()), rel(this[:, TRIGGERED].max()),
-                     float(np.median(this[:, END] - np.maximum(this[:, WAITED], landed))) / 1e3,
-                     int(per_sm[per_sm > 0].min()), int(per_sm.max())])
-    steady = rows[3:]
-    names = ["previous product's last done", "first start", "median start", "last start", "last queued", "first waited",
-             "last waited", "median landed", "last landed", "median end", "last end", "last done", "last triggered (+split)",
-             "block: end - max(waited, landed)", "fewest blocks an SM", "most blocks an SM"]
+        per_sm = np.bincount(this[:, 1] >> 32)
+
+        def us(value):
+            return (float(value) - end) / 1e3
+
+        values = {"the previous product's last block stored": us(before[:, DONE].max()),
+                  "first start": us(this[:, START].min()),
+                  "median start": us(np.median(this[:, START])),
+                  "last start": us(this[:, START].max()),
+                  "last queued": us(this[:, QUEUED].max()),
+                  "first waited": us(this[:, WAITED].min()),
+                  "last waited": us(this[:, WAITED].max()),
+                  "median landed": us(np.median(landed)), "last landed": us(landed.max()),
+                  "median summed": us(np.median(this[:, END])),
+                  "last summed (the period)": us(this[:, END].max()),
+                  "last stored": us(this[:, DONE].max()),
+                  "a block: summed - max(waited, landed)":
+                      float(np.median(this[:, END] - np.maximum(this[:, WAITED], landed))) / 1e3,
+                  "fewest blocks an SM": per_sm[per_sm > 0].min(),
+                  "most blocks an SM": per_sm.max()}
+        if this[:, TRIGGERED].any():
+            values["last triggered"] = us(this[:, TRIGGERED].max())
+        for name, value in values.items():
+            rows.setdefault(name, []).append(float(value))
     ticks = np.diff(np.unique(records[:, START]))
     print(f"  {len(order)} products; the timer's smallest step {ticks[ticks > 0].min()} ns")
-    for i, name in enumerate(names):
-        print(f"  | {name} | {statistics.median(r[i] for r in steady):.2f} |")
+    for name, values in rows.items():
+        print(f"  | {name} | {statistics.median(values[3:]):.2f} |")
 
 
 backend = get_backend("cuda")

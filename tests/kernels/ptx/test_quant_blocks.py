@@ -1,7 +1,7 @@
 """Where the matrix-vector kernel's rows can be staged in shared memory
 (pxvm.kernels.ptx.quant_blocks.staging_fits, quantized.stages, staged_bytes and a ring's
-threads), against the `gguf` package's block sizes; CUDA runs of the staged kernel:
-tests/backends."""
+threads), against the `gguf` package's block sizes, and which copies it queues after its
+wait; CUDA runs of the staged kernel: tests/backends."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from pxvm.kernels.ptx import quant_blocks
 from pxvm.kernels.ptx import quantized as ptx_quantized
+from pxvm.kernels.ptx.builder import module
 
 Q = GGMLQuantizationType
 
@@ -70,7 +71,6 @@ def test_a_ring_of_one_group_is_refused():
 
 def _copies_around_the_wait(kernel) -> tuple[int, int]:
     """(bulk copies queued before the kernel's griddepcontrol.wait, after it)."""
-    from pxvm.kernels.ptx.builder import module
     lines = module([kernel], "sm_90").splitlines()
     wait = next(i for i, line in enumerate(lines) if "griddepcontrol.wait" in line)
     copies = [i for i, line in enumerate(lines) if "cp.async.bulk.shared" in line]

@@ -14,11 +14,11 @@ in flight at once whatever ptxas's schedule, the block first asks L2 for its row
 (`prefetch`); "bulk" does so before the kernel waits for its predecessor (a dependent
 launch: decoding's graphs), while that one is still running; "stage" copies them into
 shared memory then (Hopper's bulk copies, a barrier a group of rows; the last group
-only after the wait for LATE_GROUP_TYPES), and the products read them there; "ring" stages half the groups so and refills each group's slot with
-the group half the block further once its rows are multiplied (blocks half the size,
-for weights too large to stage whole beside the next product's). Types whose blocks are
-not 16-byte aligned are read repacked into planes (`repack`, once per weight; the op
-keeps them).
+only after the wait for LATE_GROUP_TYPES), and the products read them there; "ring"
+stages half the groups so and refills each group's slot with the group half the block
+further once its rows are multiplied (blocks half the size, for weights too large to
+stage whole beside the next product's). Types whose blocks are not 16-byte aligned are
+read repacked into planes (`repack`, once per weight; the op keeps them).
 
 A transformer's ops around the product go into the same launch (`FUSIONS`): the RMS norm
 of x before it (`norm`), and after it the residual's add or a GLU (`epilogue`).
@@ -172,8 +172,9 @@ def matvec(code: int, rows: int = 8, group: int = 8, prefetch: str = "bulk",
     loads issued together in the PTX do not stay together; prefetches put the bytes in
     L2 ahead of them). "stage" copies the block's rows into shared memory (dynamic:
     staged_bytes) before the wait, so that the weight streams in while the previous
-    kernel ends (for LATE_GROUP_TYPES the last group's rows after it); then x's values are loaded, and each group's rows read from shared
-    memory once they have landed (a GLU's groups are then gate rows or up rows). "ring"
+    kernel ends (for LATE_GROUP_TYPES the last group's rows after it); then x's values
+    are loaded, and each group's rows read from shared memory once they have landed (a
+    GLU's groups are then gate rows or up rows). "ring"
     stages the first half of the groups so, then, as each group's rows are multiplied
     (all the threads past them: a barrier), copies the group half the block further
     into its slot, counted on the same barrier's next phase; its threads take a unit
@@ -391,8 +392,8 @@ def _stage_rows(k: Kernel, src: Staged, tid, first, count, N, groups: int, group
                 outputs: int, queued: int):
     """Thread 0 initialises a barrier for each of the block's first `groups` groups of
     rows and queues the bulk copies of the first `queued` of them into their slots
-    (`copy_groups` queues the others); returns the barriers' address (group g's at
-    +8 g) and the bytes of a row."""
+    (matvec queues the others after its wait); returns the barriers' address (group g's
+    at +8 g) and the bytes of a row."""
     barriers = k.op("mov.u32", k.shared("landed", "b64", groups, 8))
     row_bytes = k.op("mov.u32", 0)
     for plane_bytes in src.row_bytes.values():

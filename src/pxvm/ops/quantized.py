@@ -376,7 +376,7 @@ def _matvec_shape(ctx, qtype: int, outputs: int, k: int,
     # from global memory
     if prefetch in ptx_quantized.STAGING and not (
             hopper and ptx_quantized.stages(qtype, rows, k, prefetch)
-            and (prefetch == "stage" or rows // group >= 2)):
+            and ptx_quantized.ring_takes(rows, group, prefetch)):
         prefetch = "none"
     return rows, group, prefetch
 

@@ -127,6 +127,12 @@ def stages(code: int, rows: int, k: int, prefetch: str = "stage") -> bool:
             and (prefetch != "ring" or threads_for(k, prefetch) <= MAX_RING_THREADS))
 
 
+def ring_takes(rows: int, group: int, prefetch: str) -> bool:
+    """Whether a matvec block of `rows` in groups of `group` can be that prefetch's: a
+    ring stages half of the groups at once, so it needs two at least."""
+    return prefetch != "ring" or rows // group >= 2
+
+
 def _shuffle(k: Kernel, value, offset: int):
     return k.op("shfl.sync.bfly.b32", value, offset, "0x1f", "0xffffffff")
 
@@ -174,11 +180,10 @@ def matvec(code: int, rows: int = 8, group: int = 8, prefetch: str = "bulk",
     staged_bytes) before the wait, so that the weight streams in while the previous
     kernel ends (for LATE_GROUP_TYPES the last group's rows after it); then x's values
     are loaded, and each group's rows read from shared memory once they have landed (a
-    GLU's groups are then gate rows or up rows). "ring"
-    stages the first half of the groups so, then, as each group's rows are multiplied
-    (all the threads past them: a barrier), copies the group half the block further
-    into its slot, counted on the same barrier's next phase; its threads take a unit
-    each in one pass (threads_for).
+    GLU's groups are then gate rows or up rows). "ring" stages the first half of the
+    groups so, then, as each group's rows are multiplied (all the threads past them: a
+    barrier), copies the group half the block further into its slot, counted on the
+    same barrier's next phase; its threads take a unit each in one pass (threads_for).
 
     `norm`: y = rmsnorm(x, gain, eps) @ W^T, computed as ((x * gain) @ W^T) * s with
     s = rsqrt(mean(x^2) + eps): an output is linear in x, so s can wait for the end,
@@ -195,7 +200,7 @@ def matvec(code: int, rows: int = 8, group: int = 8, prefetch: str = "bulk",
     if staged and glu and group > rows // 2:
         raise ValueError(f"a staged GLU's groups are gate rows or up rows, not both: "
                          f"group must be at most {rows // 2}, got {group}")
-    if prefetch == "ring" and rows // group < 2:
+    if not ring_takes(rows, group, prefetch):
         raise ValueError(f"a ring stages half of the groups at once: rows must be at least "
                          f"two groups, got {rows}, {group}")
     if epilogue not in EPILOGUES:
@@ -260,8 +265,8 @@ def matvec(code: int, rows: int = 8, group: int = 8, prefetch: str = "bulk",
     if staged and late:
         with k.if_(k.setp("eq.u32", tid, 0)):
             for g in range(resident - late, resident):
-                _copy_group(k, src, g, g, f"{barriers}+{8 * g}", first, block_rows, N, group,
-                            outputs, row_bytes)
+                _copy_group(k, src, g, g, barriers, first, block_rows, N, group, outputs,
+                            row_bytes)
     if ring:  # one pass: threads past the units take the last one, and count for nothing
         u = k.op("min.u32", tid, k.op("sub.u32", units, 1))
         body = contextlib.nullcontext()
@@ -278,7 +283,7 @@ def matvec(code: int, rows: int = 8, group: int = 8, prefetch: str = "bulk",
 
         def loads(g):
             if staged:  # once its rows have landed
-                k.barrier_wait(f"{barriers}+{8 * (g % resident)}", g // resident & 1)
+                k.barrier_wait(_landed(barriers, g % resident), g // resident & 1)
                 return [reader.load(k, src, slots[r], prep)
                         for r in range(g * group, (g + 1) * group)]
             return [reader.load(k, src, ns[r], prep) for r in range(g * group, (g + 1) * group)]
@@ -311,9 +316,8 @@ def matvec(code: int, rows: int = 8, group: int = 8, prefetch: str = "bulk",
                 with k.if_(k.setp("eq.u32", tid, 0)):
                     # the threads' reads of the slot come before the copy's writes
                     k.emit("fence.proxy.async.shared::cta")
-                    _copy_group(k, src, g + resident, g % resident,
-                                f"{barriers}+{8 * (g % resident)}", first, block_rows, N,
-                                group, outputs, row_bytes)
+                    _copy_group(k, src, g + resident, g % resident, barriers, first,
+                                block_rows, N, group, outputs, row_bytes)
         # x^2 after the products: ptxas then issues the weights' loads earlier
         for v in raw:
             k.to(squares, "fma.rn.f32", v, v, squares)
@@ -378,10 +382,18 @@ def _group_rows(k: Kernel, g: int, group: int, outputs: int, first, count, N):
     return start, held
 
 
-def _copy_group(k: Kernel, src: Staged, g: int, slot_group: int, barrier: str, first, count,
-                N, group: int, outputs: int, row_bytes) -> None:
+def _landed(barriers: str, slot_group: int) -> str:
+    """The barrier that counts the copies into the slots of group `slot_group` (of the
+    barriers at `barriers`: _stage_rows')."""
+    return f"{barriers}+{8 * slot_group}"
+
+
+def _copy_group(k: Kernel, src: Staged, g: int, slot_group: int, barriers: str, first,
+                count, N, group: int, outputs: int, row_bytes) -> None:
     """Queue the copies of group g's rows into the slots of group `slot_group`, counted
-    on `barrier`. The rows past N are not copied (their slots are not stored from)."""
+    on that slot's barrier. The rows past N are not copied (their slots are not stored
+    from)."""
+    barrier = _landed(barriers, slot_group)
     start, held = _group_rows(k, g, group, outputs, first, count, N)
     k.barrier_expect(barrier, k.op("mul.lo.u32", held, row_bytes))
     with k.if_(k.setp("ne.u32", held, 0)):
@@ -392,17 +404,16 @@ def _stage_rows(k: Kernel, src: Staged, tid, first, count, N, groups: int, group
                 outputs: int, queued: int):
     """Thread 0 initialises a barrier for each of the block's first `groups` groups of
     rows and queues the bulk copies of the first `queued` of them into their slots
-    (matvec queues the others after its wait); returns the barriers' address (group g's
-    at +8 g) and the bytes of a row."""
+    (matvec queues the others after its wait); returns the barriers' address (`_landed`
+    gives a group's) and the bytes of a row."""
     barriers = k.op("mov.u32", k.shared("landed", "b64", groups, 8))
     row_bytes = k.op("mov.u32", 0)
     for plane_bytes in src.row_bytes.values():
         k.to(row_bytes, "add.u32", row_bytes, plane_bytes)
     with k.if_(k.setp("eq.u32", tid, 0)):
-        k.barrier_init([f"{barriers}+{8 * g}" for g in range(groups)])
+        k.barrier_init([_landed(barriers, g) for g in range(groups)])
         for g in range(queued):
-            _copy_group(k, src, g, g, f"{barriers}+{8 * g}", first, count, N, group, outputs,
-                        row_bytes)
+            _copy_group(k, src, g, g, barriers, first, count, N, group, outputs, row_bytes)
     k.emit("bar.sync 0")  # the barriers exist before any thread waits on them
     return str(barriers), row_bytes
 
@@ -495,7 +506,7 @@ def variants():
             if prefetch in STAGING and STAGED_SHAPE not in shapes:
                 shapes += (STAGED_SHAPE,)
             if prefetch == "ring":
-                shapes = tuple(s for s in shapes + (RING_SHAPE,) if s[0] // s[1] >= 2)
+                shapes = tuple(s for s in shapes + (RING_SHAPE,) if ring_takes(*s, prefetch))
             seen = set()
             for rows, group in shapes:
                 for norm, epilogue in FUSIONS:

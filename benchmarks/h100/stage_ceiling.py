@@ -14,15 +14,15 @@ from pathlib import Path
 import numpy as np
 
 from pxvm.backends import get_backend
-from pxvm.kernels.ptx import builder, quant_blocks
+from pxvm.kernels.ptx import quant_blocks
+from staging import restore_copies, strip_copies
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cuda"))
 from quantized import BUSY, STREAM_BYTES, Timer, product_cases, streamed  # noqa: E402
 
 ops_quantized = importlib.import_module("pxvm.ops.quantized")
 cuda_backend = importlib.import_module("pxvm.backends.cuda")
-DOT, X_TERMS, COPY, EXPECT = quant_blocks.K4.dot_rows, quant_blocks.K4.x_terms, \
-    quant_blocks.Staged.copy_rows, builder.Kernel.barrier_expect
+DOT, X_TERMS = quant_blocks.K4.dot_rows, quant_blocks.K4.x_terms
 SHAPES = [tuple(map(int, s.split("x"))) for s in
           (sys.argv[1] if len(sys.argv) > 1 else "16x4,16x8").split(",")]
 
@@ -42,11 +42,6 @@ def xor_only(self, k, rows, prep, terms, accs):
 def strip_arithmetic():
     quant_blocks.K4.dot_rows = xor_only
     quant_blocks.K4.x_terms = lambda self, k, xs: (xs, [])
-
-
-def strip_copies():
-    quant_blocks.Staged.copy_rows = lambda *args, **kwargs: None
-    builder.Kernel.barrier_expect = lambda self, barrier, nbytes: EXPECT(self, barrier, 0)
 
 
 MODES = {"as built": lambda: None,
@@ -74,8 +69,7 @@ for name, qtype, n, k, w, x, _ in product_cases(np.random.default_rng(0), ("Q4_K
                     t, _ = streamed(backend, tx, weights, qtype, k, 5)
                 finally:
                     quant_blocks.K4.dot_rows, quant_blocks.K4.x_terms = DOT, X_TERMS
-                    quant_blocks.Staged.copy_rows = COPY
-                    builder.Kernel.barrier_expect = EXPECT
+                    restore_copies()
                     ops_quantized.MATVEC_PREFETCH = "auto"
                 print(f"| {n} x {k} | {shape[0]} x {shape[1]} | {prefetch} | {mode} | "
                       f"{t * 1e6:.2f} | {w.nbytes / t / copy_bw:.0%} |", flush=True)

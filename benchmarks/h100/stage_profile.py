@@ -13,16 +13,14 @@ import numpy as np
 
 import pxvm
 from pxvm.backends import get_backend
-from pxvm.kernels.ptx import builder, quant_blocks
+from staging import strip_copies
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "llm"))
 from gguf_blocks import random_blocks  # noqa: E402
 
 ops_quantized = importlib.import_module("pxvm.ops.quantized")
 if len(sys.argv) > 1 and sys.argv[1] == "nocopy":
-    expect = builder.Kernel.barrier_expect
-    quant_blocks.Staged.copy_rows = lambda *args, **kwargs: None
-    builder.Kernel.barrier_expect = lambda self, barrier, nbytes: expect(self, barrier, 0)
+    strip_copies()
 ops_quantized.MATVEC_SHAPES = {12: (16, 4)}
 ops_quantized.MATVEC_PREFETCH = sys.argv[2] if len(sys.argv) > 2 else "stage"
 backend = get_backend("cuda")

@@ -23,7 +23,8 @@ import numpy as np
 
 import pxvm
 from pxvm.backends import get_backend
-from pxvm.kernels.ptx import builder, quant_blocks
+from pxvm.kernels.ptx import builder
+from staging import restore_copies, strip_copies
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cuda"))
 from quantized import BUSY, BY_NAME, STREAM_BYTES, Timer, kernels_of, weight  # noqa: E402
@@ -49,10 +50,9 @@ RECORD = 16  # u64 a block: y, smid << 32 | ctaid, start, queued, waited, landed
 # done (its output stored), triggered ("+split": the next product let start)
 START, QUEUED, WAITED, LANDED, END, DONE, TRIGGERED = 2, 3, 4, 5, 13, 14, 15
 CAPACITY = 1 << 16  # records
-STAGE_ROWS, WAIT, WARP_SUMS, EXPECT, COPY, MATVEC, SHAPE = (
+STAGE_ROWS, WAIT, WARP_SUMS, MATVEC, SHAPE = (
     ptx_quantized._stage_rows, builder.Kernel.wait_for_predecessors,
-    ptx_quantized._warp_sums, builder.Kernel.barrier_expect, quant_blocks.Staged.copy_rows,
-    ptx_quantized.matvec, ptx_quantized.STAGED_SHAPE)
+    ptx_quantized._warp_sums, ptx_quantized.matvec, ptx_quantized.STAGED_SHAPE)
 BARRIER_WAIT, WAIT_LINES = builder.Kernel.barrier_wait, builder._WAIT_LINES
 LAUNCH, LATE = cuda_backend.CudaContext.launch, ptx_quantized.LATE_GROUP_TYPES
 #: the modes that build the copies themselves (without LATE_GROUP_TYPES)
@@ -122,8 +122,8 @@ def one_fence_stage_rows(k, src, tid, first, count, N, groups, group, outputs, q
 
     def copies(groups_):
         for g in groups_:
-            ptx_quantized._copy_group(k, src, g, g, f"{barriers}+{8 * g}", first, count, N,
-                                      group, outputs, row_bytes)
+            ptx_quantized._copy_group(k, src, g, g, barriers, first, count, N, group,
+                                      outputs, row_bytes)
 
     copier = k.setp("eq.u32", tid, 0)
     with k.if_(copier):
@@ -199,15 +199,14 @@ def patch(mode: str) -> None:
     builder.Kernel.wait_for_predecessors = traced_wait
     builder.Kernel.barrier_wait = traced_barrier_wait
     if mode.startswith("no-copies"):
-        quant_blocks.Staged.copy_rows = lambda *args, **kwargs: None
-        builder.Kernel.barrier_expect = lambda self, barrier, nbytes: EXPECT(self, barrier, 0)
+        strip_copies()
 
 
 def unpatch() -> None:
     ptx_quantized._stage_rows, ptx_quantized._warp_sums = STAGE_ROWS, WARP_SUMS
     ptx_quantized.matvec, ptx_quantized.STAGED_SHAPE = MATVEC, SHAPE
     builder.Kernel.wait_for_predecessors, builder.Kernel.barrier_wait = WAIT, BARRIER_WAIT
-    builder.Kernel.barrier_expect, quant_blocks.Staged.copy_rows = EXPECT, COPY
+    restore_copies()
     cuda_backend.CudaContext.launch = LAUNCH
     builder._WAIT_LINES = WAIT_LINES
     runtime_cuda.CudaDevice._allow_shared = ALLOW

@@ -114,7 +114,7 @@ def test_every_swept_shape_of_the_kernel(cuda_device, rng, qtype, shape, prefetc
         pytest.skip("line prefetches come in the default shape only")
     if prefetch in ("bulk", "stage", "ring") and cuda_device.device.info.arch != "sm_90":
         pytest.skip("bulk prefetches and copies are Hopper's (sm_90)")
-    if prefetch == "ring" and shape[0] // shape[1] < 2:
+    if not ptx_quantized.ring_takes(*shape, prefetch):
         pytest.skip("a ring stages half of a block's groups at once: two at least")
     monkeypatch.setattr(quantized_module, "MATVEC_SHAPES", {qtype: shape})
     monkeypatch.setattr(quantized_module, "MATVEC_PREFETCH", prefetch)
@@ -141,7 +141,7 @@ def test_products_staged_in_shared_memory_match_float64(cuda_device, rng, qtype,
                                                         shape, monkeypatch):
     if cuda_device.device.info.arch != "sm_90":
         pytest.skip("bulk copies into shared memory are Hopper's (sm_90)")
-    if prefetch == "ring" and shape[0] // shape[1] < 2:
+    if not ptx_quantized.ring_takes(*shape, prefetch):
         pytest.skip("a ring stages half of a block's groups at once: two at least")
     monkeypatch.setattr(quantized_module, "MATVEC_SHAPES", {qtype: shape})
     monkeypatch.setattr(quantized_module, "MATVEC_PREFETCH", prefetch)

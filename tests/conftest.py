@@ -3,21 +3,23 @@ new device buffer, and fail outright in CI when no adapter exists at all."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
+import sys
 import zlib
 
 import numpy as np
 import pytest
 
-from pxvm import backends
-from pxvm.backends import cpu as cpu_backend
-from pxvm.backends.webgpu import WebGPUContext
-from pxvm.ops import tuning
-from pxvm.runtime import cuda as cuda_runtime
-from pxvm.runtime import webgpu
-from pxvm.runtime.webgpu import device as device_module
-from pxvm.runtime.webgpu import get_device, list_adapters
+import pxvm.backends.webgpu
+from pxvm.backends.cpu import backend as cpu_backend
+from pxvm.backends.cuda import driver as cuda_driver
+from pxvm.backends.webgpu import WebGPUContext, runtime as webgpu_runtime
+from pxvm.backends.webgpu.ops import subgroups as webgpu_subgroups
+from pxvm.backends.webgpu.runtime import device as device_module
+from pxvm.backends.webgpu.runtime import get_device, list_adapters
+from pxvm.core import selection, tuning
 
 
 def _pick_test_adapter() -> str | None:
@@ -41,7 +43,7 @@ if TEST_ADAPTER is not None:
     os.environ["PXVM_DEVICE"] = TEST_ADAPTER
 device_module.POISON = True  # unwritten outputs read as NaN / -1
 cpu_backend.POISON = True
-cuda_runtime.POISON = True
+cuda_driver.POISON = True
 
 
 def pytest_report_header(config):
@@ -64,29 +66,37 @@ def gpu_device():
 def fresh_backends(monkeypatch):
     """Forget the shared device and backends for one test, and restore them afterwards:
     the session's other tests keep using theirs (the `gpu_device` fixture's)."""
-    monkeypatch.setattr(webgpu, "_device", None)
-    monkeypatch.setattr(webgpu, "_device_request", None)
-    monkeypatch.setattr(backends, "_webgpu", None)
-    monkeypatch.setattr(backends, "_webgpu_failure", None)
-    monkeypatch.setattr(backends, "_warned_fallback", False)
+    monkeypatch.setattr(webgpu_runtime, "_device", None)
+    monkeypatch.setattr(webgpu_runtime, "_device_request", None)
+    monkeypatch.setattr(pxvm.backends.webgpu, "_backend", None)
+    monkeypatch.setattr(selection, "_failures", {})
+    monkeypatch.setattr(selection, "_warned_fallback", False)
 
 
 @pytest.fixture
 def tuning_cache(tmp_path, monkeypatch):
-    """Tuning files (pxvm.ops.tuning) in a fresh folder for one test, read anew."""
+    """Tuning files (pxvm.core.tuning) in a fresh folder for one test, read anew."""
     monkeypatch.setenv(tuning.CACHE_ENV, str(tmp_path))
     tuning.forget()
     yield tmp_path
     tuning.forget()
 
 
+@pytest.fixture
+def forced():
+    """force(name, value): tunable `name` (pxvm.core.tuning) held at `value` for the rest
+    of the test, as the tuner holds a candidate it measures."""
+    with contextlib.ExitStack() as stack:
+        yield lambda name, value: stack.enter_context(tuning.forcing(name, value))
+
+
 @pytest.fixture(scope="session")
 def cuda_device():
     """The CUDA backend; the test is skipped, saying why, where there is none."""
-    reason = backends.unavailable_reason("cuda")
+    reason = selection.unavailable_reason("cuda")
     if reason is not None:
         pytest.skip(f"no CUDA here: {reason}")
-    return backends.get_backend("cuda")
+    return selection.get_backend("cuda")
 
 
 def record_dispatches(monkeypatch, describe) -> list:
@@ -126,8 +136,8 @@ def subgroups(request, monkeypatch, gpu_device) -> bool:
     wanted = request.param == "subgroups"
     if wanted and not gpu_device.has("subgroup"):
         pytest.skip(f"{gpu_device.name} has no subgroups")
-    monkeypatch.setattr(tuning, "SUBGROUP_KERNELS", wanted)
-    return wanted
+    with tuning.forcing(webgpu_subgroups.TUNED, wanted):
+        yield wanted
 
 
 @pytest.fixture
@@ -162,3 +172,28 @@ NMSE_ELEMENTWISE = 1e-7
 NMSE_F16 = 1e-6
 NMSE_LONG = 5e-4
 ODD_SIZES = (1, 7, 33, 257)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The conformance matrix (test_conformance.py), as the run found it: how each op runs
+    on each backend (Op.implementation; "+ gaps": some cases have no kernel, GAPS), "-"
+    where the backend was not here or the cell did not run."""
+    module = sys.modules.get("test_conformance")
+    if module is None or not module.MATRIX:
+        return
+    matrix, backends = module.MATRIX, module.BACKENDS
+    ops = sorted({op for op, _ in matrix})
+    width = max(len(op) for op in ops) + 2
+    write = terminalreporter.write_line
+    terminalreporter.section("conformance matrix (kernel / decomposed / reference / missing)")
+    write("op".ljust(width) + "".join(b.ljust(18) for b in backends))
+    for op in ops:
+        cells = []
+        for b in backends:
+            how = matrix.get((op, b), "-")
+            partial = (op, b) in module.GAPS and how not in ("missing", "-")
+            cells.append((how + " + gaps" if partial else how).ljust(18))
+        write(op.ljust(width) + "".join(cells))
+    gaps = sorted(f"{op} on {b}" + ("" if cases is None else f" (cases {', '.join(map(str, cases))})")
+                  for (op, b), cases in module.GAPS.items())
+    write(f"expected gaps ({len(gaps)}): " + "; ".join(gaps))

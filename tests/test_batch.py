@@ -19,10 +19,10 @@ import pytest
 from conftest import NMSE_ELEMENTWISE, assert_close
 
 import pxvm
-from pxvm.backends import CapturedDispatches
+from pxvm.backends.webgpu import CapturedDispatches
 from pxvm.batch import Batch, BatchStateError, Graph
 from pxvm.ops import decoding, transformer
-from pxvm.runtime.webgpu import DispatchList
+from pxvm.backends.webgpu.runtime import DispatchList
 
 HQ, HKV, D, N_CTX, VOCAB = 2, 1, 8, 48, 64
 QKV = (HQ + 2 * HKV) * D
@@ -446,6 +446,6 @@ def test_launch_gpu_seconds(backend, rng):
     launch = graph.launch("state", timestamps=True)
     launch.result()
     if backend == "numpy" or not pxvm.get_backend("webgpu").device.has("timestamp-query"):
-        assert launch.gpu_seconds is None
+        assert launch.device_seconds is None
     else:
-        assert launch.gpu_seconds is not None and 0 <= launch.gpu_seconds < 10
+        assert launch.device_seconds is not None and 0 <= launch.device_seconds < 10

@@ -14,13 +14,13 @@ import pxvm
 from pxvm.compat import GpuCommandBatch
 from pxvm.gpu.executor import GPUExecutor, is_gpu_available
 from pxvm.ops import REGISTRY
-from pxvm.runtime import webgpu
-from pxvm.runtime.errors import DeviceSelectionError, NoAdapterError
+from pxvm.backends.webgpu import runtime as webgpu
+from pxvm.core.errors import DeviceSelectionError, NoAdapterError
 
 
 @pytest.fixture
 def no_adapters(fresh_backends, monkeypatch):
-    monkeypatch.setattr("pxvm.runtime.webgpu.adapters.list_adapters", lambda: [])
+    monkeypatch.setattr("pxvm.backends.webgpu.runtime.adapters.list_adapters", lambda: [])
 
 
 def test_entry_points_import_from_the_seeds_paths():

@@ -1,5 +1,6 @@
-"""pxvm: portable GPU computing for Python, on any GPU through WebGPU, with a numpy
-reference backend that computes the same functions where no GPU is usable.
+"""pxvm: portable GPU computing for Python. The same ops run on four backends: WebGPU
+(any GPU, through wgpu: Vulkan, Metal, DX12), CUDA (NVIDIA GPUs, PTX written by pxvm),
+the fast CPU backend (SIMD kernels compiled by numba) and numpy (every op's reference).
 
     import pxvm
     y = pxvm.ops.matmul(a, b)          # best backend; returns a device-resident Tensor
@@ -14,11 +15,11 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from . import ops
-from .backends import Backend, Tensor, as_supported_array, get_backend
+from . import backends, ops  # noqa: F401 - importing the backends registers them
 from .batch import Batch, BatchStateError, Graph
 from .compat import GpuCommandBatch
-from .runtime.errors import PxvmError, ShapeError
+from .core import (Backend, PxvmError, ShapeError, Tensor, as_supported_array, get_backend,
+                   unavailable_reason)
 
 
 def tensor(data, backend: str | Backend = "auto", dtype=None) -> Tensor:
@@ -31,4 +32,5 @@ def tensor(data, backend: str | Backend = "auto", dtype=None) -> Tensor:
 
 
 __all__ = ["Backend", "Batch", "BatchStateError", "GpuCommandBatch", "Graph", "PxvmError",
-           "ShapeError", "Tensor", "__version__", "get_backend", "ops", "tensor"]
+           "ShapeError", "Tensor", "__version__", "get_backend", "ops", "tensor",
+           "unavailable_reason"]

@@ -25,8 +25,8 @@ from typing import Callable
 
 import numpy as np
 
-from .backends import Backend, CapturedWork, Readback, RecordingContext, Tensor, get_backend
-from .runtime.errors import PxvmError
+from .core import (Backend, CapturedWork, PxvmError, Readback, RecordingContext, Tensor,
+                   get_backend)
 
 
 class BatchStateError(PxvmError):
@@ -157,9 +157,9 @@ class Batch:
         return None if self.context is None else self.context.profile
 
     @property
-    def gpu_seconds(self) -> float | None:
+    def device_seconds(self) -> float | None:
         """GPU time of the batch when made with timestamps=True (and supported)."""
-        return None if self.context is None else self.context.gpu_seconds
+        return None if self.context is None else self.context.device_seconds
 
     def _take_staged(self, tensor: Tensor, what: str) -> Readback | None:
         if not self.executed:
@@ -284,6 +284,6 @@ class Launch:
         return out
 
     @property
-    def gpu_seconds(self) -> float | None:
+    def device_seconds(self) -> float | None:
         """GPU time of the run, when launched with timestamps=True (and supported)."""
-        return None if self._replay is None else self._replay.gpu_seconds
+        return None if self._replay is None else self._replay.device_seconds

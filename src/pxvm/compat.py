@@ -14,10 +14,10 @@ import logging
 import numpy as np
 
 from . import ops
-from .backends import WebGPUBackend, as_supported_array, get_backend, unavailable_reason
+from .backends.webgpu import WebGPUBackend
+from .backends.webgpu.runtime import get_device
 from .batch import Batch
-from .runtime.errors import PxvmError
-from .runtime.webgpu import get_device
+from .core import PxvmError, as_supported_array, get_backend, unavailable_reason
 
 log = logging.getLogger("pxvm.compat")
 

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 import pxvm
 from pxvm.cli import app
-from pxvm.gpu import bench_ops
+from pxvm.tools import bench_ops
 
 runner = CliRunner()
 HAS_TORCH = importlib.util.find_spec("torch") is not None
@@ -65,7 +65,7 @@ def test_quick_run_on_the_numpy_backend_checks_every_case(tmp_path):
     proc, data, png = bench(tmp_path, "--quick", "--backend", "numpy", "--no-torch")
     assert proc.returncode == 0, proc.stderr
     check_rows_ran(data, "numpy", list(bench_ops.CASES))
-    assert all(r["pxvm_runs"] == "numpy reference" for r in data["rows"] if r["status"] == "ok")
+    assert all(r["pxvm_runs"] == "reference" for r in data["rows"] if r["status"] == "ok")
     for name in ("matmul", "softmax", "matmul_quant_q4_k", "NMSE", "pxvm/torch"):
         assert name in proc.stdout
     check_png(png)
@@ -78,7 +78,7 @@ def test_cpu_backend_against_numpy_and_torch(tmp_path):
     check_rows_ran(data, "cpu", ["rmsnorm", "matmul_quant_q4_k"])
     assert data["settings"]["repeats"] == 2
     runs = {r["case"]: r["pxvm_runs"] for r in data["rows"]}
-    assert runs == {"matmul_quant_q4_k": "kernel", "rmsnorm": "numpy reference"}
+    assert runs == {"matmul_quant_q4_k": "kernel", "rmsnorm": "reference"}
     if HAS_TORCH:  # torch on its GPU where it has one (CUDA events), else on the host
         assert all(r["torch_seconds"] > 0 for r in data["rows"])
         import torch
@@ -225,7 +225,7 @@ def test_sizes_read_as_each_case_says(tmp_path):
 
 
 def test_an_unavailable_backend_is_one_line_and_exit_1():
-    if pxvm.backends.unavailable_reason("cuda") is None:
+    if pxvm.unavailable_reason("cuda") is None:
         pytest.skip("CUDA works here")
     proc = run_pxvm("bench", "ops", "--backend", "cuda", "--quick")
     assert proc.returncode == 1 and "backend cuda is not available here" in proc.stderr

@@ -18,7 +18,7 @@ from test_tokenizer import _smollm_tokenizer, smollm_metadata  # noqa: E402
 
 import pxvm.llm  # noqa: E402
 from pxvm.cli import app  # noqa: E402
-from pxvm.runtime.errors import PxvmError  # noqa: E402
+from pxvm.core.errors import PxvmError  # noqa: E402
 
 runner = CliRunner()
 

@@ -57,7 +57,7 @@ class Outcome:
 def _serve(conn, memory_bytes: int) -> None:
     """The worker: limit the address space, then run (module, function, args) requests."""
     resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
-    from pxvm.runtime.errors import PxvmError  # noqa: PLC0415 - after the limit is set
+    from pxvm.core.errors import PxvmError  # noqa: PLC0415 - after the limit is set
 
     while True:
         request = conn.recv()

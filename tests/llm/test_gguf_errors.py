@@ -24,7 +24,7 @@ from pxvm.llm import (
 )
 from pxvm.llm import model as model_module
 from pxvm.llm.model import DEFAULT_MAX_CONTEXT, ContextSizeError, kv_cache_positions
-from pxvm.runtime.errors import BindingTooLargeError, PxvmError
+from pxvm.core.errors import BindingTooLargeError, PxvmError
 
 
 def _one_line_error(exc_info, *words):

@@ -10,7 +10,7 @@ from conftest import nmse
 from make_tiny_gguf import TinySpec, write_tiny_gguf
 
 from pxvm.llm import ContextOverflowError, load_model
-from pxvm.runtime.webgpu import Recorder
+from pxvm.backends.webgpu.runtime import Recorder
 
 NMSE_MODEL = 1e-5
 

@@ -8,14 +8,14 @@ import pytest
 import pxvm
 from pxvm.batch import Batch
 from pxvm.ops.decoding import greedy_step, sample_step, sampled_logits
-from pxvm.runtime.errors import ShapeError
+from pxvm.core.errors import ShapeError
 
 
 def _backend(name, request):
     """The backend `name`, skipping where the GPU one is needed and missing."""
     if name == "gpu":
         request.getfixturevalue("gpu_device")
-    return pxvm.backends.get_backend(name)
+    return pxvm.get_backend(name)
 
 
 # ---- greedy_step ---------------------------------------------------------------------
@@ -116,7 +116,7 @@ def test_sample_step_on_the_gpu_draws_the_numpy_token(gpu_device, rng, n, temper
     assert z[-1] - z[-2] > 1e-4  # no near-tie that float rounding could flip
     draws = {}
     for backend in ("cpu", "gpu"):
-        be = pxvm.backends.get_backend(backend)
+        be = pxvm.get_backend(backend)
         state = be.from_numpy(np.array([-1, 40, -1, -1], np.int32))
         sampler = be.from_numpy(np.array([temperature, seed, counter], np.float32))
         sample_step(logits, state, sampler)

@@ -8,14 +8,14 @@ import pytest
 import pxvm
 from pxvm.batch import Batch
 from pxvm.ops import concat_columns, slice_rows, write_rows
-from pxvm.runtime.errors import ShapeError
+from pxvm.core.errors import ShapeError
 
 
 def _backend(name, request):
     """The backend `name`, skipping where the GPU one is needed and missing."""
     if name == "gpu":
         request.getfixturevalue("gpu_device")
-    return pxvm.backends.get_backend(name)
+    return pxvm.get_backend(name)
 
 
 # ---- write_rows and slice_rows -----------------------------------------------------

@@ -7,7 +7,7 @@ from hypothesis import given, settings, strategies as st
 
 import pxvm
 from conftest import NMSE_LONG, ODD_SIZES, assert_close
-from pxvm.runtime.errors import ShapeError
+from pxvm.core.errors import ShapeError
 
 LENGTHS = ODD_SIZES + (256 * 1024 + 3, 1_000_003)
 

@@ -18,10 +18,12 @@ from conftest import NMSE_ELEMENTWISE, assert_close
 
 import pxvm
 from pxvm.batch import Graph
-from pxvm.ops import quantized, transformer
+from pxvm.backends.webgpu.ops import quantized as webgpu_quantized
+from pxvm.backends.webgpu.ops import transformer as webgpu_transformer
+from pxvm.backends.webgpu.runtime import load_wgsl
+from pxvm.core.errors import ShapeError
+from pxvm.ops import transformer
 from pxvm.ops.transformer import attention_cached, attention_cached_matmul_quant_add
-from pxvm.runtime import ShapeError
-from pxvm.runtime.webgpu import load_wgsl
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "llm"))
 from gguf_blocks import dequantize, quantize  # noqa: E402
@@ -93,7 +95,7 @@ def _state(rng, pos, extra=()):
 
 def _run(backend, qkv, kc, vc, state, **params):
     """Run the op on `backend` with caches resident there; (out, k cache, v cache, state)."""
-    be = pxvm.backends.get_backend(backend)
+    be = pxvm.get_backend(backend)
     k_t, v_t, st = be.from_numpy(kc), be.from_numpy(vc), be.from_numpy(state)
     out = attention_cached(qkv, k_t, v_t, st, backend=backend, **params).numpy()
     return out, k_t.numpy(), v_t.numpy(), st.numpy()
@@ -145,19 +147,19 @@ def _take(kernels, monkeypatch):
     (attention_prompt.wgsl, forced for every number of new tokens where
     prompt_tiled_takes allows it)."""
     if kernels == "one range":
-        monkeypatch.setattr(transformer, "CACHED_ONE_RANGE_MAX_KEYS", 10**9)
+        monkeypatch.setattr(webgpu_transformer, "CACHED_ONE_RANGE_MAX_KEYS", 10**9)
     if kernels == "tiled":
-        monkeypatch.setattr(transformer, "PROMPT_TILED_MIN_TOKENS", 1)
+        monkeypatch.setattr(webgpu_transformer, "PROMPT_TILED_MIN_TOKENS", 1)
     else:
-        monkeypatch.setattr(transformer, "PROMPT_TILED_MIN_TOKENS", 10**9)
+        monkeypatch.setattr(webgpu_transformer, "PROMPT_TILED_MIN_TOKENS", 10**9)
 
 
 def _ranges_taken(kernels, bound):
     """Check that `kernels` really takes its path for `bound` keys."""
     if kernels == "tiled":
         return
-    n_ranges = transformer.cached_key_ranges(bound)[0]
-    one_chunk = bound <= transformer.CACHED_CHUNK
+    n_ranges = webgpu_transformer.cached_key_ranges(bound)[0]
+    one_chunk = bound <= webgpu_transformer.CACHED_CHUNK
     assert (n_ranges == 1) == (kernels == "one range" or one_chunk), (kernels, bound, n_ranges)
 
 
@@ -167,11 +169,11 @@ APPEND, TILED = ("attention_prompt.wgsl", "append"), ("attention_prompt.wgsl", "
 def _entries(kernels, bound, tokens, head_dim, ring=False, subgroups=False):
     """The (kernel file, entry point) dispatches `kernels` records for attention_cached,
     `split` and `combine` in their subgroup variant where `subgroups`."""
-    if kernels == "tiled" and transformer.prompt_tiled_takes(tokens, head_dim, ring):
+    if kernels == "tiled" and webgpu_transformer.prompt_tiled_takes(tokens, head_dim, ring):
         return [APPEND, TILED]
-    cached = transformer.CACHED_SUBGROUP_KERNEL if subgroups else transformer.CACHED_KERNEL
+    cached = webgpu_transformer.CACHED_SUBGROUP_KERNEL if subgroups else webgpu_transformer.CACHED_KERNEL
     split, combine = (cached, "split"), (cached, "combine")
-    return [split] if transformer.cached_key_ranges(bound)[0] == 1 else [split, combine]
+    return [split] if webgpu_transformer.cached_key_ranges(bound)[0] == 1 else [split, combine]
 
 
 @pytest.fixture(params=["one range", "ranges", "tiled"])
@@ -217,7 +219,7 @@ TILED_CASES = [  # (hq, hkv, d, n_ctx, pos, s, max_keys)
 @pytest.mark.parametrize("hq,hkv,d,n_ctx,pos,s,max_keys", TILED_CASES)
 def test_a_prompt_takes_the_tiled_attention_and_matches_float64(
         hq, hkv, d, n_ctx, pos, s, max_keys, style, rng, gpu_device, dispatched):
-    assert s >= transformer.PROMPT_TILED_MIN_TOKENS
+    assert s >= webgpu_transformer.PROMPT_TILED_MIN_TOKENS
     qkv, kc, vc = _case(rng, hq, hkv, d, n_ctx, s)
     state = _state(rng, pos, extra=(12345,))
     got = _run("gpu", qkv, kc, vc, state, n_heads=hq, style=style, max_keys=max_keys)
@@ -229,20 +231,20 @@ def test_a_prompt_takes_the_tiled_attention_and_matches_float64(
 def test_prompt_tiles_fit_the_kernel_and_workgroup_memory():
     # attention_prompt.wgsl's limits on its tile shape (its comments), for every head
     # size it takes; and where the tiled path applies
-    wg = transformer.PROMPT_WG
+    wg = webgpu_transformer.PROMPT_WG
     for d in range(4, 257, 4):
-        rows, keys = transformer.prompt_tiles(d)
+        rows, keys = webgpu_transformer.prompt_tiles(d)
         quads = d // 4
         assert rows % 2 == 0 and keys % 2 == 0 and rows <= wg, d
         assert rows <= 4 * (wg // quads) and keys * quads <= 4 * wg, d
-        assert transformer.prompt_tile_bytes(d, rows, keys) <= transformer.PROMPT_WORKGROUP_BYTES
-    assert transformer.prompt_tiles(64) == (16, 32)
-    assert transformer.prompt_tiles(64, budget=1 << 15)[0] == 32  # more memory, more rows
-    least = transformer.PROMPT_TILED_MIN_TOKENS
-    assert transformer.prompt_tiled_takes(least, 64, ring=False)
-    assert not transformer.prompt_tiled_takes(least - 1, 64, ring=False)
-    assert not transformer.prompt_tiled_takes(least, 64, ring=True)   # rings: `split`
-    assert not transformer.prompt_tiled_takes(least, 18, ring=False)  # not whole quads
+        assert webgpu_transformer.prompt_tile_bytes(d, rows, keys) <= webgpu_transformer.PROMPT_WORKGROUP_BYTES
+    assert webgpu_transformer.prompt_tiles(64) == (16, 32)
+    assert webgpu_transformer.prompt_tiles(64, budget=1 << 15)[0] == 32  # more memory, more rows
+    least = webgpu_transformer.PROMPT_TILED_MIN_TOKENS
+    assert webgpu_transformer.prompt_tiled_takes(least, 64, ring=False)
+    assert not webgpu_transformer.prompt_tiled_takes(least - 1, 64, ring=False)
+    assert not webgpu_transformer.prompt_tiled_takes(least, 64, ring=True)   # rings: `split`
+    assert not webgpu_transformer.prompt_tiled_takes(least, 18, ring=False)  # not whole quads
 
 
 @pytest.mark.parametrize("style", ["interleaved", "neox"])
@@ -364,7 +366,7 @@ def test_attention_cached_equals_rope_write_rows_and_attention(hq, hkv, pos, s, 
                                                                gpu_device):
     d, n_ctx = 16, 64
     qkv, kc, vc = _case(rng, hq, hkv, d, n_ctx, s)
-    ops, gpu = pxvm.ops, pxvm.backends.get_backend("gpu")
+    ops, gpu = pxvm.ops, pxvm.get_backend("gpu")
     k_fused, v_fused = gpu.from_numpy(kc), gpu.from_numpy(vc)
     fused = attention_cached(qkv, k_fused, v_fused, _state(rng, pos), n_heads=hq, style=style,
                              backend="gpu").numpy()
@@ -387,7 +389,7 @@ def test_one_recorded_attention_step_serves_every_position(path, rng, gpu_device
     hq, hkv, d, n_ctx = 4, 2, 16, 140
     _ranges_taken(path, n_ctx)
     qkv, kc, vc = _case(rng, hq, hkv, d, n_ctx, 1)
-    gpu = pxvm.backends.get_backend("gpu")
+    gpu = pxvm.get_backend("gpu")
     qkv_t, k_t, v_t = gpu.from_numpy(qkv), gpu.from_numpy(kc), gpu.from_numpy(vc)
     state_t = gpu.from_numpy(_state(rng, 0))
     step = Graph(gpu, lambda: {"out": attention_cached(qkv_t, k_t, v_t, state_t, n_heads=hq,
@@ -409,7 +411,7 @@ def test_one_recorded_prompt_serves_every_position(rng, gpu_device, dispatched):
     # once serves a prompt's pieces at each position.
     hq, hkv, d, n_ctx, s = 6, 2, 32, 160, 40
     qkv, kc, vc = _case(rng, hq, hkv, d, n_ctx, s)
-    gpu = pxvm.backends.get_backend("gpu")
+    gpu = pxvm.get_backend("gpu")
     qkv_t, k_t, v_t = gpu.from_numpy(qkv), gpu.from_numpy(kc), gpu.from_numpy(vc)
     state_t = gpu.from_numpy(_state(rng, 0))
     step = Graph(gpu, lambda: {"out": attention_cached(qkv_t, k_t, v_t, state_t, n_heads=hq)})
@@ -519,9 +521,9 @@ def test_python_constants_match_the_kernels():
         return int(re.search(rf"const {name}: u32 = (\d+)u;", load_wgsl(kernel)).group(1))
 
     assert const("attention_cached.wgsl", "WG") // const("attention_cached.wgsl", "KEY_LANES") \
-        * 2 == transformer.CACHED_CHUNK  # CHUNK = 2 * SLOTS
-    assert const(transformer.PROMPT_KERNEL, "WG") == transformer.PROMPT_WG
-    assert const("matmul_quant.wgsl", "MAX_MERGED") == quantized.MAX_MERGED
+        * 2 == webgpu_transformer.CACHED_CHUNK  # CHUNK = 2 * SLOTS
+    assert const(webgpu_transformer.PROMPT_KERNEL, "WG") == webgpu_transformer.PROMPT_WG
+    assert const("matmul_quant.wgsl", "MAX_MERGED") == webgpu_quantized.MAX_MERGED
 
 
 # ---- attention_cached_matmul_quant_add ------------------------------------------------
@@ -550,7 +552,7 @@ def _projected(rng, hq, hkv, d, n_ctx, pos, s, qtype, n_out=37):
 
 def _run_projected(backend, inputs, **params):
     qkv, kc, vc, state, w, residual = inputs
-    be = pxvm.backends.get_backend(backend)
+    be = pxvm.get_backend(backend)
     k_t, v_t = be.from_numpy(kc), be.from_numpy(vc)
     out = attention_cached_matmul_quant_add(
         qkv, k_t, v_t, state, w, residual, backend=backend, **params).numpy()
@@ -564,9 +566,9 @@ def test_attention_cached_matmul_quant_add_gpu_matches_float64(
         dispatched):
     _take("tiled" if merge == "none: tiled" else "ranges", monkeypatch)
     if merge == "by combine":  # as for attention outputs too long to merge in the product
-        monkeypatch.setattr(transformer, "MAX_MERGED", 0)
+        monkeypatch.setattr(webgpu_transformer, "MAX_MERGED", 0)
     elif merge == "in the product":  # a prompt's tokens too (by default only a decoding
-        monkeypatch.setattr(transformer, "PRODUCT_MERGES_MAX_TOKENS", 1000)  # step's one)
+        monkeypatch.setattr(webgpu_transformer, "PRODUCT_MERGES_MAX_TOKENS", 1000)  # step's one)
     inputs, (expected, k_new, v_new) = _projected(rng, hq, hkv, d, n_ctx, pos, s, qtype)
     out, k_got, v_got = _run_projected("gpu", inputs, n_heads=hq, max_keys=max_keys,
                                        qtype=qtype, k=hq * d)

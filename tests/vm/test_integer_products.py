@@ -1,4 +1,4 @@
-"""pxVM programs whose products run on the integer kernels (pxvm.kernels.cpu.integer)
+"""pxVM programs whose products run on the integer kernels (pxvm.backends.cpu.kernels.integer)
 byte-identical to the float32 BLAS path (the fallback without numba, and the path of
 small products in a process that has not loaded numba) and to the GPU executor."""
 

@@ -1,6 +1,6 @@
-"""The browser page's test data (pxvm/web/cases.py): every registered op has a conformance
-case, every case becomes a plan, benchmarks name registered ops, and random pxVM programs
-are valid and use every matrix opcode."""
+"""The browser page's test data (pxvm/web/cases.py): every registered op's conformance
+cases (pxvm/ops/cases.py) become plans, benchmarks name registered ops, and random pxVM
+programs are valid and use every matrix opcode."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pxvm.web import cases, plans
 
 def test_every_registered_op_has_a_conformance_case():
     assert plans.ops_without_case(REGISTRY) == [], (
-        "add a row for these ops to CASES in src/pxvm/web/cases.py so the page tests them")
+        "add cases for these ops to CASES in src/pxvm/ops/cases.py so the page tests them")
     assert set(cases.CASES) <= set(REGISTRY), "a case for an op that is not registered"
     assert set(cases.BENCHMARKS) <= set(REGISTRY)
 
@@ -21,14 +21,14 @@ def test_every_registered_op_has_a_conformance_case():
 def test_case_ids_name_every_case_once():
     ids = plans.case_ids()
     assert len(ids) == len(set(ids)) == sum(len(c) for c in cases.CASES.values())
-    assert "add" in ids and "add-2" in ids and "add-3" not in ids
+    assert "add" in ids and "add-3" in ids and "add-4" not in ids
     assert all("-" not in name for name in REGISTRY), "'-' separates an op from its case number"
 
 
 def test_ops_without_case_lists_the_ops_the_table_misses():
     registry = {"add": REGISTRY["add"], "not_an_op": REGISTRY["add"]}
     assert plans.ops_without_case(registry) == ["not_an_op"]
-    assert plans.case_ids(registry) == ["add", "add-1", "add-2"]
+    assert plans.case_ids(registry) == ["add", "add-1", "add-2", "add-3"]
 
 
 def test_benchmarks_state_their_work():

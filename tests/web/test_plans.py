@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 
 from conftest import nmse
-from pxvm.backends import DTYPES
-from pxvm.ops.elementwise import ElementwiseParams
-from pxvm.runtime.webgpu import workgroup_grid
+from pxvm.core import DTYPES
+from pxvm.backends.webgpu.ops.elementwise import ElementwiseParams
+from pxvm.backends.webgpu.runtime import workgroup_grid
 from pxvm.web import cases, plans
 
 
 def replay_natively(device, plan) -> np.ndarray:
-    """Run a plan through pxvm.runtime.webgpu directly, the way the page does in JavaScript."""
+    """Run a plan through pxvm.backends.webgpu.runtime directly, the way the page does in JavaScript."""
     allocs = []
     for b in plan["buffers"]:
         if b["data"] is None:
@@ -75,7 +75,7 @@ def test_plan_records_uniform_bytes_and_spreads_large_grids():
 
 def test_plan_context_is_the_webgpu_backends_recording_context():
     """The ops' kernels record into the same context class on a GPU and into a plan."""
-    from pxvm.backends import WebGPUContext
+    from pxvm.backends.webgpu import WebGPUContext
 
     ctx = plans.plan_context(("shader-f16",))
     assert isinstance(ctx, WebGPUContext) and isinstance(ctx.device, plans.PlanDevice)

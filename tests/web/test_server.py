@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from pxvm.runtime.webgpu import load_wgsl
+from pxvm.backends.webgpu.runtime import load_wgsl
 from pxvm.vm.protocol import OP_ADD, OP_DOT_RGB
 from pxvm.web import httpd
 from pxvm.web import server as web_server
@@ -126,7 +126,7 @@ def test_page_parses_bindings_with_the_runtime_pattern():
     not drift apart, or the page and Python would bind the same file differently."""
     import re
 
-    from pxvm.runtime.webgpu import shaders
+    from pxvm.backends.webgpu.runtime import shaders
 
     js = resources.files("pxvm.web").joinpath("static", "gpu.js").read_text()
     found = re.search(r"const BINDING = /(.+)/g;", js)

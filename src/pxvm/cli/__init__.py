@@ -10,7 +10,7 @@ import traceback
 
 import typer
 
-from ..runtime.errors import PxvmError
+from ..core.errors import PxvmError
 from . import (bench_commands, cuda_commands, device_commands, llm_commands, vm_commands,
                web_commands)
 

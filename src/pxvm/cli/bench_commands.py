@@ -1,4 +1,4 @@
-"""`pxvm bench`: the benchmark group, and `pxvm bench ops` (pxvm.gpu.bench_ops). Other
+"""`pxvm bench`: the benchmark group, and `pxvm bench ops` (pxvm.tools.bench_ops). Other
 modules add their benchmarks to `bench` (llm_commands: `pxvm bench llm`)."""
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ..backends import NAMES, get_backend, unavailable_reason
-from ..gpu import bench_ops
-from ..runtime.errors import PxvmError
+from ..core import get_backend, unavailable_reason
+from ..core.selection import names
+from ..tools import bench_ops
+from ..core.errors import PxvmError
 
 bench = typer.Typer(help="Benchmarks: `ops` (pxvm's kernels against numpy and PyTorch) and "
                     "`llm` (a model's prefill and decode speed).", no_args_is_help=True)
@@ -63,8 +64,8 @@ def _names(text: str | None) -> list[str] | None:
 
 
 def _backend(name: str):
-    if name.lower() not in NAMES:
-        raise typer.BadParameter(f"--backend must be one of {', '.join(NAMES)}, not {name!r}")
+    if name.lower() not in names():
+        raise typer.BadParameter(f"--backend must be one of {', '.join(names())}, not {name!r}")
     if name.lower() != "auto":
         reason = unavailable_reason(name)
         if reason is not None:
@@ -94,7 +95,7 @@ def _ratio(value: float | None) -> str:
 
 def _check(row: bench_ops.Row) -> str:
     if row.status == "ok":
-        return "[green]ok[/]" + ("" if row.pxvm_runs == "kernel" else " [dim](reference)[/]")
+        return "[green]ok[/]" + ("" if row.pxvm_runs == "kernel" else f" [dim]({row.pxvm_runs})[/]")
     if row.status == "FAIL":
         return "[bold red]FAIL[/]"
     if row.status == "error":

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import typer
 
-from ..gpu.monitor import watch
-from ..kernels import ptx as ptx_kernels
-from ..runtime.cuda import CudaError, CudaUnavailableError, list_cuda_devices
-from ..runtime.errors import PxvmError
+from ..backends.cuda import CudaError, CudaUnavailableError, list_cuda_devices
+from ..backends.cuda import ptx as ptx_kernels
+from ..core.errors import PxvmError
+from ..tools.monitor import watch
 
 
 def ptx(

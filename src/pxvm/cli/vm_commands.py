@@ -9,7 +9,9 @@ import numpy as np
 import typer
 from rich.console import Console
 
-from ..backends import NAMES, WebGPUBackend, get_backend, webgpu_backend
+from ..backends.webgpu import WebGPUBackend, webgpu_backend
+from ..core import get_backend
+from ..core.selection import names
 from ..vm import load_pxi, run_program_cpu, run_program_gpu, save_pxi
 from ..vm.assembler import assemble, disassemble
 from ..vm.digits import report
@@ -17,7 +19,7 @@ from ..vm.protocol import ProgramError
 from ..vm.render import render_program
 
 console = Console(soft_wrap=True)  # device names are long; never split a result line
-BACKEND_HELP = ("Where to run: " + ", ".join(NAMES) + " (gpu: webgpu; cpu: SIMD kernels on "
+BACKEND_HELP = ("Where to run: " + ", ".join(names()) + " (gpu: webgpu; cpu: SIMD kernels on "
                 "the CPU; numpy: the reference).")
 MAX_PICTURE_PIXELS = 1 << 26  # `show`'s picture: 256 MB as RGB
 
@@ -112,7 +114,7 @@ def show(program: Path = typer.Argument(..., help="A .pxi program."),
 
 def digits(output: Path = typer.Option(None, "-o", "--output", help="Write the network's .pxi."),
            hidden: int = typer.Option(32, min=1, max=1024, help="Hidden units."),
-           backend: str = typer.Option("auto", help="Also run on this backend: " + ", ".join(NAMES)
+           backend: str = typer.Option("auto", help="Also run on this backend: " + ", ".join(names())
                                        + " (a GPU one runs the GPU executor too).")):
     """Train an MLP on scikit-learn's digits, compile it to a .pxi, compare accuracies."""
     report(output, hidden, backend, console)

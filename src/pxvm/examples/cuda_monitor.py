@@ -7,7 +7,7 @@ NVIDIA GPUs, refreshing in the terminal (Ctrl-C stops it).
 import sys
 
 from pxvm import PxvmError
-from pxvm.gpu.monitor import watch
+from pxvm.tools.monitor import watch
 
 if __name__ == "__main__":
     try:

@@ -13,7 +13,7 @@ import sys
 from pxvm.llm import load_model
 from pxvm.llm.generate import generate
 from pxvm.llm.tokenizer import Tokenizer
-from pxvm.runtime.errors import PxvmError
+from pxvm.core.errors import PxvmError
 
 
 def main(argv=None) -> int:

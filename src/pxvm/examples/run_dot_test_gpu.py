@@ -12,7 +12,7 @@ from importlib import resources
 import numpy as np
 
 from pxvm.backends import webgpu_backend
-from pxvm.runtime.errors import PxvmError
+from pxvm.core.errors import PxvmError
 from pxvm.vm import load_pxi, run_program_gpu
 
 BAR = "=" * 60

@@ -1,1 +1,2 @@
-"""The seeds' GPU entry points (`pxvm.gpu.executor`); implemented in pxvm.compat."""
+"""Seed 000's entry points, where the seed puts them: `pxvm.gpu.executor` (GPUExecutor,
+is_gpu_available; implemented in pxvm.compat)."""

@@ -23,7 +23,7 @@ from jinja2.exceptions import SecurityError, TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import Namespace
 
-from ..runtime.errors import PxvmError
+from ..core.errors import PxvmError
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}"

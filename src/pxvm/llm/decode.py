@@ -24,9 +24,9 @@ from typing import Iterator, Protocol
 
 import numpy as np
 
-from ..backends import Backend, Tensor
+from ..core import Backend, Tensor
 from ..batch import Batch, Graph
-from ..runtime.errors import PxvmError
+from ..core.errors import PxvmError
 
 #: Steps per submit, read back with one copy; submits queued before the host waits for
 #: the oldest; submits encoded ahead by the worker thread. Chosen on the H100 with
@@ -211,7 +211,7 @@ class Decoder:
             kernels[label] = kernels.get(label, 0.0) + seconds
         model.position = start
         ms = lambda xs: round(statistics.median(xs) * 1e3, 3)  # noqa: E731
-        gpu = timed.gpu_seconds
+        gpu = timed.device_seconds
         return {
             "dispatches_per_token": step.dispatches,
             "host_encode_submit_ms": ms(encode),

@@ -11,7 +11,7 @@ from typing import Callable, Iterator, Protocol, Sequence
 import numpy as np
 
 from ..ops.decoding import sampled_logits
-from ..runtime.errors import PxvmError
+from ..core.errors import PxvmError
 from .chat import chat_template_of, render_chat, special_token_texts
 from .sampling import Sampler, SamplingParams
 from .tokenizer import Tokenizer

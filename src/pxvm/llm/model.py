@@ -26,10 +26,10 @@ from rich.console import Console
 from rich.progress import Progress
 
 from .. import ops
-from ..backends import Tensor, model_backend
+from ..core import Tensor, model_backend
 from ..batch import Batch
 from ..ops import decoding, transformer
-from ..runtime.errors import PxvmError
+from ..core.errors import PxvmError
 from .decode import FIRST_STEP_BOUND, ContextOverflowError, Decoder
 from .gguf_model import Config, GGUFModelFile, Weight, default_model_path
 from .prompts import PIECE_TOKENS, PromptGraphs

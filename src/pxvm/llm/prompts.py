@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..backends import Tensor
+from ..core import Tensor
 from ..batch import Graph
 
 if TYPE_CHECKING:

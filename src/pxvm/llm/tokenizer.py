@@ -37,7 +37,7 @@ from typing import NamedTuple
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
-from ..runtime.errors import PxvmError
+from ..core.errors import PxvmError
 
 TOKEN_TYPE_UNKNOWN = 2
 TOKEN_TYPE_CONTROL = 3

@@ -1,4 +1,4 @@
-"""2-D convolution (conv2d.wgsl): `conv2d` with PyTorch's cross-correlation semantics on
+"""2-D convolution: `conv2d` with PyTorch's cross-correlation semantics on
 (C_in, H, W) inputs, and `convolve2d`, scipy.signal.convolve2d(mode="valid") on one 2-D
 image, which is conv2d with the kernel flipped."""
 
@@ -6,27 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backends import Tensor
-from ..runtime.webgpu.params import KernelParams, kernel_params, u32
 from .registry import meta, op, require
 
 
-@kernel_params("conv2d.wgsl")
-class Conv2dParams(KernelParams):
-    c_in: u32
-    h: u32
-    w: u32
-    c_out: u32
-    kh: u32
-    kw: u32
-    h_out: u32
-    w_out: u32
-    stride: u32
-    padding: u32
-    has_bias: u32
-
-
-def _infer_conv2d(x, w, bias=None, stride=1, padding=0):
+def infer_conv2d(x, w, bias=None, stride=1, padding=0):
     require(len(x.shape) == 3, f"conv2d takes x of shape (C_in, H, W), got {tuple(x.shape)}")
     require(len(w.shape) == 4, f"conv2d takes w of shape (C_out, C_in, kh, kw), got {tuple(w.shape)}")
     require(w.shape[1] == x.shape[0],
@@ -51,36 +34,7 @@ def _infer_convolve2d(image, kernel):
     return meta((image.shape[0] - kernel.shape[0] + 1, image.shape[1] - kernel.shape[1] + 1), np.float32)
 
 
-def _record_conv(ctx, x, w, bias, stride, padding, flip):
-    m = _infer_conv2d(x, w, bias, stride, padding)
-    out = ctx.empty(m.shape, np.float32)
-    if bias is None:
-        bias_t = w  # never read when has_bias = 0; saves a second kernel
-    else:
-        # bias is a parameter, not an op input, so it may arrive as numpy or as a tensor
-        # of either backend; only one already on this device is bound as it is.
-        on_device = isinstance(bias, Tensor) and bias.backend is ctx.backend
-        bias_t = bias if on_device else ctx.tensor(np.asarray(bias, np.float32).reshape(-1))
-    c_out, h_out, w_out = m.shape
-    params = Conv2dParams(x.shape[0], x.shape[1], x.shape[2], c_out, w.shape[2], w.shape[3],
-                          h_out, w_out, int(stride), int(padding), int(bias is not None))
-    n = c_out * h_out * w_out
-    ctx.dispatch("conv2d.wgsl", "main", [x, w, bias_t, out], params, (n + 255) // 256,
-                 {"FLIP": int(flip)})
-    return out
-
-
-def _conv2d_webgpu(ctx, x, w, bias=None, stride=1, padding=0):
-    return _record_conv(ctx, x, w, bias, stride, padding, flip=False)
-
-
-def _convolve2d_webgpu(ctx, image, kernel):
-    out = _record_conv(ctx, image.reshape(1, *image.shape), kernel.reshape(1, 1, *kernel.shape),
-                       None, 1, 0, flip=True)
-    return out.reshape(out.shape[1:])
-
-
-@op(infer=_infer_conv2d, webgpu=_conv2d_webgpu)
+@op(infer=infer_conv2d)
 def conv2d(x, w, bias=None, stride=1, padding=0, *, backend="auto"):
     """Cross-correlation of x (C_in, H, W) with w (C_out, C_in, kh, kw), plus bias
     (PyTorch's conv2d on one image)."""
@@ -101,7 +55,7 @@ def conv2d(x, w, bias=None, stride=1, padding=0, *, backend="auto"):
     return out.astype(np.float32)
 
 
-@op(infer=_infer_convolve2d, webgpu=_convolve2d_webgpu)
+@op(infer=_infer_convolve2d)
 def convolve2d(image, kernel, *, backend="auto"):
     """True 2-D convolution, 'valid' mode: the kernel is flipped
     (scipy.signal.convolve2d(image, kernel, mode="valid"))."""

@@ -1,17 +1,14 @@
-"""Decoding steps (reduce.wgsl's argmax kernels): the next token chosen where the logits
-are and written into a decoding state [token, position, history...], so that steps
-chain on the device without the host. `greedy_step` takes the argmax; `sample_step`
-the argmax of logits / temperature plus Gumbel noise from a counter-based hash, a draw
-from softmax(logits / temperature) that is the same on every backend. On CUDA both are
-pxvm.kernels.ptx.decoding's two launches."""
+"""Decoding steps: the next token chosen where the logits are and written into a decoding
+state [token, position, history...], so that steps chain on the device without the
+host. `greedy_step` takes the argmax; `sample_step` the argmax of logits / temperature
+plus Gumbel noise from a counter-based hash, a draw from softmax(logits / temperature)
+that is the same on every backend."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..backends.cpu import kernel as cpu_kernel
-from ..kernels.ptx import decoding as ptx_decoding
-from .reductions import argmax, nonempty, record_flat_argmax
+from .reductions import argmax, nonempty
 from .registry import meta, op, require
 
 
@@ -28,17 +25,7 @@ def _infer_sample(logits, state, sampler):
     return _infer_greedy(logits, state)
 
 
-def _greedy_webgpu(ctx, logits, state):
-    record_flat_argmax(ctx, logits, state, advance=True)
-    return state
-
-
-def _sample_webgpu(ctx, logits, state, sampler):
-    record_flat_argmax(ctx, logits, state, advance=True, sampler=sampler)
-    return state
-
-
-@op(infer=_infer_greedy, input_dtypes=("f32", "i32"), webgpu=_greedy_webgpu)
+@op(infer=_infer_greedy, input_dtypes=("f32", "i32"))
 def greedy_step(logits, state, *, backend="auto"):
     """Greedy decoding's step on a state [token, position, history...] (int32), in place:
     token = argmax(logits) (flat, first maximum), also written to
@@ -80,7 +67,7 @@ def sampled_logits(logits, temperature: float, seed: int, counter: int) -> np.nd
     return z / np.float32(temperature) + gumbel_noise(seed, counter, z.size)
 
 
-@op(infer=_infer_sample, input_dtypes=("f32", "i32", "f32"), webgpu=_sample_webgpu)
+@op(infer=_infer_sample, input_dtypes=("f32", "i32", "f32"))
 def sample_step(logits, state, sampler, *, backend="auto"):
     """Sampled decoding's step: as greedy_step on the argmax of
     sampled_logits(logits, temperature, seed, counter) for the sampler [temperature,
@@ -90,54 +77,3 @@ def sample_step(logits, state, sampler, *, backend="auto"):
     greedy_step.reference(sampled_logits(logits, temperature, int(seed), int(counter)), state)
     sampler[2] += 1
     return state
-
-
-def _greedy_cpu(ctx, logits, state):
-    ctx.call("decoding", "greedy_step", logits, state)
-    return state
-
-
-def _sample_cpu(ctx, logits, state, sampler):
-    greedy = cpu_kernel("decoding", "greedy_step")
-    values = logits.storage, state.storage, sampler.storage
-
-    def step():
-        if values[2][0] > 0:
-            sample_step.reference(*values)
-        else:  # temperature 0: the argmax, without the reference's numpy overhead
-            greedy(values[0], values[1])
-            values[2][2] += 1
-    ctx.record_host("sample_step", step)
-    return state
-
-
-greedy_step.kernel("cpu")(_greedy_cpu)
-sample_step.kernel("cpu")(_sample_cpu)
-
-
-def _argmax_step_cuda(ctx, logits, state, sampler=None):
-    """The step as pxvm.kernels.ptx.decoding's launches: the chunks' best, then the
-    state's token (and the sampler's counter, when sampling)."""
-    sample = sampler is not None
-    chunks = -(-logits.size // ptx_decoding.CHUNK)
-    values = ctx.empty((chunks,), np.float32, "chunk maxima")
-    indices = ctx.empty((chunks,), np.int32, "chunk argmax")
-    sampler = logits if sampler is None else sampler  # unread without SAMPLE
-    threads = ptx_decoding.THREADS
-    ctx.launch(ptx_decoding.argmax_chunks, (sample,),
-               [logits, sampler, values, indices, logits.size], chunks, block=threads)
-    ctx.launch(ptx_decoding.argmax_finish, (sample,),
-               [values, indices, state, sampler, chunks, state.size - 2], 1, block=threads)
-    return state
-
-
-def _greedy_cuda(ctx, logits, state):
-    return _argmax_step_cuda(ctx, logits, state)
-
-
-def _sample_cuda(ctx, logits, state, sampler):
-    return _argmax_step_cuda(ctx, logits, state, sampler)
-
-
-greedy_step.kernel("cuda")(_greedy_cuda)
-sample_step.kernel("cuda")(_sample_cuda)

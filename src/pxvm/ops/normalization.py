@@ -1,6 +1,6 @@
-"""Row-wise ops over the last axis: softmax and log_softmax (softmax.wgsl), rmsnorm and
-layer_norm (norm.wgsl), and rotary position embedding (rope.wgsl); softmax, log_softmax
-and rmsnorm on CUDA too (pxvm.kernels.ptx.rows)."""
+"""Row-wise ops over the last axis: softmax and log_softmax, rmsnorm and layer_norm, and
+the rotary position embedding (rope), with the table of rotations its kernels read
+(`rope_table`)."""
 
 from __future__ import annotations
 
@@ -9,32 +9,9 @@ import weakref
 
 import numpy as np
 
-from ..kernels.ptx import rows as ptx_rows
-from ..runtime.webgpu.params import KernelParams, f32, kernel_params, u32
 from .registry import meta, op, require
 
 ROPE_STYLES = ("interleaved", "neox")
-
-
-@kernel_params("softmax.wgsl")
-class SoftmaxParams(KernelParams):
-    rows: u32
-    row_len: u32
-
-
-@kernel_params("norm.wgsl")
-class NormParams(KernelParams):
-    rows: u32
-    row_len: u32
-    eps: f32
-
-
-@kernel_params("rope.wgsl")
-class RopeParams(KernelParams):
-    seq: u32
-    heads: u32
-    head_dim: u32
-    pos_offset: u32
 
 
 # ---- shapes ---------------------------------------------------------------------------
@@ -43,7 +20,8 @@ def _rows(x, name):
             f"{name} needs at least one element in the last axis, got shape {tuple(x.shape)}")
 
 
-def _row_count(x) -> int:
+def row_count(x) -> int:
+    """Rows of x: its elements over the last axis' length."""
     return int(np.prod(x.shape[:-1], dtype=np.int64)) if len(x.shape) > 1 else 1
 
 
@@ -94,33 +72,7 @@ def _infer_rope(x, pos_offset=0, theta=10000.0, style="interleaved", freq_factor
     return meta(x.shape, np.float32)
 
 
-# ---- WebGPU kernels -------------------------------------------------------------------
-def _softmax_webgpu(log: bool):
-    def record(ctx, x):
-        out = ctx.empty(x.shape, np.float32)
-        rows = _row_count(x)
-        ctx.dispatch("softmax.wgsl", "main", [x, out], SoftmaxParams(rows, x.shape[-1]), rows,
-                     {"LOG": int(log)})
-        return out
-    return record
-
-
-def _rmsnorm_webgpu(ctx, x, weight, eps=1e-6):
-    out = ctx.empty(x.shape, np.float32)
-    rows = _row_count(x)
-    ctx.dispatch("norm.wgsl", "rmsnorm", [x, weight, weight, out],
-                 NormParams(rows, x.shape[-1], float(eps)), rows)
-    return out
-
-
-def _layer_norm_webgpu(ctx, x, weight, bias, eps=1e-5):
-    out = ctx.empty(x.shape, np.float32)
-    rows = _row_count(x)
-    ctx.dispatch("norm.wgsl", "layer_norm", [x, weight, bias, out],
-                 NormParams(rows, x.shape[-1], float(eps)), rows)
-    return out
-
-
+# ---- the rotation table ----------------------------------------------------------
 # (backend) -> {(theta, head_dim, factors, attn_factor): (table tensor, positions covered)};
 # tables stay resident.
 _rope_tables: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -143,72 +95,7 @@ def rope_table(ctx, theta, head_dim, needed, freq_factors=None, attn_factor=1.0)
     return found[0]
 
 
-def _rope_webgpu(ctx, x, pos_offset=0, theta=10000.0, style="interleaved", freq_factors=None,
-                 attn_factor=1.0):
-    seq, heads, d = x.shape
-    out = ctx.empty(x.shape, np.float32)
-    table = rope_table(ctx, theta, d, int(pos_offset) + seq, freq_factors, attn_factor)
-    pairs = seq * heads * (d // 2)
-    if pairs:
-        ctx.dispatch("rope.wgsl", "main", [x, table, out],
-                     RopeParams(seq, heads, d, int(pos_offset)), (pairs + 255) // 256,
-                     {"NEOX": int(style == "neox")})
-    return out
-
-
-# ---- the ops --------------------------------------------------------------------------
-# ---- CUDA kernels (pxvm.kernels.ptx.rows) -------------------------------------------------
-def _row_vec(x) -> int:
-    return 4 if x.shape[-1] % 4 == 0 else 1
-
-
-def _softmax_cuda(log: bool):
-    def record(ctx, x):
-        out = ctx.empty(x.shape, np.float32)
-        vec = _row_vec(x)
-        ctx.launch(ptx_rows.softmax, (log, vec), [x, out, x.shape[-1] // vec], _row_count(x),
-                   block=ptx_rows.THREADS)
-        return out
-    return record
-
-
-def record_rmsnorm_cuda(ctx, x, weight, eps=1e-6, half: bool = False):
-    """rmsnorm on CUDA; `half`: the result in float16 (for a prompt's tensor-core
-    product, pxvm.ops.transformer)."""
-    out = ctx.empty(x.shape, np.float16 if half else np.float32)
-    vec, row_bytes = _row_vec(x), 4 * x.shape[-1]
-    cached = row_bytes <= ptx_rows.MAX_CACHED_ROW_BYTES
-    ctx.launch(ptx_rows.rmsnorm, (vec, cached, half), [x, weight, out, x.shape[-1] // vec,
-                                                       eps],
-               _row_count(x), block=ptx_rows.THREADS, shared_bytes=row_bytes if cached else 0)
-    return out
-
-
-def _rmsnorm_cuda(ctx, x, weight, eps=1e-6):
-    return record_rmsnorm_cuda(ctx, x, weight, eps)
-
-
-def _layer_norm_cuda(ctx, x, weight, bias, eps=1e-5):
-    out = ctx.empty(x.shape, np.float32)
-    vec = _row_vec(x)
-    ctx.launch(ptx_rows.layer_norm, (vec,), [x, weight, bias, out, x.shape[-1] // vec, eps],
-               _row_count(x), block=ptx_rows.THREADS)
-    return out
-
-
-def _rope_cuda(ctx, x, pos_offset=0, theta=10000.0, style="interleaved", freq_factors=None,
-               attn_factor=1.0):
-    seq, heads, d = x.shape
-    out = ctx.empty(x.shape, np.float32)
-    table = rope_table(ctx, theta, d, int(pos_offset) + seq, freq_factors, attn_factor)
-    pairs = seq * heads * (d // 2)
-    if pairs:
-        ctx.launch(ptx_rows.rope, (style == "neox",),
-                   [x, table, out, pairs, heads, d // 2, int(pos_offset)], ctx.stride_grid(pairs))
-    return out
-
-
-@op(infer=_infer_softmax, webgpu=_softmax_webgpu(log=False), cuda=_softmax_cuda(log=False))
+@op(infer=_infer_softmax)
 def softmax(x, *, backend="auto"):
     """exp(x - max) / sum(exp(x - max)) over the last axis."""
     x = np.asarray(x, np.float64)
@@ -216,7 +103,7 @@ def softmax(x, *, backend="auto"):
     return (e / np.sum(e, axis=-1, keepdims=True)).astype(np.float32)
 
 
-@op(infer=_infer_softmax, webgpu=_softmax_webgpu(log=True), cuda=_softmax_cuda(log=True))
+@op(infer=_infer_softmax)
 def log_softmax(x, *, backend="auto"):
     """x - max - log(sum(exp(x - max))) over the last axis."""
     x = np.asarray(x, np.float64)
@@ -224,7 +111,7 @@ def log_softmax(x, *, backend="auto"):
     return (d - np.log(np.sum(np.exp(d), axis=-1, keepdims=True))).astype(np.float32)
 
 
-@op(infer=_infer_rmsnorm, webgpu=_rmsnorm_webgpu, cuda=_rmsnorm_cuda)
+@op(infer=_infer_rmsnorm)
 def rmsnorm(x, weight, eps=1e-6, *, backend="auto"):
     """x / sqrt(mean(x^2) + eps) * weight over the last axis."""
     x = np.asarray(x, np.float64)
@@ -232,7 +119,7 @@ def rmsnorm(x, weight, eps=1e-6, *, backend="auto"):
     return (x * scale * np.asarray(weight, np.float64)).astype(np.float32)
 
 
-@op(infer=_infer_layer_norm, webgpu=_layer_norm_webgpu, cuda=_layer_norm_cuda)
+@op(infer=_infer_layer_norm)
 def layer_norm(x, weight, bias, eps=1e-5, *, backend="auto"):
     """(x - mean) / sqrt(var + eps) * weight + bias over the last axis."""
     x = np.asarray(x, np.float64)
@@ -253,7 +140,7 @@ def rope_angles(n_positions: int, head_dim: int, theta: float, start: int = 0,
     return np.arange(start, start + n_positions, dtype=np.float64)[:, None] * inv_freq[None, :]
 
 
-@op(infer=_infer_rope, webgpu=_rope_webgpu, cuda=_rope_cuda)
+@op(infer=_infer_rope)
 def rope(x, pos_offset=0, theta=10000.0, style="interleaved", freq_factors=None,
          attn_factor=1.0, *, backend="auto"):
     """Rotary embedding of x (seq, heads, head_dim) at positions pos_offset + row;

@@ -1,7 +1,7 @@
 """GGML tensor types, in one table: block sizes from the `gguf` package's own
-(GGML_QUANT_SIZES), which types pxvm's kernels decode, and the reference dequantization
-(gguf's). Kernels take a type's block sizes from here (matmul_quant.wgsl gets them as
-constants); only the layout inside a block is written in each kernel."""
+(GGML_QUANT_SIZES), which types pxvm's kernels decode, the reference dequantization
+(gguf's) and random weights of each type for benchmarks. Kernels take a type's block
+sizes from here; only the layout inside a block is written in each kernel."""
 
 from __future__ import annotations
 
@@ -85,3 +85,35 @@ def dequantize(raw: np.ndarray, code: int, k: int) -> np.ndarray:
     except TypeError:  # not weak-referenceable: do not cache
         pass
     return out
+
+
+#: Where each block type keeps its float16 scales: (byte offset, how many) (the gguf
+#: package's and llama.cpp's layouts)
+F16_SCALES = {
+    GGMLQuantizationType.Q4_0: (0, 1), GGMLQuantizationType.Q4_1: (0, 2),
+    GGMLQuantizationType.Q5_0: (0, 1), GGMLQuantizationType.Q5_1: (0, 2),
+    GGMLQuantizationType.Q8_0: (0, 1), GGMLQuantizationType.Q2_K: (80, 2),
+    GGMLQuantizationType.Q3_K: (108, 1), GGMLQuantizationType.Q4_K: (0, 2),
+    GGMLQuantizationType.Q5_K: (0, 2), GGMLQuantizationType.Q6_K: (208, 1),
+}
+
+
+def random_weight(rng: np.random.Generator, n: int, k: int, code: int) -> np.ndarray:
+    """Raw rows (n, row_bytes) of a random weight of any type, made at once (gguf
+    quantizes few types, and slowly): random quants with small finite float16 scales, or
+    random float rows."""
+    t = quant_type(code)
+    q = GGMLQuantizationType
+    if t.ggml in (q.F32, q.F16, q.BF16):
+        values = rng.standard_normal((n, k)).astype(np.float32)
+        if t.ggml == q.BF16:  # the high half of a float32
+            return (values.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8).reshape(n, -1)
+        return values.astype(np.float32 if t.ggml == q.F32 else np.float16).view(
+            np.uint8).reshape(n, -1)
+    blocks = rng.integers(0, 256, (n * k // t.block_values, t.block_bytes), dtype=np.uint8)
+    at, count = F16_SCALES[t.ggml]
+    blocks[:, at:at + 2 * count] = rng.uniform(0.001, 0.01, (len(blocks), count)).astype(
+        np.float16).view(np.uint8)
+    if t.ggml == q.Q6_K:  # its int8 sub-block scales: small too
+        blocks[:, 192:208] = rng.integers(-8, 8, (len(blocks), 16)).astype(np.int8).view(np.uint8)
+    return blocks.reshape(n, t.row_bytes(k))

@@ -1,22 +1,26 @@
 """The op registry. An op is declared by its numpy reference, decorated with how its
-result's shape is inferred and its kernels, one per backend:
+result's shape is inferred:
 
-    @op(infer=same_shape, webgpu=record_relu)
+    @op(infer=same_shape)
     def relu(x, *, backend="auto"):
         \"\"\"max(x, 0); NaN stays NaN.\"\"\"
         x = np.asarray(x, np.float32)
         return np.where(x < 0, np.float32(0), x)
 
-The function's body is the reference; its signature is the op's. Calling the op,
-`pxvm.ops.relu(x, backend=...)`, chooses the backend (inside `with batch:` the batch's,
-else the inputs' own or the best available), moves numpy inputs there, checks the
-operands once for every backend (`infer`, which raises ShapeError) and runs the op:
-the reference on the host arrays where the backend has no recording context (numpy),
-else the backend's kernel, which records into the context (`webgpu=` above;
-`relu.kernel("cuda")` adds one). Where an op has no kernel for a backend whose tensors
-are host arrays (the fast CPU one), its reference is recorded instead; elsewhere that is
-a MissingKernelError. The reference never sees `backend`.
-Inputs are the leading parameters without defaults; the others are parameters.
+The function's body is the reference; its signature is the op's. Backends register
+their kernels for it (`@relu.kernel("webgpu")`, in their own packages). A fused op also
+names its `decomposition`: a function of the same signature that computes it with
+other ops, which backends without the fused kernel run.
+
+Calling the op, `pxvm.ops.relu(x, backend=...)`, chooses the backend (inside `with
+batch:` the batch's, else the inputs' own or the best available), moves numpy inputs
+there, checks the operands once for every backend (`infer`, which raises ShapeError)
+and runs it: the reference on the host arrays where the backend has no recording
+context (numpy), else the backend's kernel, which records into the context; without
+one, the decomposition; without that, the reference recorded where the backend's
+tensors are host arrays (the fast CPU one), and elsewhere a MissingKernelError. The
+reference never sees `backend`. Inputs are the leading parameters without defaults; the
+others are parameters.
 """
 
 from __future__ import annotations
@@ -28,10 +32,10 @@ from typing import Any, Callable, Generic, ParamSpec
 
 import numpy as np
 
-from ..backends import DTYPES, Backend, RecordingContext, Tensor, as_supported_array, get_backend
-from ..batch import active_batch
-from ..runtime.errors import PxvmError, ShapeError
-from . import tuning
+from ..batch import Batch, active_batch
+from ..core import (DTYPES, Backend, PxvmError, RecordingContext, ShapeError, Tensor,
+                    as_supported_array, get_backend)
+from ..core.selection import backend_for
 
 P = ParamSpec("P")
 
@@ -66,11 +70,13 @@ class MissingKernelError(PxvmError):
 
 
 class Op(Generic[P]):
-    """One op: its numpy `reference`, `infer(*inputs, **params) -> Meta`, and `kernels`
-    by backend name, each `kernel(context, *tensors, **params) -> Tensor`."""
+    """One op: its numpy `reference`, `infer(*inputs, **params) -> Meta`, `kernels` by
+    backend name, each `kernel(context, *tensors, **params) -> Tensor`, and for a fused
+    op its `decomposition(*inputs, **params)`, the same computed by other ops."""
 
-    def __init__(self, reference: Callable[P, Any], infer: Callable[..., Meta], kernels: dict,
-                 dtypes: tuple[str, ...] = ("f32",), input_dtypes: tuple | None = None):
+    def __init__(self, reference: Callable[P, Any], infer: Callable[..., Meta],
+                 dtypes: tuple[str, ...] = ("f32",), input_dtypes: tuple | None = None,
+                 decomposition: Callable[..., Tensor] | None = None):
         functools.update_wrapper(self, reference)  # name, doc, and the signature for help()
         self.name = reference.__name__
         self.reference = reference
@@ -90,7 +96,8 @@ class Op(Generic[P]):
         self.input_dtypes = tuple(
             tuple(DTYPES[d] for d in ((names,) if isinstance(names, str) else names))
             for names in allowed)
-        self.kernels: dict[str, Callable] = dict(kernels)
+        self.kernels: dict[str, Callable] = {}
+        self.decomposition = decomposition
         # bind()'s fast path: parameters by name, those a call may give by position, the
         # defaults (signatures with *args, **kwargs or positional-only names take inspect's)
         kinds = {p.kind for p in self.signature.parameters.values()}
@@ -142,21 +149,41 @@ class Op(Generic[P]):
         inputs, params = self.bind(args, kwargs)
         batch = active_batch()
         if batch is not None:
-            if not _is_auto(backend) and get_backend(backend) is not batch.backend:
+            if not (isinstance(backend, str) and backend == "auto") \
+                and get_backend(backend) is not batch.backend:
                 raise PxvmError(f"{self.name}: inside a batch on {batch.backend.name} ops "
                                 f"run there; leave backend='auto'")
             tensors = [batch.adopt(x) for x in inputs]
             shape = self.infer(tensors, params)
+            if self.implementation(batch.backend) == "decomposed":
+                return self.decomposition(*tensors, **params)
             return batch.record(lambda ctx: self.run(batch.backend, ctx, tensors, params, shape),
                                 tensors)
-        target = _resolve_backend(self.name, inputs, backend)
+        target = backend_for(self.name, inputs, backend)
         tensors = [_on_backend(x, target) for x in inputs]
         shape = self.infer(tensors, params)
         context = target.context()
+        if self.implementation(target) == "decomposed":
+            with Batch(target) as decomposed:
+                out = self.decomposition(*tensors, **params)
+            decomposed.execute()
+            return out
         out = self.run(target, context, tensors, params, shape)
         if context is not None:
             context.submit()
         return out
+
+    def implementation(self, backend: Backend) -> str:
+        """How a call on `backend` runs: "kernel" (the backend's own), "decomposed" (the
+        ops it equals), "reference" (numpy's, on host arrays) or "missing" (a
+        MissingKernelError)."""
+        if not backend.records:
+            return "reference"
+        if backend.name in self.kernels:
+            return "kernel"
+        if self.decomposition is not None:
+            return "decomposed"
+        return "reference" if backend.host_arrays else "missing"
 
     def run(self, backend: Backend, context: RecordingContext | None, tensors: list[Tensor],
             params: dict, shape: Meta) -> Tensor:
@@ -166,7 +193,7 @@ class Op(Generic[P]):
             out = np.asarray(out, dtype=shape.dtype).reshape(shape.shape)
             return Tensor(out.shape, out.dtype, backend, out)
         kernel = self.kernels.get(backend.name)
-        if kernel is None and context.host_arrays:
+        if kernel is None and backend.host_arrays:
             return self._recorded_reference(context, tensors, params, shape)
         if kernel is None:
             raise MissingKernelError(
@@ -190,53 +217,20 @@ class Op(Generic[P]):
 
 
 def op(infer: Callable[..., Meta], input_dtypes: tuple | None = None, dtypes: tuple = ("f32",),
-       **kernels) -> Callable[[Callable[P, Any]], Op[P]]:
+       decomposition: Callable[..., Tensor] | None = None) -> Callable[[Callable[P, Any]], Op[P]]:
     """Decorator declaring an op (module docstring). `dtypes` are the dtypes every input
     may have; `input_dtypes` says it per input instead (a name or a tuple of names each),
-    for inputs of different roles (a float activation and a raw uint8 weight)."""
+    for inputs of different roles (a float activation and a raw uint8 weight).
+    `decomposition`: a fused op's computation by other ops."""
 
     def declare(reference: Callable[P, Any]) -> Op[P]:
-        made = Op(reference, infer, kernels, dtypes, input_dtypes)
+        made = Op(reference, infer, dtypes, input_dtypes, decomposition)
         if made.name in REGISTRY:
             raise ValueError(f"op {made.name!r} declared twice")
         REGISTRY[made.name] = made
         return made
 
     return declare
-
-
-def in_place_on_host(target: Op, backend_name: str, returns: int = 0) -> None:
-    """Give `target`, an op that writes into its input `returns` and returns it, a kernel
-    on a host-array backend that records its reference and returns that same tensor
-    (the recorded-reference fallback would return a copy)."""
-
-    def kernel(ctx, *tensors, **params):
-        arrays = [t.storage for t in tensors]
-        ctx.record_host(target.name, lambda: target.reference(*arrays, **params))
-        return tensors[returns]
-
-    target.kernel(backend_name)(kernel)
-
-
-def _is_auto(backend) -> bool:
-    return isinstance(backend, str) and backend == "auto"
-
-
-def _resolve_backend(name: str, inputs, backend) -> Backend:
-    """'auto' follows the inputs: a tensor already on a backend keeps the op there. Host
-    arrays go to the best device, except where `pxvm tune` measured the CPU faster for
-    this op at their size (uploading and reading back cost more than the GPU saves)."""
-    if not _is_auto(backend):
-        return get_backend(backend)
-    for x in inputs:
-        if isinstance(x, Tensor):
-            return x.backend
-    target = get_backend("auto")
-    if target.name in ("webgpu", "cuda"):
-        threshold = tuning.crossover(target, name)
-        if threshold is not None and sum(np.size(x) for x in inputs) < threshold:
-            return get_backend("cpu")
-    return target
 
 
 def _on_backend(x, backend: Backend) -> Tensor:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..runtime.errors import shortened
+from ..core.errors import shortened
 from .protocol import (MAX_PIXELS, MNEMONICS, OP_HALT, OP_REQUANT, OP_ROWHI, OPCODES,
                        PROTOCOL_VERSION, REQUANT_MAX_MULT, REQUANT_MAX_SHIFT, ROW_ARGS, Matrix,
                        ProgramError, element_positions, validate_program)

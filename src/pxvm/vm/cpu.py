@@ -28,7 +28,7 @@ MATMUL_BLOCK = 1 << 20
 EXACT_K = 256
 
 
-#: Exact integer products run in float32 BLAS blocks or in pxvm.kernels.cpu.integer
+#: Exact integer products run in float32 BLAS blocks or in pxvm.backends.cpu.kernels.integer
 #: (numba; about twice as fast). numba and its cached kernels take about half a second
 #: to load into a new process, which one program's products never win back: a process
 #: loads them once its products have spent INTEGER_KERNELS_AFTER_SECONDS in BLAS (a
@@ -40,10 +40,10 @@ _blas_seconds = 0.0  # spent in _blas_blocks by this process
 
 
 def _integer_kernel(entry: str, work: int):
-    """Kernel `entry` of pxvm.kernels.cpu.integer for `work` multiply-adds, or None where
+    """Kernel `entry` of pxvm.backends.cpu.kernels.integer for `work` multiply-adds, or None where
     BLAS should do it (see INTEGER_KERNELS_AFTER_SECONDS) or numba is missing."""
     if work < INTEGER_KERNELS_MIN_WORK or (
-            "pxvm.kernels.cpu.integer" not in sys.modules
+            "pxvm.backends.cpu.kernels.integer" not in sys.modules
             and _blas_seconds < INTEGER_KERNELS_AFTER_SECONDS):
         return None
     try:

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..backends import WebGPUBackend, get_backend
+from ..backends.webgpu import WebGPUBackend
+from ..core import get_backend
 from .assembler import assemble
 from .cpu import run_program_cpu
 from .gpu import run_program_gpu

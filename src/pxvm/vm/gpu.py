@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backends import WebGPUBackend, webgpu_backend
-from ..runtime.webgpu.params import KernelParams, i32, kernel_params, u32
+from ..backends.webgpu import WebGPUBackend, webgpu_backend
+from ..backends.webgpu.runtime.params import KernelParams, i32, kernel_params, u32
 from .protocol import (OP_ADD, OP_ARGMAX_I32, OP_BIAS_I32, OP_DOT_RGB, OP_MATMUL,
                        OP_MATMUL_I8, OP_RELU, OP_RELU_I8, OP_REQUANT, Program, check_image,
                        validate_program)

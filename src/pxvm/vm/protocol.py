@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..runtime.errors import PxvmError
+from ..core.errors import PxvmError
 
 PROTOCOL_VERSION = "1.2"
 

@@ -17,7 +17,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from ..runtime.errors import shortened
+from ..core.errors import shortened
 
 log = logging.getLogger("pxvm.web")
 

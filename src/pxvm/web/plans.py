@@ -15,9 +15,10 @@ import base64
 
 import numpy as np
 
-from ..backends import Backend, Tensor, WebGPUContext, as_supported_array, dtype_name
+from ..backends.webgpu import WebGPUContext
+from ..backends.webgpu.runtime import UNIFORM_SLOT
+from ..core import Backend, Tensor, as_supported_array, dtype_name
 from ..ops import REGISTRY
-from ..runtime.webgpu import UNIFORM_SLOT
 from ..vm import record_program, run_program_cpu, validate_program
 from .cases import BENCHMARKS, CASES
 

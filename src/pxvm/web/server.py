@@ -22,10 +22,10 @@ from http import HTTPStatus
 from importlib import resources
 
 from .. import __version__
-from ..backends import webgpu_backend
+from ..backends.webgpu import webgpu_backend
 from ..ops import REGISTRY
-from ..runtime.errors import PxvmError, shortened
-from ..runtime.webgpu import load_wgsl
+from ..core.errors import PxvmError, shortened
+from ..backends.webgpu.runtime.shaders import KERNELS, load_wgsl
 from ..vm import ProgramError, load_pxi
 from ..vm.io import ImageTooLarge, read_png_header
 from . import cases, plans
@@ -63,7 +63,7 @@ def static_files() -> dict[str, object]:
 
 
 def kernel_files() -> dict[str, object]:
-    return _shipped(resources.files("pxvm.kernels"), (".wgsl",))
+    return _shipped(resources.files(KERNELS), (".wgsl",))
 
 
 def example_files() -> dict[str, object]:

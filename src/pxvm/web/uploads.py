@@ -12,7 +12,7 @@ import time
 import traceback
 from http import HTTPStatus
 
-from ..runtime.errors import PxvmError
+from ..core.errors import PxvmError
 from ..vm import load_pxi
 from . import plans
 from .httpd import MAX_RESPONSE

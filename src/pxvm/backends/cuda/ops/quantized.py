@@ -1,0 +1,295 @@
+"""ptx/quantized.py and ptx/dequantize.py for pxvm.ops.quantized, and `product`, the
+product with a transformer's ops fused in that transformer.py records too.
+
+Below PROMPT_MIN_ROWS rows of x (decoding's) a product is one launch of the
+matrix-vector kernel (`matvec`: the quantized weight read once per row of x, the norm
+before it and the residual's add or a GLU after it in the same launch); from there (a
+prompt's) W is dequantized into float16 (kept with W while a budget allows) and
+multiplied on tensor cores (matmul.py's f16_product), llama.cpp's way for prompts.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from gguf import GGMLQuantizationType
+
+from ....core import Tensor, tuning
+from ....ops import MissingKernelError, quantized
+from ....ops.quant_types import quant_type
+from ..ptx import dequantize as ptx_dequantize
+from ..ptx import quant_blocks
+from ..ptx import quantized as ptx_quantized
+from ..ptx import wgmma as ptx_wgmma
+from .matmul import f16_glu, f16_product, glu_takes, wgmma_shape
+
+#: From this many rows of x, a product dequantizes W into float16 and multiplies on tensor
+#: cores; below it the matrix-vector kernel reads the quantized weight once per row of x.
+PROMPT_MIN_ROWS = 32
+#: (outputs a block, rows a group) and weight prefetch of the matrix-vector kernel by GGML
+#: type: the fastest over W 4096 x 4096, 11008 x 4096 and 4096 x 11008 on the H100
+#: (BENCHMARKS.md); `pxvm tune --backend cuda` measures them per device (matvec_tuned).
+#: Types not named take ptx_quantized.DEFAULT_SHAPE and DEFAULT_PREFETCH on sm_90, "none"
+#: elsewhere.
+MATVEC_SHAPES: dict[int, tuple[int, int]] = {12: (16, 8), 8: (16, 8), 2: (8, 8), 14: (4, 4),
+                                              13: (16, 8)}
+MATVEC_PREFETCHES: dict[int, str] = {12: "none", 8: "none", 2: "lines", 14: "none", 13: "none"}
+#: the prefetch of the types MATVEC_PREFETCHES does not name, on sm_90: "bulk" asks L2
+#: for a block's rows before the kernel waits for its predecessor (decoding's graphs)
+DEFAULT_PREFETCH = "bulk"
+#: the shape (outputs a block, rows a group) of products whose weight has too few rows
+#: to fill the GPU with the type's shape: the fastest for SmolLM2's decoding on the H100
+#: (BENCHMARKS.md)
+SMALL_SHAPE = (4, 4)
+#: their prefetch on sm_90: "bulk" asks L2 for the block's rows before the kernel waits
+#: for its predecessor in decoding's graphs (elsewhere "none")
+SMALL_PREFETCH = "bulk"
+#: Staging a weight's rows in shared memory (ptx_quantized.matvec's "stage", in its
+#: STAGED_SHAPE) pays where the whole weight streams in one wave of blocks, each small
+#: enough that blocks of the next product fit beside it (a graph's dependent launches
+#: then fetch the next weight while this one is multiplied): one to STAGED_WAVE blocks
+#: a multiprocessor, of at most STAGED_BLOCK_BYTES. On the H100 Q8_0's 68 KiB blocks
+#: gained and Q4_K's 97 KiB ones lost (BENCHMARKS.md). Other weights of RING_TYPES whose
+#: rows can be staged stream through a ring (RING_SHAPE's "ring": half its rows in shared
+#: memory at once, at most STAGED_BLOCK_BYTES).
+STAGED_WAVE = 2
+STAGED_BLOCK_BYTES = 72 << 10
+#: the types measured faster ringed than read from global memory on the H100 (Q4_K, Q5_K,
+#: Q8_0, Q4_0; Q6_K was slower, the others unmeasured: BENCHMARKS.md)
+RING_TYPES = (12, 13, 8, 2)
+#: rows of x the matrix-vector kernels take (a grid row each: CUDA's grid height)
+MAX_GRID_ROWS = 65535
+
+
+def matvec_tuned(qtype: int) -> str:
+    """The tunable naming the matrix-vector kernel's (rows, group, prefetch) for `qtype`
+    (registered for the types ptx_quantized sweeps; forcing it works for any)."""
+    return f"matmul_quant.cuda.{quant_type(qtype).name}"
+
+
+def _planes(ctx, w, qtype, k):
+    """W's GGUF rows repacked on the device into one plane a field (quant_blocks.Planes:
+    every field 16-byte aligned), made once per weight."""
+    fmt = quant_blocks.FORMATS[qtype]
+
+    def make():
+        blocks = w.shape[0] * (k // fmt.block_values)
+        planes = [ctx.empty((blocks * f.size,), np.uint8) for f in fmt.fields]
+        ctx.launch(ptx_quantized.repack, (qtype,), [w, *planes, blocks], ctx.stride_grid(blocks))
+        return planes
+
+    return ctx.derived(w, ("planes", qtype, k), make)
+
+
+def _dequantized_f16(ctx, w, qtype, k):
+    """W (N, K) dequantized into a new float16 tensor (F16 rows: W's own memory)."""
+    n = w.shape[0]
+    if qtype == 1:
+        return Tensor((n, k), np.float16, w.backend, w.storage)
+    out = ctx.empty((n, k), np.float16)
+    scalar = k % quant_blocks.UNIT != 0  # float rows of any length
+    builder = ptx_dequantize.dequantize_float_scalar if scalar else ptx_dequantize.dequantize
+    ctx.launch(builder, (qtype, "f16", False), [w, out, n, k, n, 0],
+               ctx.stride_grid(n * k if scalar else n * k // quant_blocks.UNIT))
+    return out
+
+
+def _f16_weight(ctx, w, qtype, k):
+    """W as a float16 (N, K) tensor: F16 rows as they are, the other types dequantized
+    into a matrix kept with W while the backend's budget allows (a prompt then skips
+    the dequantization: one launch a product fewer)."""
+    if qtype == 1:
+        return _dequantized_f16(ctx, w, qtype, k)
+    return ctx.derived(w, ("float16", qtype, k), lambda: _dequantized_f16(ctx, w, qtype, k),
+                       optional=True)
+
+
+def _f16_glu_weight(ctx, w, qtype, k, block_n: int):
+    """A GLU weight [gate; up] as float16 in the row order of the tensor-core GLU kernel
+    (ptx_wgmma.glu_rows), kept as _f16_weight is."""
+    def make():
+        plain = _dequantized_f16(ctx, w, qtype, k)
+        out = ctx.empty(plain.shape, np.float16)
+        row_bytes = 2 * k
+        for i, (first, count) in enumerate(ptx_wgmma.glu_rows(w.shape[0], block_n)):
+            ctx.copy(out, plain, count * row_bytes, i * count * row_bytes, first * row_bytes)
+        return out
+
+    return ctx.derived(w, ("float16 glu", qtype, k, block_n), make, optional=True)
+
+
+def to_f16(ctx, x):
+    """x (M, K) float32 as a new float16 tensor."""
+    m, k = x.shape
+    x16 = ctx.empty((m, k), np.float16)
+    vec = 4 if (m * k) % 4 == 0 else 1
+    ctx.launch(ptx_dequantize.to_f16, (vec,), [x, x16, m * k], ctx.stride_grid(m * k // vec))
+    return x16
+
+
+def prompt_takes(m: int, k: int) -> bool:
+    """Whether a product of x (m, k) runs as a prompt's: on tensor cores."""
+    return m >= PROMPT_MIN_ROWS and k % 8 == 0
+
+
+def prompt_product(ctx, x, w, qtype, k, residual=None):
+    """x @ W^T [+ residual] as W dequantized to float16 times x in float16 (converted
+    here unless it is already) on tensor cores (prompt_takes)."""
+    if x.dtype != np.float16:
+        x = to_f16(ctx, x)
+    return f16_product(ctx, x, _f16_weight(ctx, w, qtype, k), residual=residual)
+
+
+def prompt_glu(ctx, x, w, qtype, k, activation: str):
+    """act(x W_gate^T) * (x W_up^T) for W = [W_gate; W_up] as one tensor-core launch
+    where the GPU has the GLU kernel (glu_takes), else None (the caller multiplies, then
+    applies the GLU)."""
+    if not glu_takes(ctx, w.shape[0], activation):
+        return None
+    if x.dtype != np.float16:
+        x = to_f16(ctx, x)
+    return f16_glu(ctx, x, _f16_glu_weight(ctx, w, qtype, k, wgmma_shape(ctx)[0]), activation)
+
+
+def matvec_shape(ctx, qtype: int, outputs: int, k: int,
+                 glu: bool = False) -> tuple[int, int, str]:
+    """(rows, group, prefetch) of the matrix-vector kernel for `qtype` and `outputs`
+    rows of W (of k values; a GLU's blocks hold half as many outputs): as forced (the
+    tuner and tests), else SMALL_SHAPE where the type's shape would give fewer blocks
+    than the GPU has multiprocessors (a small model's products), STAGED_SHAPE where the
+    weight's rows can be staged in shared memory in one wave of blocks (Hopper),
+    RING_SHAPE's ring for the other weights of RING_TYPES that can be staged (Hopper),
+    else as tuned for this device, else MATVEC_SHAPES / MATVEC_PREFETCHES
+    (DEFAULT_PREFETCH for the types not named)."""
+    hopper = ctx.device.info.arch == "sm_90"
+    shape = tuning.forced(matvec_tuned(qtype))
+    if shape is None:
+        shape = _matvec_rule(ctx, qtype, outputs, k, glu, hopper)
+    rows, group, prefetch = shape
+    # Hopper's own instructions elsewhere: the nearest that every GPU has
+    if prefetch == "bulk" and not hopper:
+        prefetch = "lines"
+    # ... and rows the bulk copies cannot take (or blocks of one group, for a ring) read
+    # from global memory
+    if prefetch in ptx_quantized.STAGING and not (
+            hopper and ptx_quantized.stages(qtype, rows, k, prefetch)
+            and ptx_quantized.ring_takes(rows, group, prefetch)):
+        prefetch = "none"
+    return rows, group, prefetch
+
+
+def _matvec_rule(ctx, qtype, outputs, k, glu, hopper) -> tuple[int, int, str]:
+    rows = MATVEC_SHAPES.get(qtype, ptx_quantized.DEFAULT_SHAPE)[0]
+    multiprocessors = ctx.device.info.multiprocessors
+    if -(-outputs // rows) < multiprocessors:
+        return (*SMALL_SHAPE, SMALL_PREFETCH if hopper else "none")
+    rows, group = ptx_quantized.STAGED_SHAPE
+    staged_blocks = -(-outputs // (rows // 2 if glu else rows))
+    if (hopper and ptx_quantized.stages(qtype, rows, k)
+            and ptx_quantized.staged_bytes(qtype, rows, k) <= STAGED_BLOCK_BYTES
+            and multiprocessors <= staged_blocks <= STAGED_WAVE * multiprocessors):
+        return rows, group, "stage"
+    rows, group = ptx_quantized.RING_SHAPE
+    if (hopper and qtype in RING_TYPES and ptx_quantized.stages(qtype, rows, k, "ring")
+            and ptx_quantized.staged_bytes(qtype, rows, k, "ring") <= STAGED_BLOCK_BYTES):
+        return rows, group, "ring"
+    tuned = None
+    if qtype in ptx_quantized.SWEPT:
+        tuned = tuning.choice(ctx.backend, matvec_tuned(qtype))
+    if tuned is not None:
+        return tuned
+    rows, group = MATVEC_SHAPES.get(qtype, ptx_quantized.DEFAULT_SHAPE)
+    return rows, group, MATVEC_PREFETCHES.get(qtype, DEFAULT_PREFETCH if hopper else "none")
+
+
+def matvec_takes(m: int, k: int) -> bool:
+    """Whether the matrix-vector kernel (`product`) multiplies x (m, k): decoding's few
+    rows (prompts take tensor cores from PROMPT_MIN_ROWS rows), rows of whole units
+    (float rows of other lengths take matvec_float_scalar)."""
+    return 0 < m < PROMPT_MIN_ROWS and k % quant_blocks.UNIT == 0
+
+
+def product(ctx, x, w, qtype: int, k: int, gain=None, eps: float = 0.0, residual=None,
+            activation: str | None = None):
+    """x (M, K) @ W^T in one launch of the matrix-vector kernel (rows of x that
+    matvec_takes), with a transformer's ops around it fused in: `gain` normalises x
+    first (rmsnorm(x, gain, eps)), `residual` (M, N) is added to the product, and
+    `activation` (silu, gelu_tanh) makes it a GLU of W = [W_gate; W_up]: act(x W_gate^T)
+    * (x W_up^T), (M, N / 2). The pairs the kernel is made for: ptx_quantized.FUSIONS."""
+    m, n = x.shape[0], w.shape[0]
+    glu = activation is not None
+    outputs = n // 2 if glu else n
+    epilogue = activation if glu else "add" if residual is not None else "none"
+    if (gain is not None, epilogue) not in ptx_quantized.FUSIONS:
+        raise ValueError(f"the matrix-vector kernel fuses {ptx_quantized.FUSIONS} "
+                         f"(norm, epilogue), not {(gain is not None, epilogue)}")
+    if not matvec_takes(m, k):
+        raise ValueError(f"the matrix-vector kernel takes 1..{PROMPT_MIN_ROWS - 1} rows of "
+                         f"a multiple of {quant_blocks.UNIT} values, not {m} of {k}")
+    out = ctx.empty((m, outputs), np.float32)
+    if outputs == 0:
+        return out
+    fmt = quant_blocks.FORMATS[qtype]
+    weights = _planes(ctx, w, qtype, k) if fmt.planes else [w]
+    rows, group, prefetch = matvec_shape(ctx, qtype, outputs, k, glu)
+    if glu and rows < 2:  # a gate row and its up row at least
+        rows = 2
+    shared = ptx_quantized.staged_bytes(qtype, rows, k, prefetch)
+    group = ptx_quantized.matvec_group(rows, group, prefetch, epilogue)
+    args = [x, *weights, out, outputs, k]
+    if gain is not None:
+        args += [gain, float(eps)]
+    if residual is not None:
+        args.append(residual)
+    per_block = rows // 2 if glu else rows
+    ctx.launch(ptx_quantized.matvec,
+               ptx_quantized.matvec_args(qtype, rows, group, prefetch, gain is not None,
+                                         epilogue),
+               args, (-(-outputs // per_block), m, 1),
+               block=ptx_quantized.threads_for(k, prefetch),
+               shared_bytes=shared)
+    return out
+
+
+@quantized.matmul_quant.kernel("cuda")
+def matmul_quant(ctx, x, w, qtype=3, k=0):
+    """The matrix-vector kernel, a grid row per row of x, below PROMPT_MIN_ROWS rows;
+    dequantized W on tensor cores from there (K a multiple of 8)."""
+    m, n = x.shape[0], w.shape[0]
+    if m == 0 or n == 0:
+        return ctx.empty((m, n), np.float32)
+    if prompt_takes(m, k):
+        return prompt_product(ctx, x, w, qtype, k)
+    if matvec_takes(m, k):
+        return product(ctx, x, w, qtype, k)
+    fmt = quant_blocks.FORMATS[qtype]
+    if m > MAX_GRID_ROWS:
+        raise MissingKernelError(f"matmul_quant on CUDA multiplies at most {MAX_GRID_ROWS} rows "
+                                 f"of x by {fmt.name} rows of K = {k} at once, not {m}")
+    # float rows of any length: not 16-byte aligned
+    out = ctx.empty((m, n), np.float32)
+    ctx.launch(ptx_quantized.matvec_float_scalar, (qtype,), [x, w, out, n, k],
+               (-(-n // ptx_quantized.WARPS), m, 1), block=ptx_quantized.THREADS)
+    return out
+
+
+@quantized.embedding_quant.kernel("cuda")
+def embedding_quant(ctx, ids, w, qtype=3, k=0, first_row=0):
+    s, n = ids.shape[0], w.shape[0]
+    out = ctx.empty((s, k), np.float32)
+    if s == 0:
+        return out
+    scalar = k % quant_blocks.UNIT != 0  # float rows of any length
+    builder = ptx_dequantize.dequantize_float_scalar if scalar else ptx_dequantize.dequantize
+    ctx.launch(builder, (qtype, "f32", True), [w, ids, out, n, k, s, int(first_row)],
+               ctx.stride_grid(s * k if scalar else s * k // quant_blocks.UNIT))
+    return out
+
+
+for _code in ptx_quantized.SWEPT:
+    _type = GGMLQuantizationType(_code)
+    tuning.tunable(
+        matvec_tuned(_code),
+        f"{_type.name} matrix-vector kernel: outputs a block, rows a group, weight prefetch",
+        [(r, g, p) for r, g in ptx_quantized.SHAPES for p in ptx_quantized.PREFETCHES
+         if p != "lines" or (r, g) == ptx_quantized.DEFAULT_SHAPE], ("cuda",),
+        quantized.product_cases(((1, 4096, 4096), (1, 11008, 4096)), (_type,)))

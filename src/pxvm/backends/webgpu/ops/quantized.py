@@ -1,0 +1,164 @@
+"""matmul_quant.wgsl for pxvm.ops.quantized, and `product`, the product with its fusions
+(a norm before it, a residual or a GLU after it, attention's per-range results merged
+into its input) that transformer.py's ops record too.
+
+A product of a few rows runs `matmul` (threads of a column splitting its blocks: `lanes`
+of them); from TILED_MIN_ROWS rows (a prompt's) `matmul_tiled` (a tile of rows of x by
+rows of W, each weight slice dequantized into workgroup memory once per tile).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ....core import tuning
+from ....ops import quantized
+from ....ops.quant_types import quant_type
+from ..runtime.params import KernelParams, f32, kernel_params, u32
+from .layouts import AttentionPartials
+from .subgroups import subgroup_variant
+
+KERNEL = "matmul_quant.wgsl"
+#: matmul_quant.wgsl with the row product's lanes summed by subgroup shuffles, for
+#: products of more than one lane a column
+SUBGROUP_KERNEL = "matmul_quant_subgroups.wgsl"
+#: The longest attention output (heads x head size) that a product merges from attention's
+#: per-range results itself: matmul_quant.wgsl's MAX_MERGED (tests check they agree).
+MAX_MERGED = 2048
+
+
+@kernel_params(KERNEL, SUBGROUP_KERNEL)
+class MatmulQuantParams(KernelParams):
+    M: u32
+    N: u32
+    K: u32
+    row_bytes: u32   # bytes of one weight row
+    eps: f32         # NORM's epsilon
+    head_dim: u32    # ATTENTION_PARTS: the merged partials' AttentionPartials
+    n_ranges: u32
+    range_len: u32
+    max_keys: u32
+    first_row: u32   # `embed`: the first table row W holds (ids below or past W give 0)
+
+
+#: Threads per output column (`lanes`) of products of a few rows, as `pxvm tune` measured
+#: them on shapes (M, N, K) of LANES_TUNED_SHAPES; forced, every product takes the row
+#: kernel with them (the tests of its lanes).
+LANES_TUNED = "matmul_quant.lanes.prompt"
+LANES_TUNED_SHAPES = ((16, 1536, 576), (16, 576, 1536))
+LANE_CHOICES = (1, 4, 8, 16, 32, 64, 128)
+#: Threads per output column on GPUs, by situation: a few rows (until tuned), one row,
+#: one row of very many columns (an LM head). Decoding's two are not tuned: `pxvm tune`
+#: timed its products one by one and chose 16 and 4 on the H100, which decoded SmolLM2
+#: slower than these, even timed as chains of products; a step's fused norms, GLUs and
+#: attention merges and its context length decide them (BENCHMARKS.md, issue 19).
+UNTUNED_LANES = (8, 64, 16)
+WIDE_COLUMNS = 16384
+
+
+def _lanes(ctx, m, n):
+    """Threads per output column: 1 on CPU drivers (lavapipe), where the reduction costs
+    more than the parallelism gains; on GPUs for several rows as tuned, else 8 (longer
+    prompts take the tiled kernel: takes_tiled); for one row (decoding: a chain of small
+    dispatches, each as long as its longest thread) 64, or 16 for very many columns (an
+    LM head fills the GPU with columns alone): each the fastest for its products in
+    SmolLM2's decoding step on the H100 (BENCHMARKS.md)."""
+    situation = 0 if m > 1 else 2 if n >= WIDE_COLUMNS else 1
+    tuned = tuning.choice(ctx.backend, LANES_TUNED) if situation == 0 else None
+    if tuned is not None:
+        return tuned
+    return 1 if ctx.is_software else UNTUNED_LANES[situation]
+
+
+#: From this many rows of x (a prompt's), products take `matmul_tiled`, which dequantizes
+#: each weight block once per tile of rows instead of once per row (on lavapipe too:
+#: 2-15x faster there for 64 to 512 rows).
+TILED_MIN_ROWS = 32
+#: The (TILE_M, TILE_N) that `matmul_tiled` takes: rows of x and rows of W a workgroup
+#: multiplies, 32, 64 or 128 each but not 32 with 128. A thread takes 4 x 4 outputs (a quad
+#: of rows by a quad of columns), two quads along a 128-wide side; the kernel derives its
+#: threads from the shape (min(TILE_M / 4, 16) x min(TILE_N / 4, 16): 64 for 32 x 32, 128
+#: for 32 x 64, 256 from 64 x 64). GLUs: half the W rows are up rows, so a tile is
+#: TILE_N / 2 outputs wide.
+TILE_SHAPES = ((32, 32), (32, 64), (64, 32), (64, 64), (64, 128), (128, 64), (128, 128))
+#: The shape `matmul_tiled` uses where `pxvm tune` has not chosen one for the device
+#: (TILED_TUNED): the fastest on the H100 for SmolLM2's prompts (BENCHMARKS.md), though
+#: smaller tiles would give a small model's products more workgroups.
+TILED_SHAPE = (64, 64)
+TILED_TUNED = "matmul_quant.tiled.shape"
+
+
+def tiled_shape(ctx) -> tuple[int, int]:
+    """(TILE_M, TILE_N) of `matmul_tiled` on this device: as tuned, else TILED_SHAPE."""
+    return tuning.choice(ctx.backend, TILED_TUNED) or TILED_SHAPE
+
+
+def takes_tiled(m: int, merge=None) -> bool:
+    """Whether `product` multiplies x of m rows with `matmul_tiled`: from TILED_MIN_ROWS
+    rows, unless the product merges attention's partial results or the row kernel's
+    lanes are forced."""
+    return merge is None and m >= TILED_MIN_ROWS and tuning.forced(LANES_TUNED) is None
+
+
+def product(ctx, x, w, n, qtype, k, *, gain=None, residual=None, eps=0.0, epilogue=0,
+            rows=None, merge: tuple | None = None):
+    """Record matmul_quant.wgsl's `matmul` (or `matmul_tiled` for many rows: takes_tiled):
+    y (rows, n), rows = x's (default). `gain` makes it norm-fused, `epilogue` 1 adds
+    `residual`, 2 is SwiGLU, 3 GeGLU. `merge` = (state, AttentionPartials) says that x
+    holds attention_cached's per-range partial results, which the product merges
+    (ATTENTION_PARTS) for the tokens at the state's position."""
+    m = x.shape[0] if rows is None else rows
+    out = ctx.empty((m, n), np.float32)
+    t = quant_type(qtype)
+    state, partials = (x, AttentionPartials(0, 0, 0, 0)) if merge is None else merge
+    params = MatmulQuantParams(m, n, k, t.row_bytes(k), float(eps), partials.head_dim,
+                               partials.n_ranges, partials.range_len, partials.max_keys, 0)
+    constants = {"FORMAT": t.code, "BLOCK_VALUES": t.block_values,
+                 "BLOCK_BYTES": t.block_bytes, "NORM": int(gain is not None),
+                 "EPILOGUE": epilogue}
+    tensors = [x, w, out, state, x if gain is None else gain, x if residual is None else residual]
+    if takes_tiled(m, merge):
+        tile_m, tile_n = tiled_shape(ctx)
+        outputs = tile_n // 2 if epilogue >= 2 else tile_n  # columns of y a workgroup
+        ctx.dispatch(KERNEL, "matmul_tiled", tensors, params,
+                     (-(-n // outputs), -(-m // tile_m), 1),
+                     {**constants, "TILE_M": tile_m, "TILE_N": tile_n})
+        return out
+    lanes = tuning.forced(LANES_TUNED) or _lanes(ctx, m, n)
+    rows_per_wg = 256 // lanes
+    constants.update(LANES=lanes, ATTENTION_PARTS=int(merge is not None))
+    if merge is not None:
+        constants.update(partials.constants())
+    kernel = subgroup_variant(ctx, KERNEL, SUBGROUP_KERNEL) if lanes > 1 else KERNEL
+    ctx.dispatch(kernel, "matmul", tensors, params,
+                 ((n + rows_per_wg - 1) // rows_per_wg, m, 1), constants)
+    return out
+
+
+@quantized.matmul_quant.kernel("webgpu")
+def matmul_quant(ctx, x, w, qtype=3, k=0):
+    return product(ctx, x, w, w.shape[0], qtype, k)
+
+
+@quantized.embedding_quant.kernel("webgpu")
+def embedding_quant(ctx, ids, w, qtype=3, k=0, first_row=0):
+    s = ids.shape[0]
+    out = ctx.empty((s, k), np.float32)
+    t = quant_type(qtype)
+    ctx.dispatch(KERNEL, "embed", [w, w, out, ids, w, w],
+                 MatmulQuantParams(s, w.shape[0], k, t.row_bytes(k), 0.0, 0, 0, 0, 0,
+                                   int(first_row)),
+                 ((k + 255) // 256, s, 1),
+                 {"FORMAT": t.code, "BLOCK_VALUES": t.block_values,
+                  "BLOCK_BYTES": t.block_bytes})
+    return out
+
+
+tuning.tunable(LANES_TUNED, "threads per output column, products of a few rows",
+               LANE_CHOICES, ("webgpu",), quantized.product_cases(LANES_TUNED_SHAPES))
+# Cases: the products of a 512-token prompt of the default model (SmolLM2: QKV's 960 rows,
+# the GLU's 3072, the down projection's K = 1536). With a plain 1536-row product in place
+# of the GLU, the H100 chose 64x32, slower than 64x64 for SmolLM2's prompts (BENCHMARKS.md).
+tuning.tunable(TILED_TUNED, "rows of x by rows of W a workgroup of a prompt's product "
+               "multiplies (matmul_tiled)", TILE_SHAPES, ("webgpu",),
+               quantized.product_cases(((512, 960, 576), (512, 3072, 576), (512, 576, 1536))))

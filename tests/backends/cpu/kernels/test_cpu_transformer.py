@@ -1,0 +1,71 @@
+"""The fast CPU backend's transformer kernels (pxvm.backends.cpu.kernels.transformer) against the
+ops' numpy references: rmsnorm, SwiGLU, and attention over a KV cache (grouped-query and
+plain heads, both RoPE styles, prompts and single tokens at later positions)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from conftest import NMSE_ELEMENTWISE, NMSE_LONG, nmse
+
+from pxvm.backends.cpu.kernels import transformer
+from pxvm.ops import rmsnorm, silu
+from pxvm.ops.transformer import attention_cached
+from pxvm.ops.normalization import rope_angles
+
+
+def test_rmsnorm_matches_the_reference(rng):
+    x = (rng.standard_normal((5, 77)) * 30).astype(np.float32)
+    gain = rng.standard_normal(77).astype(np.float32)
+    out = np.full_like(x, np.nan)
+    transformer.rmsnorm(x, gain, 1e-5, out)
+    assert nmse(out, rmsnorm.reference(x, gain, 1e-5)) <= NMSE_ELEMENTWISE
+
+
+def test_swiglu_matches_the_reference(rng):
+    both = (rng.standard_normal((3, 2 * 45)) * 4).astype(np.float32)
+    out = np.full((3, 45), np.nan, np.float32)
+    transformer.glu(both, False, out)
+    expected = silu.reference(both[:, :45]) * both[:, 45:]
+    assert nmse(out, expected) <= NMSE_ELEMENTWISE
+
+
+def _rope_table(theta, d, positions):
+    ang = rope_angles(positions, d, theta)
+    return np.stack([np.cos(ang), np.sin(ang)], axis=-1).astype(np.float32)
+
+
+@pytest.mark.parametrize("style", ["interleaved", "neox"])
+@pytest.mark.parametrize("hq,hkv,s,pos", [(4, 2, 7, 0), (3, 3, 1, 0), (4, 1, 1, 37),
+                                          (6, 2, 5, 20)])
+def test_attention_over_the_cache_matches_the_reference(style, hq, hkv, s, pos, rng):
+    d, n_ctx, theta = 16, 64, 10000.0
+    qkv = rng.standard_normal((s, (hq + 2 * hkv) * d)).astype(np.float32)
+    earlier = rng.standard_normal((n_ctx, hkv, d)).astype(np.float32)  # keys already cached
+    state = np.array([0, pos], np.int32)
+    ref_k, ref_v = earlier.copy(), earlier[::-1].copy()
+    expected = attention_cached.reference(qkv, ref_k, ref_v, state, n_heads=hq, theta=theta,
+                                          style=style)
+    k_cache, v_cache = earlier.copy(), earlier[::-1].copy()
+    out = np.full((s, hq * d), np.nan, np.float32)
+    transformer.attention_cached(qkv, k_cache, v_cache, state, _rope_table(theta, d, n_ctx), hq,
+                                 style == "neox", np.float32(1 / math.sqrt(d)), np.float32(0), 0,
+                                 n_ctx, out)
+    assert nmse(out, expected) <= NMSE_LONG / 50
+    # the new keys (rotated) and values were written where the reference writes them
+    assert nmse(k_cache[: pos + s], ref_k[: pos + s]) <= NMSE_ELEMENTWISE
+    np.testing.assert_array_equal(v_cache, ref_v)
+
+
+@pytest.mark.parametrize("pos,max_keys", [(60, 64), (-1, 64), (10, 8)])
+def test_attention_past_its_bound_answers_nan_rows(pos, max_keys, rng):
+    d, hq, hkv, s = 8, 2, 1, 5
+    qkv = rng.standard_normal((s, (hq + 2 * hkv) * d)).astype(np.float32)
+    cache = np.zeros((64, hkv, d), np.float32)
+    out = np.zeros((s, hq * d), np.float32)
+    transformer.attention_cached(qkv, cache, cache.copy(), np.array([0, pos], np.int32),
+                                 _rope_table(1e4, d, 64), hq, False, np.float32(0.3),
+                                 np.float32(0), 0, max_keys, out)
+    assert np.isnan(out).all()

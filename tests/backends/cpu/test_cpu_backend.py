@@ -1,0 +1,140 @@
+"""The fast CPU backend (pxvm.backends.cpu): recording and running in order, references
+recorded for ops without a CPU kernel, in-place ops, Graph replays, packed weights
+dropped when written, profiles, thread settings, and BLAS held to one thread while its
+kernels run."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from threadpoolctl import threadpool_info
+
+import pxvm
+from pxvm.backends.cpu import CpuBackend, CpuContext
+from pxvm.core import RecordingContext, get_backend
+from pxvm.backends.cpu import backend as cpu_module
+from pxvm.batch import Batch, Graph
+from pxvm.ops.decoding import greedy_step
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "llm"))
+from gguf_blocks import dequantize, quantize  # noqa: E402
+
+
+def test_cpu_backend_records_into_a_cpu_context():
+    backend = get_backend("cpu")
+    ctx = backend.context()
+    assert isinstance(ctx, CpuContext) and isinstance(ctx, RecordingContext)
+    assert ctx.backend is backend and backend.host_arrays and backend.records
+    assert backend.compiles_on_first_use
+    assert backend.describe().startswith("CPU: numba ")
+
+
+def test_ops_in_a_batch_run_at_execute_in_the_order_recorded(rng):
+    x = rng.standard_normal((4, 6)).astype(np.float32)
+    with Batch("cpu") as batch:
+        y = pxvm.ops.relu(x)                 # no CPU kernel: its reference is recorded
+        z = pxvm.ops.mul(y, y)
+        assert np.isnan(y.storage).all()     # recorded, not run (outputs start poisoned)
+    batch.execute()
+    np.testing.assert_array_equal(batch.read(z), np.maximum(x, 0) ** 2)
+
+
+def test_in_place_ops_return_their_own_tensor():
+    state = pxvm.tensor(np.array([0, 3, 0, 0], np.int32), backend="cpu")
+    logits = pxvm.tensor(np.array([0.5, 2.0, -1.0], np.float32), backend="cpu")
+    assert greedy_step(logits, state) is state
+    np.testing.assert_array_equal(state.numpy(), [1, 4, 0, 1])
+
+
+def test_a_graph_replays_its_calls_reading_the_state_each_run():
+    backend = get_backend("cpu")
+    state = backend.from_numpy(np.array([0, 0, 0, 0, 0, 0], np.int32))
+    logits = backend.from_numpy(np.array([1.0, 0.0, 3.0], np.float32))
+
+    def record():
+        greedy_step(logits, state)
+        return {"state": state}
+
+    graph = Graph(backend, record)
+    assert graph.dispatches == 1
+    assert graph.run("state")["state"][:2].tolist() == [2, 1]
+    launch = graph.launch("state", runs=3)
+    np.testing.assert_array_equal(launch.result()["state"][:, 1], [2, 3, 4])
+    last = graph.launch("state", runs=2, each_run=False).result()["state"]
+    assert last.shape == (6,) and last[1] == 6
+
+
+def test_writing_a_weight_drops_its_packed_form(rng):
+    k = 64
+    first, second = (quantize(rng.standard_normal((5, k)).astype(np.float32), 3) for _ in "ab")
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    w = pxvm.tensor(first, backend="cpu")
+    before = pxvm.ops.matmul_quant(x, w, qtype=3, k=k).numpy()
+    np.testing.assert_allclose(before, x @ dequantize(first, 3, k).T, rtol=1e-4, atol=1e-4)
+    w.write(second)
+    after = pxvm.ops.matmul_quant(x, w, qtype=3, k=k).numpy()
+    np.testing.assert_allclose(after, x @ dequantize(second, 3, k).T, rtol=1e-4, atol=1e-4)
+
+
+def test_profiled_and_timed_batches_report_their_calls(rng):
+    x = rng.standard_normal((2, 8)).astype(np.float32)
+    with Batch("cpu", profile=True) as batch:
+        pxvm.ops.rmsnorm(x, np.ones(8, np.float32))
+    batch.execute()
+    assert [label for label, _ in batch.profile] == ["rmsnorm", "readback"]
+    assert all(seconds >= 0 for _, seconds in batch.profile)
+    with Batch("cpu", timestamps=True) as timed:
+        pxvm.ops.relu(x)
+    timed.execute()
+    assert timed.device_seconds is not None and timed.device_seconds >= 0
+
+
+def test_numpys_blas_runs_on_one_thread_while_the_kernels_run():
+    seen = []
+    ctx = get_backend("cpu").context()
+    ctx.record_host("probe", lambda: seen.extend(
+        i["num_threads"] for i in threadpool_info()
+        if i["user_api"] == "blas" and "numpy" in i["filepath"]))
+    ctx.submit()
+    assert seen and set(seen) == {1}
+
+
+@pytest.mark.parametrize("value,threads", [("3", 3), (" 1 ", 1)])
+def test_thread_count_follows_the_environment(value, threads, monkeypatch):
+    monkeypatch.setenv("PXVM_CPU_THREADS", value)
+    assert cpu_module.cpu_threads() == threads
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "many"])
+def test_a_bad_thread_count_is_a_clear_error(value, monkeypatch):
+    monkeypatch.setenv("PXVM_CPU_THREADS", value)
+    with pytest.raises(ValueError, match="PXVM_CPU_THREADS must be a positive integer"):
+        cpu_module.cpu_threads()
+
+
+def test_default_thread_count_is_the_cores_this_process_may_use(monkeypatch):
+    monkeypatch.delenv("PXVM_CPU_THREADS", raising=False)
+    import os
+    assert cpu_module.cpu_threads() == len(os.sched_getaffinity(0))
+
+
+@pytest.mark.parametrize("src,dst", [("numpy", "cpu"), ("cpu", "numpy"), ("cpu", "cpu")])
+def test_tensors_copy_between_the_cpu_backends(src, dst, rng):
+    values = rng.standard_normal((3, 5)).astype(np.float32)
+    original = pxvm.tensor(values, backend=src)
+    copy = pxvm.tensor(original, backend=dst)
+    assert copy.backend is get_backend(dst) and copy.storage is not original.storage
+    copy.write(np.zeros(15, np.float32))
+    np.testing.assert_array_equal(original.numpy(), values)
+
+
+def test_a_backend_object_of_its_own_keeps_its_own_packed_weights(rng):
+    mine = CpuBackend()
+    raw = quantize(rng.standard_normal((3, 32)).astype(np.float32), 3)
+    x = rng.standard_normal((1, 32)).astype(np.float32)
+    got = pxvm.ops.matmul_quant(x, raw, qtype=3, k=32, backend=mine)
+    assert got.backend is mine
+    np.testing.assert_allclose(got.numpy(), x @ dequantize(raw, 3, 32).T, rtol=1e-4, atol=1e-4)

@@ -1,0 +1,163 @@
+"""matmul_quant.wgsl (pxvm.backends.webgpu.ops.quantized): the row kernel in every lane
+count with and without subgroups, the tiled kernel of prompts in every tile shape and
+from its row threshold, and embedding lookups, against the references, next to the CPU
+backend's."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import NMSE_LONG, nmse, record_dispatches
+
+import pxvm
+from pxvm.backends.webgpu.ops import quantized
+from pxvm.backends.webgpu.ops import subgroups as webgpu_subgroups
+from pxvm.core import tuning
+from pxvm.web.plans import record_op
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "llm"))
+from gguf_blocks import FORMATS, dequantize, quantize, random_blocks  # noqa: E402
+
+TYPES = sorted(FORMATS)
+IDS = [FORMATS[t][0] for t in TYPES]
+K_TYPES = [10, 11, 12, 13, 14]  # 256-value super-blocks, no quantizer: random valid blocks
+
+
+def _weight(qtype, n, k, rng):
+    if qtype in K_TYPES:
+        return random_blocks(n, k, qtype, rng)
+    return quantize(rng.standard_normal((n, k)).astype(np.float32), qtype)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=IDS)
+@pytest.mark.parametrize("m", [1, 7])
+def test_matmul_quant_backends(qtype, m, rng, gpu_device, subgroups, dispatched):
+    n, k = 33, (512 if qtype in K_TYPES else 96)
+    w = _weight(qtype, n, k, rng)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    expected = x.astype(np.float64) @ dequantize(w, qtype, k).astype(np.float64).T
+    # lanes: threads per output column (None: chosen by shape and device, 1 on CPU
+    # drivers; the others forced, so every width runs whatever the driver: narrower and
+    # wider than a subgroup)
+    for backend, lanes in (("cpu", None), ("gpu", None), ("gpu", 1), ("gpu", 4), ("gpu", 32),
+                           ("gpu", 64)):
+        dispatched.clear()
+        with tuning.forcing(quantized.LANES_TUNED, lanes):
+            got = pxvm.ops.matmul_quant(x, w, qtype=qtype, k=k, backend=backend).numpy()
+        assert got.shape == (m, n)
+        assert nmse(got, expected) <= NMSE_LONG / 50, (backend, lanes)
+        if lanes and lanes > 1:
+            assert [kernel for kernel, _ in dispatched] == [
+                quantized.SUBGROUP_KERNEL if subgroups else quantized.KERNEL]
+
+
+@pytest.mark.parametrize("features,lanes,variants,kernel", [
+    (("subgroup",), 4, True, "matmul_quant_subgroups.wgsl"),
+    (("subgroup",), 1, True, "matmul_quant.wgsl"),    # nothing to sum
+    (("subgroup",), 4, False, "matmul_quant.wgsl"),
+    ((), 4, True, "matmul_quant.wgsl"),                # a device without subgroups
+])
+def test_row_products_sum_by_subgroups_where_granted(features, lanes, variants, kernel, rng):
+    x = rng.standard_normal((1, 64)).astype(np.float32)
+    w = _weight(8, 16, 64, rng)
+    with tuning.forcing(webgpu_subgroups.TUNED, variants), \
+            tuning.forcing(quantized.LANES_TUNED, lanes):
+        [dispatch] = record_op(pxvm.ops.matmul_quant, [x, w], {"qtype": 8, "k": 64},
+                               features)["dispatches"]
+    assert (dispatch["kernel"], dispatch["entry"]) == (kernel, "matmul")
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=IDS)
+def test_matmul_quant_of_many_rows_is_tiled(qtype, rng, gpu_device, product_entries):
+    # A prompt's rows take matmul_tiled: M = 37 and N = 50 fill neither a 64-row nor a
+    # 64-column tile; K spans several 32-value slices (float rows: K = 75 ends mid-slice).
+    m, n = 37, 50
+    k = 512 if qtype in K_TYPES else 75 if qtype in (0, 1, 30) else 96
+    w = _weight(qtype, n, k, rng)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    got = pxvm.ops.matmul_quant(x, w, qtype=qtype, k=k, backend="gpu").numpy()
+    assert product_entries == ["matmul_tiled"]
+    expected = pxvm.ops.matmul_quant.reference(x, w, qtype=qtype, k=k)
+    assert got.shape == (m, n)
+    assert nmse(got, expected) <= NMSE_LONG / 50
+
+
+@pytest.mark.parametrize("shape", quantized.TILE_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("qtype", [3, 14], ids=["Q4_1", "Q6_K"])
+def test_matmul_quant_tiled_in_every_tile_shape(qtype, shape, rng, gpu_device, product_entries):
+    # Each tile shape (the kernel's threads vary with it) on M and N one past a whole
+    # number of tiles of every width.
+    m, n, k = 129, 129, (512 if qtype in K_TYPES else 96)
+    w = _weight(qtype, n, k, rng)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    with tuning.forcing(quantized.TILED_TUNED, shape):
+        got = pxvm.ops.matmul_quant(x, w, qtype=qtype, k=k, backend="gpu").numpy()
+    assert product_entries == ["matmul_tiled"]
+    assert nmse(got, pxvm.ops.matmul_quant.reference(x, w, qtype=qtype, k=k)) <= NMSE_LONG / 50
+
+
+def test_a_tuned_tile_shape_is_the_one_dispatched(rng, gpu_device, monkeypatch):
+    # `pxvm tune`'s choice (forced here as the tuner does) wins over TILED_SHAPE.
+    assert quantized.TILED_SHAPE != (32, 64)
+    seen = record_dispatches(monkeypatch, lambda kernel, entry, constants, groups: (
+        entry, constants.get("TILE_M"), constants.get("TILE_N"), groups))
+    x = rng.standard_normal((40, 96)).astype(np.float32)
+    w = _weight(3, 70, 96, rng)
+    with tuning.forcing(quantized.TILED_TUNED, (32, 64)):
+        got = pxvm.ops.matmul_quant(x, w, qtype=3, k=96, backend="gpu").numpy()
+    assert seen == [("matmul_tiled", 32, 64, (2, 2, 1))]
+    assert nmse(got, pxvm.ops.matmul_quant.reference(x, w, qtype=3, k=96)) <= NMSE_LONG / 50
+
+
+def test_matmul_quant_takes_the_tiled_kernel_from_its_row_threshold(rng, gpu_device, product_entries):
+    # Fewer rows than TILED_MIN_ROWS, or forced lanes (the tuner's, the tests'), take the
+    # row kernel.
+    rows = quantized.TILED_MIN_ROWS
+    k = 96
+    w = _weight(3, 40, k, rng)
+    for m, lanes, entry in ((rows - 1, None, "matmul"), (rows, None, "matmul_tiled"),
+                            (65, None, "matmul_tiled"), (65, 1, "matmul")):
+        product_entries.clear()
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        with tuning.forcing(quantized.LANES_TUNED, lanes):
+            got = pxvm.ops.matmul_quant(x, w, qtype=3, k=k, backend="gpu").numpy()
+        assert product_entries == [entry], (m, lanes)
+        expected = pxvm.ops.matmul_quant.reference(x, w, qtype=3, k=k)
+        assert nmse(got, expected) <= NMSE_LONG / 50, (m, lanes)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=IDS)
+def test_embedding_quant_backends(qtype, rng, gpu_device):
+    n, k = 41, (256 if qtype in K_TYPES else 64)
+    w = _weight(qtype, n, k, rng)
+    ids = rng.integers(0, n, size=9).astype(np.int32)
+    expected = dequantize(w, qtype, k)[ids]
+    for backend in ("cpu", "gpu"):
+        got = pxvm.ops.embedding_quant(ids, w, qtype=qtype, k=k, backend=backend).numpy()
+        np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "cpu", "gpu"])
+@pytest.mark.parametrize("qtype", [8, 12], ids=["Q8_0", "Q4_K"])
+def test_embedding_quant_of_a_table_in_parts_adds_up_to_the_whole(qtype, backend, rng,
+                                                                   request):
+    # a table too large for one GPU buffer is bound in row parts: each part's lookup gives
+    # the rows it holds and zeros elsewhere
+    if backend == "gpu":
+        request.getfixturevalue("gpu_device")
+    n, k = 41, (256 if qtype in K_TYPES else 64)
+    w = _weight(qtype, n, k, rng)
+    ids = np.array([0, 16, 17, 40, 5, 33, 16], np.int32)
+    expected = dequantize(w, qtype, k)[ids]
+    parts = [(0, w[:17]), (17, w[17:30]), (30, w[30:])]
+    got = [pxvm.ops.embedding_quant(ids, np.ascontiguousarray(part), qtype=qtype, k=k,
+                                    first_row=first, backend=backend).numpy()
+           for first, part in parts]
+    for (first, part), rows in zip(parts, got):
+        held = (ids >= first) & (ids < first + part.shape[0])
+        np.testing.assert_array_equal(rows[held], expected[held])
+        assert not rows[~held].any()
+    np.testing.assert_array_equal(sum(got), expected)

@@ -5,9 +5,11 @@ session), each result against the op's numpy reference within the case's NMSE.
 A cell runs (Op.implementation) the backend's own kernel, the op's decomposition into
 other ops (fused ops on backends without the fused kernel), or the reference on the
 backend's host arrays (numpy; the CPU backend's ops without a SIMD kernel). A kernel a
-backend lacks, for every case or for some, is an expected gap: GAPS lists them, each cell in it must still raise MissingKernelError, so the table
-can only shrink (a kernel added fails its GAPS entry until the entry goes). The matrix
-is printed at the end of the run (conftest.py's terminal summary).
+backend lacks, for every case or for some, is an expected gap: GAPS lists them, and each
+cell in it must still raise MissingKernelError, so the table can only shrink (a kernel
+added fails its GAPS entry until the entry goes). The matrix is printed at the end of
+the run (conftest.py's terminal summary). The backends are those pxvm.backends
+registers: a new one joins the matrix by registering.
 
 Fused ops are also run as their decomposition on every backend and checked against the
 same reference and against the fused result.
@@ -19,11 +21,14 @@ import numpy as np
 import pytest
 from conftest import nmse
 
-from pxvm.core import get_backend
+from pxvm.core import get_backend, unavailable_reason
+from pxvm.core.selection import registered
 from pxvm.ops import REGISTRY, MissingKernelError
 from pxvm.ops.cases import CASES
 
-BACKENDS = ("numpy", "cpu", "webgpu", "cuda")
+BACKENDS = registered()
+#: the fixtures that pick (or skip) the GPU backends' devices as the rest of the suite does
+DEVICE_FIXTURES = {"webgpu": "gpu_device", "cuda": "cuda_device"}
 
 ALL = None
 #: (op, backend) -> the cases (indices into the op's CASES, ALL: every one) a backend has
@@ -59,10 +64,10 @@ def _cells():
 
 def _backend(name: str, request):
     """The backend, or a skip saying why this machine has none."""
-    if name == "webgpu":
-        request.getfixturevalue("gpu_device")
-    elif name == "cuda":
-        request.getfixturevalue("cuda_device")
+    if name in DEVICE_FIXTURES:
+        request.getfixturevalue(DEVICE_FIXTURES[name])
+    elif (reason := unavailable_reason(name)) is not None:
+        pytest.skip(f"no {name} backend here: {reason}")
     return get_backend(name)
 
 

@@ -31,7 +31,7 @@ log = logging.getLogger("pxvm.backends")
 AUTO = ("webgpu", "cpu")
 #: "auto" for language models: CUDA first where an NVIDIA driver is (every op a model
 #: records has a CUDA kernel, and it decodes and prefills faster than WebGPU there:
-#: BENCHMARKS.md), then as for ops.
+#: docs/benchmarks-log.md), then as for ops.
 AUTO_MODELS = ("cuda", *AUTO)
 #: Where an op called on host arrays runs when `pxvm tune` measured the GPU slower than
 #: the CPU for inputs of their size (the crossover).
@@ -68,6 +68,11 @@ def register(name: str, make: Callable[[], Backend], *, aliases: tuple[str, ...]
     _registered[name] = Registration(name, make, tuple(aliases), unavailable, reset)
     for alias in (name, *aliases):
         _by_alias[alias] = name
+
+
+def registered() -> tuple[str, ...]:
+    """The backends' own names, in the order pxvm.backends registers them."""
+    return tuple(_registered)
 
 
 def names() -> tuple[str, ...]:

@@ -14,7 +14,7 @@ import argparse
 import numpy as np
 
 from bench_ops import median_time as median  # same warm-up and median rule
-from pxvm.backends import webgpu_backend
+from pxvm.backends.webgpu import webgpu_backend
 from pxvm.vm import run_program_cpu, run_program_gpu
 from pxvm.vm.assembler import assemble
 from pxvm.vm.protocol import Matrix

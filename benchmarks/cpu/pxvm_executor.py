@@ -53,7 +53,7 @@ def main():
             if hasattr(executor, "INTEGER_KERNELS_AFTER_SECONDS"):
                 executor.INTEGER_KERNELS_AFTER_SECONDS = after
                 if after == float("inf"):
-                    sys.modules.pop("pxvm.kernels.cpu.integer", None)  # BLAS again
+                    sys.modules.pop("pxvm.backends.cpu.kernels.integer", None)  # BLAS again
             seconds, digest = timed(img, args.repeats)
             cells.append(f"{seconds * 1e3:.1f} ms")
             digests.add(digest)

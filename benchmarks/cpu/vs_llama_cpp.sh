@@ -25,7 +25,7 @@ if [ ! -x "$BENCH" ]; then
     cmake --build "$SRC/build" -j"$(nproc)" --target llama-bench >/dev/null
     BENCH="$SRC/build/bin/llama-bench"
 fi
-echo "model: $MODEL; threads: $THREADS; $(python3 -c 'import pxvm.backends as b; print(b.get_backend("cpu").describe())')"
+echo "model: $MODEL; threads: $THREADS; $(python3 -c 'import pxvm; print(pxvm.get_backend("cpu").describe())')"
 for round in $(seq "$ROUNDS"); do
     "$BENCH" -m "$MODEL" -p 64 -n 128 -t "$THREADS" -r 5 -o json > "artifacts/llama_cpu_$round.json"
     PXVM_CPU_THREADS="$THREADS" pxvm bench llm --backend cpu --prompt-tokens 64 --gen-tokens 128 \

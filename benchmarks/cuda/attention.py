@@ -17,14 +17,16 @@ checked against PyTorch's (NMSE).
 from __future__ import annotations
 
 import argparse
-import importlib
+import contextlib
 import statistics
 
 import numpy as np
 
 import pxvm
-from pxvm.backends import get_backend
-from pxvm.kernels.ptx import attention as ptx_attention
+from pxvm import get_backend
+from pxvm.backends.cuda.ops import attention as cuda_attention
+from pxvm.backends.cuda.ptx import attention as ptx_attention
+from pxvm.core import tuning
 
 #: (tokens, query heads, key/value heads, head dimension, causal); the first is issue 17's
 CONFIGS = [(2048, 32, 8, 128, True), (1024, 32, 8, 128, True), (4096, 32, 8, 128, True),
@@ -80,19 +82,26 @@ def main() -> None:
     parser.add_argument("--shape", default=None,
                         help="the tensor-core kernel's HEAD_DIMxBLOCK_NxWARPS (one of "
                              + ", ".join("x".join(map(str, s)) for s in ptx_attention.SHAPES)
-                             + "), for the configurations of that head dimension")
+                             + "), forced for the configurations of that head dimension "
+                             "(the `pxvm tune` choice attention_f16.cuda.dD)")
     parser.add_argument("--issue-only", action="store_true", help="issue 17's shape only")
     args = parser.parse_args()
-    module = importlib.import_module("pxvm.ops.attention")  # the module, not the op
     configs = CONFIGS[:1] if args.issue_only else CONFIGS
+    forced = contextlib.nullcontext()
     if args.shape:
         shape = tuple(int(x) for x in args.shape.split("x"))
         if shape not in ptx_attention.SHAPES:
             parser.error(f"--shape {args.shape} is not one of ptx_attention.SHAPES")
-        module.FLASH_SHAPE[shape[0]] = shape
+        forced = tuning.forcing(cuda_attention.shape_tuned(shape[0]), shape)
         configs = [c for c in configs if c[3] == shape[0]]
     backend = get_backend("cuda")
-    kernels = ", ".join(f"D {d}: {'x'.join(map(str, s))}" for d, s in module.FLASH_SHAPE.items())
+    with forced:
+        measure(backend, configs, args.repeats, torch)
+
+
+def measure(backend, configs, repeats: int, torch) -> None:
+    kernels = ", ".join(f"D {d}: {'x'.join(map(str, cuda_attention.flash_shape(backend.context(), d)))}"
+                        for d in ptx_attention.DEFAULT)
     print(f"device: {backend.describe()}; torch {torch.__version__}; pxvm's kernel "
           f"(head dim x keys a tile x warps) {kernels}\n")
     print("| tokens, heads q/kv, D, mask | pxvm ms | pxvm TFLOP/s | torch ms | torch TFLOP/s "
@@ -105,18 +114,18 @@ def main() -> None:
         v = rng.standard_normal((s, hkv, d), dtype=np.float32).astype(np.float16)
         tq, tk, tv = (backend.from_numpy(x) for x in (q, k, v))
         samples = []
-        for i in range(args.repeats + 1):
+        for i in range(repeats + 1):
             with pxvm.Batch(backend, timestamps=True) as batch:
                 out = pxvm.ops.attention_f16(tq, tk, tv, causal=causal)
             batch.execute()
             if i:  # the first compiles the kernel
-                samples.append(batch.gpu_seconds)
+                samples.append(batch.device_seconds)
         t = statistics.median(samples)
         got = batch.read(out).astype(np.float64)
 
-        run, gqa = _torch_attention(torch, q, k, v, causal)
-        tt = _median_time(run, args.repeats, torch)
-        expected = run()[0].permute(1, 0, 2).double().cpu().numpy()
+        peer, gqa = _torch_attention(torch, q, k, v, causal)
+        tt = _median_time(peer, repeats, torch)
+        expected = peer()[0].permute(1, 0, 2).double().cpu().numpy()
         err = float(np.sum((got - expected) ** 2) / np.sum(expected ** 2))
         flops = 4.0 * s * s * d * hq / (2 if causal else 1)
         print(f"| {s}, {hq}/{hkv}, {d}, {'causal' if causal else 'none'} | {t * 1e3:.3f} | "

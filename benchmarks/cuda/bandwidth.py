@@ -20,7 +20,7 @@ import statistics
 import numpy as np
 
 import pxvm
-from pxvm.backends import get_backend
+from pxvm import get_backend
 
 ROW = 4096  # row length of the row-wise ops (rows = n / ROW)
 
@@ -32,7 +32,7 @@ def gpu_time(backend, record, repeats: int) -> float:
             record()
         batch.execute()
         if i:
-            samples.append(batch.gpu_seconds)
+            samples.append(batch.device_seconds)
     return statistics.median(samples)
 
 

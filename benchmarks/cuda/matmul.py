@@ -10,13 +10,15 @@ is checked against PyTorch's product of the same inputs (NMSE).
 from __future__ import annotations
 
 import argparse
-import importlib
+import contextlib
 import statistics
 
 import numpy as np
 
 import pxvm
-from pxvm.backends import get_backend
+from pxvm import get_backend
+from pxvm.backends.cuda.ops import matmul as cuda_matmul
+from pxvm.core import tuning
 
 SHAPES = [(4096, 11008, 4096), (512, 576, 1536), (512, 1536, 576)]  # LLM projections (M, K, N)
 
@@ -27,36 +29,37 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="*", default=[1024, 2048, 4096, 8192])
     parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--kernel", default="tiled")
     parser.add_argument("--shape", default=None,
                         help="the tensor-core kernel's shape: mma.sync's BLOCK_NxWARP_NxSTAGES "
                              "(e.g. 128x64x2), wgmma's BLOCK_NxSTAGESxIN_FLIGHT (128x4x0)")
     parser.add_argument("--tc-kernel", choices=["auto", "mma", "wgmma"], default="auto",
-                        help="the tensor-core kernel (auto: wgmma on sm_90)")
-    parser.add_argument("--double", action="store_true",
-                        help="the FP32 kernel with two K slices in shared memory")
+                        help="the tensor-core kernel (auto: as tuned, else wgmma on sm_90)")
     parser.add_argument("--fp16", action="store_true",
                         help="the tensor-core product of float16 A and B^T (matmul_f16) "
                              "against cuBLAS's FP16 A @ B^T")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
-    module = importlib.import_module("pxvm.ops.matmul")  # the module, not the op
-    module.FP32_DOUBLE_BUFFER = args.double
-    module.TENSOR_CORE_KERNEL = args.tc_kernel
+    # the choices `pxvm tune` makes, forced for this run
+    forced = contextlib.ExitStack()
+    if args.tc_kernel != "auto":
+        forced.enter_context(tuning.forcing(cuda_matmul.KERNEL_TUNED, args.tc_kernel))
     if args.shape:
         shape = tuple(int(v) for v in args.shape.split("x"))
-        if args.tc_kernel == "mma":
-            module.TENSOR_CORE_SHAPE = shape
-        else:
-            module.WGMMA_SHAPE = shape
+        name = (cuda_matmul.MMA_SHAPE_TUNED if args.tc_kernel == "mma"
+                else cuda_matmul.WGMMA_SHAPE_TUNED)
+        forced.enter_context(tuning.forcing(name, shape))
     backend = get_backend("cuda")
     kind = (f"FP16 tensor cores, FP32 accumulation; pxvm's kernel {args.tc_kernel} "
-            f"{args.shape or 'default'}"
-            if args.fp16 else f"FP32, TF32 off; pxvm's kernel {'double' if args.double else 'single'}-buffered")
+            f"{args.shape or 'default'}" if args.fp16 else "FP32, TF32 off")
     print(f"device: {backend.describe()}; torch {torch.__version__} (cuBLAS, {kind})\n")
     print("| M x K x N | pxvm ms | pxvm TFLOP/s | cuBLAS ms | cuBLAS TFLOP/s | pxvm / cuBLAS | NMSE |")
     print("|---|---|---|---|---|---|---|")
     rng = np.random.default_rng(0)
+    with forced:
+        measure(args, backend, rng, torch)
+
+
+def measure(args, backend, rng, torch) -> None:
     for m, k, n in [(s, s, s) for s in args.sizes] + SHAPES:
         dtype = np.float16 if args.fp16 else np.float32
         a = rng.standard_normal((m, k), dtype=np.float32).astype(dtype)
@@ -66,10 +69,10 @@ def main() -> None:
         for i in range(args.repeats + 1):
             with pxvm.Batch(backend, timestamps=True) as batch:
                 out = (pxvm.ops.matmul_f16(ta, tb, transpose_b=True) if args.fp16
-                       else pxvm.ops.matmul(ta, tb, kernel=args.kernel))
+                       else pxvm.ops.matmul(ta, tb))
             batch.execute()
             if i:
-                samples.append(batch.gpu_seconds)
+                samples.append(batch.device_seconds)
         t = statistics.median(samples)
         xa, xb = torch.from_numpy(a).cuda(), torch.from_numpy(b).cuda()
         if args.fp16:

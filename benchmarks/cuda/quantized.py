@@ -5,7 +5,7 @@ prompt-shaped products (M rows of x) in TFLOP/s next to PyTorch's float16 matmul
 same shape.
 
     python benchmarks/cuda/quantized.py [--types Q4_K Q8_0 ..] [--repeats 20]
-        [--variants] [--prompt-rows 512] [--threshold] [--stream]
+        [--variants] [--prompt-rows 512] [--stream]
 
 Timing: every sample is queued behind a 512 MB device-to-device copy, which streams 1 GB
 through L2 (50 MB on the H100), so that L2 holds nothing of W, and keeps the GPU busy
@@ -18,20 +18,19 @@ is timed the same way; its GB/s count bytes read and written (bandwidth.py's mea
 the products' the weight's bytes read. NMSE: each product against float64 numpy of the
 `gguf` package's dequantization, in the same run.
 
---variants: every kernel shape (pxvm.kernels.ptx.quantized.SHAPES: outputs a block,
-rows loaded together) and prefetch (PREFETCHES) for the types that have them (SWEPT).
+--variants: every kernel shape (pxvm.backends.cuda.ptx.quantized.SHAPES: outputs a block,
+rows loaded together) and prefetch (PREFETCHES) for the types that have them (SWEPT),
+each forced as `pxvm tune` forces its candidates (tuning.forcing).
 --stream: the matrix-vector products again as a model's decoding graph runs them, back
 to back over distinct weights (stream_table): the op's choice of kernel, then the type's
 shape reading the weights from global memory with and without their L2 prefetch before
 each kernel waits for the one before it.
---threshold: the matrix-vector kernel against the dequantize-then-tensor-core path at
-M = 1 .. 128 (pxvm.ops.quantized.PROMPT_MIN_ROWS is where the second takes over).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
+import contextlib
 import statistics
 import sys
 from pathlib import Path
@@ -39,23 +38,23 @@ from pathlib import Path
 import numpy as np
 
 import pxvm
-from pxvm.backends import get_backend
-from pxvm.kernels.ptx import quantized as ptx_quantized
+from pxvm import get_backend
+from pxvm.backends.cuda.ops import quantized as cuda_quantized
+from pxvm.backends.cuda.ptx import quantized as ptx_quantized
+from pxvm.core import tuning
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "llm"))
-from gguf_blocks import BY_NAME, FORMATS, dequantize, quantize, random_blocks  # noqa: E402
-
-quantized_module = importlib.import_module("pxvm.ops.quantized")  # the module, not the op
+from gguf_blocks import FORMATS, dequantize, quantize, random_blocks  # noqa: E402
 
 SHAPES = ((4096, 4096), (11008, 4096), (4096, 11008))  # W (N, K)
 TYPES = ("Q4_K", "Q8_0", "Q4_0", "Q6_K", "Q5_K")
-K_TYPES = (10, 11, 12, 13, 14)
+K_TYPES = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 BUSY = 1 << 29  # the copy queued before every sample
 STREAM_BYTES = 1 << 28  # the distinct weights of a --stream graph: 5x the H100's L2
 RUNS = 4  # --stream: graph runs a submit
 
 
-def weight(rng, qtype: int, n: int, k: int) -> np.ndarray:
+def weight(rng, qtype: str, n: int, k: int) -> np.ndarray:
     """Raw GGUF rows (N, row_bytes): quantized normal values, or random valid blocks for
     the K types (no quantizer here); the speed depends on the shape and type only."""
     if qtype in K_TYPES:
@@ -105,18 +104,17 @@ class Timer:
 
 
 def product_cases(rng, types, m: int = 1):
-    """For each type named and each of SHAPES: (name, GGML type, N, K, W's raw rows
-    (N, K), x (m, K), x @ W^T in float64 from the `gguf` package's dequantization)."""
-    for name in types:
-        qtype = BY_NAME[name]
+    """For each type named and each of SHAPES: (type name, N, K, W's raw rows (N, K),
+    x (m, K), x @ W^T in float64 from the `gguf` package's dequantization)."""
+    for qtype in types:
         for n, k in SHAPES:
             w = weight(rng, qtype, n, k)
             x = rng.standard_normal((m, k)).astype(np.float32)
-            yield (name, qtype, n, k, w, x,
+            yield (qtype, n, k, w, x,
                    x.astype(np.float64) @ dequantize(w, qtype, k).astype(np.float64).T)
 
 
-def streamed(backend, tx, weights, qtype: int, k: int, repeats: int):
+def streamed(backend, tx, weights, qtype: str, k: int, repeats: int):
     """(median seconds a product, the first product's result) of x @ W^T for every W of
     `weights` in one CUDA graph, launched RUNS times a submit, GPU time by events around
     the submit over its products; `repeats` submits after a warm-up."""
@@ -128,7 +126,7 @@ def streamed(backend, tx, weights, qtype: int, k: int, repeats: int):
         launch = graph.launch("y0", timestamps=True, runs=RUNS, each_run=False)
         got = launch.result()["y0"]
         if i:
-            samples.append(launch.gpu_seconds / (RUNS * len(weights)))
+            samples.append(launch.device_seconds / (RUNS * len(weights)))
     return statistics.median(samples), got
 
 
@@ -146,36 +144,36 @@ def matvec_table(timer, types, rng, variants: bool) -> None:
           "of that copy | of the 512 MB copy | NMSE |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     copies = {}
-    for name, qtype, n, k, w, x, expected in product_cases(rng, types):
+    for qtype, n, k, w, x, expected in product_cases(rng, types):
         tw, tx = timer.backend.from_numpy(w), timer.backend.from_numpy(x)
         if w.nbytes not in copies:
             copies[w.nbytes] = timer.copy(w.nbytes)
         copy = copies[w.nbytes]
         copy_bw = 2 * w.nbytes / copy
-        configs = [(None, None)]
+        configs = [None]  # the op's own choice
         if variants and qtype in ptx_quantized.SWEPT:
-            configs = [(shape, prefetch) for prefetch in ptx_quantized.PREFETCHES
+            configs = [(*shape, prefetch) for prefetch in ptx_quantized.PREFETCHES
                        for shape in (ptx_quantized.SHAPES if prefetch != "lines"
                                      else [ptx_quantized.DEFAULT_SHAPE])]
-        saved = quantized_module.MATVEC_SHAPES
-        for shape, prefetch in configs:
-            if shape is not None:
-                quantized_module.MATVEC_SHAPES = {qtype: shape}
-                quantized_module.MATVEC_PREFETCH = prefetch
-            try:
+        for config in configs:
+            with forcing_matvec(qtype, config):
                 t, launches = timer.launches(
                     lambda tx=tx, tw=tw, qtype=qtype, k=k:
                     pxvm.ops.matmul_quant(tx, tw, qtype=qtype, k=k))
                 err = nmse(pxvm.ops.matmul_quant(tx, tw, qtype=qtype, k=k).numpy(), expected)
-            finally:  # the table as it was (an emptied one gave every type the
-                # default shape: the earlier runs' products after the first)
-                quantized_module.MATVEC_SHAPES = saved
-                quantized_module.MATVEC_PREFETCH = "auto"
             kernel = "+".join(name for name, _ in launches)
             bw = w.nbytes / t
-            print(f"| {name} | {n} x {k} | {w.nbytes / 1e6:.1f} | {kernel} | {t * 1e6:.1f} "
+            print(f"| {qtype} | {n} x {k} | {w.nbytes / 1e6:.1f} | {kernel} | {t * 1e6:.1f} "
                   f"| {bw / 1e9:.0f} | {copy * 1e6:.1f}, {copy_bw / 1e9:.0f} "
                   f"| {bw / copy_bw:.0%} | {bw / big_bw:.0%} | {err:.1e} |", flush=True)
+
+
+def forcing_matvec(qtype: str, config):
+    """The matrix-vector kernel's (rows, group, prefetch) for `qtype` forced within the
+    block, as the tuner forces it; None: the op's own choice."""
+    if config is None:
+        return contextlib.nullcontext()
+    return tuning.forcing(cuda_quantized.matvec_tuned(qtype), config)
 
 
 def kernels_of(backend, record) -> str:
@@ -194,20 +192,18 @@ def stream_table(backend, types, rng, repeats: int, copy_bw: float) -> None:
     print("\n| type | W (N x K) | kernel | weights in the graph | us a product | "
           "weight GB/s | of the 512 MB copy | NMSE |")
     print("|---|---|---|---|---|---|---|---|")
-    for name, qtype, n, k, w, x, expected in product_cases(rng, types):
+    for qtype, n, k, w, x, expected in product_cases(rng, types):
         tx = backend.from_numpy(x)
         weights = [backend.from_numpy(w) for _ in range(-(-STREAM_BYTES // w.nbytes))]
-        for prefetch in ("auto", "none", "bulk"):
-            quantized_module.MATVEC_PREFETCH = prefetch
-            try:
+        shape = cuda_quantized.MATVEC_SHAPES.get(qtype, ptx_quantized.DEFAULT_SHAPE)
+        for prefetch in (None, "none", "bulk"):
+            with forcing_matvec(qtype, prefetch and (*shape, prefetch)):
                 kernel = kernels_of(backend, lambda: pxvm.ops.matmul_quant(
                     tx, weights[0], qtype=qtype, k=k))
                 t, got = streamed(backend, tx, weights, qtype, k, repeats)
-            finally:
-                quantized_module.MATVEC_PREFETCH = "auto"
             bw = w.nbytes / t
-            shown = f"{kernel} (the op's choice)" if prefetch == "auto" else kernel
-            print(f"| {name} | {n} x {k} | {shown} | {len(weights)} | {t * 1e6:.1f} "
+            shown = f"{kernel} (the op's choice)" if prefetch is None else kernel
+            print(f"| {qtype} | {n} x {k} | {shown} | {len(weights)} | {t * 1e6:.1f} "
                   f"| {bw / 1e9:.0f} | {bw / copy_bw:.0%} | {nmse(got, expected):.1e} |",
                   flush=True)
 
@@ -238,7 +234,7 @@ def prompt_table(timer, types, rng, m: int) -> None:
     print("\n| type | M x K x N | pxvm us | pxvm TFLOP/s | its launches (us) | torch f16 us "
           "| torch TFLOP/s | NMSE |")
     print("|---|---|---|---|---|---|---|---|")
-    for name, qtype, n, k, w, x, expected in product_cases(rng, types, m):
+    for qtype, n, k, w, x, expected in product_cases(rng, types, m):
         tw, tx = timer.backend.from_numpy(w), timer.backend.from_numpy(x)
         t, launches = timer.launches(lambda tx=tx, tw=tw, qtype=qtype, k=k:
                                      pxvm.ops.matmul_quant(tx, tw, qtype=qtype, k=k))
@@ -248,52 +244,26 @@ def prompt_table(timer, types, rng, m: int) -> None:
         tt = torch_f16(m, n, k, timer.repeats)
         torch_cols = f"{tt * 1e6:.1f} | {flops / tt / 1e12:.1f}" if tt else "- | -"
         parts = ", ".join(f"{what} {s * 1e6:.1f}" for what, s in launches)
-        print(f"| {name} | {m} x {k} x {n} | {t * 1e6:.1f} | {flops / t / 1e12:.1f} | {parts} "
+        print(f"| {qtype} | {m} x {k} x {n} | {t * 1e6:.1f} | {flops / t / 1e12:.1f} | {parts} "
               f"| {torch_cols} | {err:.1e} |", flush=True)
-
-
-def threshold_table(timer, types, rng) -> None:
-    print("\n| type | W (N x K) | M | matrix-vector us | dequantized + tensor cores us |")
-    print("|---|---|---|---|---|")
-    saved = quantized_module.PROMPT_MIN_ROWS
-    try:
-        for name in types:
-            qtype = BY_NAME[name]
-            n, k = SHAPES[0]
-            w = weight(rng, qtype, n, k)
-            tw = timer.backend.from_numpy(w)
-            for m in (1, 2, 4, 8, 16, 32, 64, 128):
-                tx = timer.backend.from_numpy(rng.standard_normal((m, k)).astype(np.float32))
-                times = []
-                for threshold in (1 << 30, 1):
-                    quantized_module.PROMPT_MIN_ROWS = threshold
-                    times.append(timer.launches(
-                        lambda tx=tx, tw=tw, qtype=qtype, k=k:
-                        pxvm.ops.matmul_quant(tx, tw, qtype=qtype, k=k))[0])
-                print(f"| {name} | {n} x {k} | {m} | {times[0] * 1e6:.1f} | {times[1] * 1e6:.1f} |",
-                      flush=True)
-    finally:
-        quantized_module.PROMPT_MIN_ROWS = saved
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--types", nargs="*", default=list(TYPES),
-                        help=f"GGUF type names ({', '.join(FORMATS[t][0] for t in FORMATS)}) "
+                        help=f"GGUF type names ({', '.join(FORMATS)}) "
                              "or 'all'")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--variants", action="store_true",
                         help="every kernel shape and prefetch of the SWEPT types")
     parser.add_argument("--prompt-rows", type=int, default=512,
                         help="M of the prompt-shaped products (0: none)")
-    parser.add_argument("--threshold", action="store_true",
-                        help="both paths at M = 1 .. 128 (Q4_K and Q8_0 at 4096 x 4096)")
     parser.add_argument("--no-matvec", action="store_true")
     parser.add_argument("--stream", action="store_true",
                         help="the matrix-vector products also as a decoding graph runs them: "
                              "back to back over distinct weights (stream_table)")
     args = parser.parse_args()
-    types = [FORMATS[t][0] for t in sorted(FORMATS)] if args.types == ["all"] else args.types
+    types = list(FORMATS) if args.types == ["all"] else args.types
     backend = get_backend("cuda")
     try:
         import torch
@@ -301,7 +271,7 @@ def main() -> None:
     except ImportError:
         torch_version = None
     print(f"device: {backend.describe()}; torch {torch_version}; {args.repeats} samples a "
-          f"product after a warm-up; PROMPT_MIN_ROWS {quantized_module.PROMPT_MIN_ROWS}\n")
+          f"product after a warm-up; prompts from {cuda_quantized.PROMPT_MIN_ROWS} rows\n")
     timer = Timer(backend, args.repeats)
     rng = np.random.default_rng(0)
     if not args.no_matvec:
@@ -310,8 +280,6 @@ def main() -> None:
         stream_table(backend, types, rng, args.repeats, 2 * BUSY / timer.copy(BUSY))
     if args.prompt_rows:
         prompt_table(timer, types, rng, args.prompt_rows)
-    if args.threshold:
-        threshold_table(timer, [t for t in ("Q4_K", "Q8_0") if t in types] or types[:1], rng)
 
 
 if __name__ == "__main__":

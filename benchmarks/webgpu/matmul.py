@@ -1,41 +1,42 @@
 """FP32 and FP16-storage matrix products on WebGPU against cuBLAS (PyTorch) in one run.
 
     python benchmarks/webgpu/matmul.py [--sizes 1024 2048 4096 8192] [--repeats 10]
-        [--variants] [--transpose-b] [--no-fp16] [--half-steps 16 32 64]
+        [--variants] [--transpose-b] [--no-fp16]
 
 For every product, square sizes then LLM projections (4096 x 11008 x 4096 and prompt
-shapes; M x K x N): pxvm's FP32 kernel as `kernel="auto"` runs it and, with --variants,
-every tile shape of the register-blocked kernel (ops/matmul.py BLOCKED_SHAPES) and the
-older 64x128 tiles; then matmul_f16 (float16 A and B, float32 results) with the kernel
-F16_KERNEL = "auto" runs (f16 products where the adapter has shader-f16) and, with
---variants, each HALF_SHAPES shape and the f32-product kernel. Where torch has CUDA,
-cuBLAS FP32 (TF32 off) and FP16 (tensor cores) on the same inputs in the same run.
+shapes; M x K x N): pxvm's FP32 kernel as the op chooses it and, with --variants,
+every tile shape of the register-blocked kernel (pxvm.backends.webgpu.ops.matmul's
+BLOCKED_SHAPES); then matmul_f16 (float16 A and B, float32 results) as the op chooses
+and, with --variants, the f16-product kernel in each HALF_SHAPES shape (where the adapter
+has shader-f16) and the f32-product kernel. Variants are forced as `pxvm tune` forces
+its candidates (tuning.forcing). Where torch has CUDA, cuBLAS FP32 (TF32 off) and FP16
+(tensor cores) on the same inputs in the same run.
 
 pxvm's time is the GPU time of one batch holding the product (timestamp queries,
 `pxvm.Batch(..., timestamps=True)`), the median of --repeats after a warm-up; cuBLAS's the
 median of as many runs between CUDA events. Every pxvm result is checked against the
 float64 product of the same inputs (NMSE; on the GPU through torch where it can). Ratios:
 "/ cuBLAS" is cuBLAS FP32's time over pxvm's (above 1: pxvm faster); "/ pxvm FP32" is
-pxvm's FP32 "auto" time over this kernel's.
+pxvm's FP32 time (the op's choice) over this kernel's.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
-import importlib
 import statistics
 
 import numpy as np
 
 import pxvm
-from pxvm.backends import get_backend
+from pxvm import get_backend
+from pxvm.backends.webgpu.ops import matmul as webgpu_matmul
+from pxvm.core import tuning
 
 #: LLM projections (M, K, N): a 7B model's MLP, and prompt shapes of a small model
 #: (512 tokens, hidden 576, MLP 1536).
 SHAPES = [(4096, 11008, 4096), (4096, 4096, 11008), (512, 576, 1536), (512, 1536, 576)]
-
-matmul_module = importlib.import_module("pxvm.ops.matmul")  # the module, not the op
 
 
 def gpu_time(record, repeats: int) -> float:
@@ -47,7 +48,7 @@ def gpu_time(record, repeats: int) -> float:
             record()
         batch.execute()
         if i:
-            samples.append(batch.gpu_seconds)
+            samples.append(batch.device_seconds)
     if any(s is None for s in samples):
         raise SystemExit("this adapter has no timestamp queries: nothing to time")
     return statistics.median(samples)
@@ -112,24 +113,32 @@ class Reference:
         return statistics.median(times)
 
 
-def fp32_kernels(variants: bool) -> list[str]:
-    if not variants:
-        return ["auto"]
-    return ["auto", *(f"blocked_{name}" for name in matmul_module.BLOCKED_SHAPES), "tiled",
-            "tiled_wide"]
+def forcing(values: dict):
+    """Every tunable of `values` (name -> candidate) forced within the block."""
+    stack = contextlib.ExitStack()
+    for name, value in values.items():
+        stack.enter_context(tuning.forcing(name, value))
+    return stack
 
 
-def f16_kernels(variants: bool, half_steps: list[int], has_f16: bool) -> list[tuple]:
-    """(label, F16_KERNEL, HALF_SHAPES, HALF_STEPS) of each FP16-storage run."""
-    runs = [("auto", "auto", matmul_module.HALF_SHAPES, matmul_module.HALF_STEPS)]
+def fp32_runs(variants: bool) -> list[tuple[str, dict]]:
+    """(label, forced tunables) of each FP32 run; the first is the op's own choice."""
+    runs = [("auto", {})]
     if variants:
-        shapes = matmul_module.HALF_SHAPES if has_f16 else ()
-        for name in shapes:
-            depth = matmul_module.BLOCKED_SHAPES[name][2]
-            for steps in half_steps:
-                if steps % depth == 0:
-                    runs.append((f"half_{name}_sum{steps}", "half", (name,), steps))
-        runs.append(("blocked (f32 products)", "blocked", (), matmul_module.HALF_STEPS))
+        runs += [(f"blocked_{name}", {webgpu_matmul.SHAPE_TUNED: name})
+                 for name in webgpu_matmul.BLOCKED_SHAPES]
+    return runs
+
+
+def f16_runs(variants: bool, has_f16: bool) -> list[tuple[str, dict]]:
+    """(label, forced tunables) of each FP16-storage run; the first is the op's choice."""
+    runs = [("auto", {})]
+    if variants:
+        for name in webgpu_matmul.HALF_SHAPES if has_f16 else ():
+            runs.append((f"half_{name}_sum{webgpu_matmul.HALF_STEPS}",
+                         {webgpu_matmul.F16_KERNEL_TUNED: "half",
+                          webgpu_matmul.F16_SHAPE_TUNED: name}))
+        runs.append(("blocked (f32 products)", {webgpu_matmul.F16_KERNEL_TUNED: "blocked"}))
     return runs
 
 
@@ -147,7 +156,7 @@ class Problem:
         self.a = rng.standard_normal((m, k), dtype=np.float32)
         self.b = rng.standard_normal((n, k) if transpose_b else (k, n), dtype=np.float32)
         self.cublas32 = ref.cublas_time(self.a, self.b, transpose_b)
-        self.pxvm32: float | None = None  # pxvm's FP32 "auto" time
+        self.pxvm32: float | None = None  # pxvm's FP32 time, the op's choice
         if self.cublas32 is not None:
             self.print_row("cuBLAS FP32", "torch.matmul", self.cublas32)
 
@@ -158,23 +167,25 @@ class Problem:
               f"{fmt_ratio(t, self.cublas32)} | {fmt_ratio(t, self.pxvm32)} | {err} |",
               flush=True)
 
-    def fp32(self, backend, kernels: list[str], repeats: int) -> None:
+    def fp32(self, backend, runs: list[tuple[str, dict]], repeats: int) -> None:
         expected = self.ref.product(self.a, self.b, self.transpose_b)
         ta, tb = backend.from_numpy(self.a), backend.from_numpy(self.b)
-        for kernel in kernels:
-            record = functools.partial(pxvm.ops.matmul, ta, tb, transpose_b=self.transpose_b,
-                                       kernel=kernel)
-            t = gpu_time(record, repeats)
-            name = kernel
-            if kernel == "auto":
+        record = functools.partial(pxvm.ops.matmul, ta, tb, transpose_b=self.transpose_b)
+        for name, forced in runs:
+            with forcing(forced):
+                t = gpu_time(record, repeats)
+                error = nmse(result_of(record), expected)
+            if name == "auto":
                 self.pxvm32 = t
-                chosen = matmul_module.choose_kernel(self.m, self.n, self.k)
+                chosen = webgpu_matmul.choose_kernel(self.m, self.n)
                 if chosen == "blocked":
-                    chosen = f"blocked_{matmul_module.choose_shape(self.m, self.n)}"
+                    shape = (tuning.choice(backend, webgpu_matmul.SHAPE_TUNED)
+                             or webgpu_matmul.choose_shape(self.m, self.n))
+                    chosen = f"blocked_{shape}"
                 name = f"auto: {chosen}"
-            self.print_row("pxvm FP32", name, t, nmse(result_of(record), expected))
+            self.print_row("pxvm FP32", name, t, error)
 
-    def fp16(self, backend, runs: list[tuple], has_f16: bool, repeats: int) -> None:
+    def fp16(self, backend, runs: list[tuple[str, dict]], has_f16: bool, repeats: int) -> None:
         a16, b16 = self.a.astype(np.float16), self.b.astype(np.float16)
         cublas16 = self.ref.cublas_time(a16, b16, self.transpose_b)
         if cublas16 is not None:
@@ -182,23 +193,16 @@ class Problem:
         expected = self.ref.product(a16, b16, self.transpose_b)
         ta, tb = backend.from_numpy(a16), backend.from_numpy(b16)
         record = functools.partial(pxvm.ops.matmul_f16, ta, tb, transpose_b=self.transpose_b)
-        saved = (matmul_module.F16_KERNEL, matmul_module.HALF_SHAPES, matmul_module.HALF_STEPS)
-        try:
-            for name, kernel, shapes, steps in runs:
-                matmul_module.F16_KERNEL = kernel
-                matmul_module.HALF_SHAPES = shapes or saved[1]
-                matmul_module.HALF_STEPS = steps
+        for name, forced in runs:
+            with forcing(forced):
                 t = gpu_time(record, repeats)
-                if name == "auto":
-                    chosen = matmul_module.choose_f16_kernel(self.m, self.n, has_f16)
-                    if chosen == "half":
-                        shape = matmul_module.choose_shape(self.m, self.n,
-                                                           matmul_module.HALF_SHAPES)
-                        chosen = f"half_{shape}_sum{steps}"
-                    name = f"auto: {chosen}"
-                self.print_row("pxvm FP16 storage", name, t, nmse(result_of(record), expected))
-        finally:
-            matmul_module.F16_KERNEL, matmul_module.HALF_SHAPES, matmul_module.HALF_STEPS = saved
+                error = nmse(result_of(record), expected)
+            if name == "auto":
+                chosen = webgpu_matmul.choose_f16_kernel(
+                    self.m, self.n, has_f16,
+                    tuning.choice(backend, webgpu_matmul.F16_KERNEL_TUNED))
+                name = f"auto: {chosen}"
+            self.print_row("pxvm FP16 storage", name, t, error)
 
 
 def main() -> None:
@@ -212,8 +216,6 @@ def main() -> None:
     parser.add_argument("--transpose-b", action="store_true", help="B as (N, K)")
     parser.add_argument("--no-fp16", action="store_true", help="FP32 only")
     parser.add_argument("--no-fp32", action="store_true", help="FP16 storage only")
-    parser.add_argument("--half-steps", type=int, nargs="*", default=[matmul_module.HALF_STEPS],
-                        help="with --variants: K values the f16 kernel sums in f16")
     args = parser.parse_args()
 
     backend = get_backend("webgpu")
@@ -230,10 +232,9 @@ def main() -> None:
     for m, k, n in problems:
         problem = Problem(m, k, n, args.transpose_b, ref, rng)
         if not args.no_fp32:
-            problem.fp32(backend, fp32_kernels(args.variants), args.repeats)
+            problem.fp32(backend, fp32_runs(args.variants), args.repeats)
         if not args.no_fp16:
-            problem.fp16(backend, f16_kernels(args.variants, args.half_steps, has_f16),
-                         has_f16, args.repeats)
+            problem.fp16(backend, f16_runs(args.variants, has_f16), has_f16, args.repeats)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ import time
 import numpy as np
 
 import pxvm
-from pxvm.backends import get_backend
+from pxvm import get_backend
 from pxvm.batch import Batch
 
 backend = get_backend("webgpu")
@@ -28,7 +28,7 @@ for n in (1 << 20, 1 << 24):
             batch.execute()
             batch.read(out)
             wall.append(time.perf_counter() - t0)
-            gpu.append(batch.gpu_seconds)
+            gpu.append(batch.device_seconds)
         g, w = statistics.median(gpu[1:]), statistics.median(wall[1:])
         print(f"{name} of {n:,} elements: GPU {g * 1e6:.1f} us ({nbytes / g / 1e9:,.0f} GB/s), "
               f"host {w * 1e3:.1f} ms")

@@ -37,5 +37,5 @@ export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}"
 mkdir -p artifacts
 python3 -m pytest tests "$@"
 # The capture, Graph and decoding paths once more through wgpu-py's public API instead of
-# wgpu-native's own calls (pxvm/runtime/webgpu/native.py), as with a wgpu-py without them.
-PXVM_WGPU_CALLS=portable python3 -m pytest -q tests/runtime tests/test_batch.py tests/llm/test_decode.py
+# wgpu-native's own calls (pxvm/backends/webgpu/runtime/native.py), as with a wgpu-py without them.
+PXVM_WGPU_CALLS=portable python3 -m pytest -q tests/backends/webgpu/runtime tests/test_batch.py tests/llm/test_decode.py

@@ -262,10 +262,10 @@ def _graph(backend, values, calls=None):
             calls.append(1)
         # rows state[0] and state[1] of the table: the token's and the position's
         # embeddings, summed into the new token's qkv
-        rows = ops.embedding_quant(t["state"], t["table_q"], qtype=0, k=QKV)
+        rows = ops.embedding_quant(t["state"], t["table_q"], qtype="F32", k=QKV)
         qkv = ops.add(ops.slice_rows(rows, 0, 1), ops.slice_rows(rows, 1, 2))
         att = transformer.attention_cached(qkv, t["kc"], t["vc"], t["state"], n_heads=HQ)
-        logits = transformer.rmsnorm_matmul_quant(att, t["gain"], w_out, qtype=0, k=HQ * D,
+        logits = transformer.rmsnorm_matmul_quant(att, t["gain"], w_out, qtype="F32", k=HQ * D,
                                                   eps=1e-5)
         decoding.greedy_step(logits, t["state"])
         return {"state": t["state"], "logits": logits, "att": att, "kc": t["kc"]}

@@ -12,7 +12,7 @@ import pxvm
 from pxvm.core import get_backend
 from pxvm.core import tuning
 
-LANES = "matmul_quant.lanes.prompt"
+LANES = "matmul_quant.webgpu.lanes"
 
 
 def _write(backend, **fields):

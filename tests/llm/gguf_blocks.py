@@ -7,21 +7,19 @@ from __future__ import annotations
 
 import numpy as np
 
-# GGML type number -> (name, values per block, bytes per block)
-FORMATS = {0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
-           6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 10: ("Q2_K", 256, 84),
-           11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176),
-           14: ("Q6_K", 256, 210), 30: ("BF16", 1, 2)}
-BY_NAME = {name: qtype for qtype, (name, _, _) in FORMATS.items()}
+# GGML type name -> (values per block, bytes per block)
+FORMATS = {"F32": (1, 4), "F16": (1, 2), "BF16": (1, 2), "Q4_0": (32, 18), "Q4_1": (32, 20),
+           "Q5_0": (32, 22), "Q5_1": (32, 24), "Q8_0": (32, 34), "Q2_K": (256, 84),
+           "Q3_K": (256, 110), "Q4_K": (256, 144), "Q5_K": (256, 176), "Q6_K": (256, 210)}
 
 
-def row_bytes(qtype: int, k: int) -> int:
-    _, per, size = FORMATS[qtype]
+def row_bytes(qtype: str, k: int) -> int:
+    per, size = FORMATS[qtype]
     return k // per * size
 
 
-def _blocks(raw: np.ndarray, qtype: int) -> np.ndarray:
-    _, _, size = FORMATS[qtype]
+def _blocks(raw: np.ndarray, qtype: str) -> np.ndarray:
+    _, size = FORMATS[qtype]
     return np.ascontiguousarray(raw, np.uint8).reshape(-1, size)
 
 
@@ -30,44 +28,44 @@ def _nibbles(q: np.ndarray) -> np.ndarray:
     return np.concatenate([q & 15, q >> 4], axis=1)
 
 
-def dequantize(raw: np.ndarray, qtype: int, k: int) -> np.ndarray:
+def dequantize(raw: np.ndarray, qtype: str, k: int) -> np.ndarray:
     """Raw GGUF rows (N, row_bytes) uint8 -> (N, K) float32."""
     raw = np.ascontiguousarray(raw, np.uint8)
     n = raw.size // row_bytes(qtype, k)
-    if qtype == 0:
+    if qtype == "F32":
         return raw.view(np.float32).reshape(n, k).copy()
-    if qtype == 1:
+    if qtype == "F16":
         return raw.view(np.float16).astype(np.float32).reshape(n, k)
-    if qtype == 30:  # bfloat16: the high 16 bits of a float32
+    if qtype == "BF16":  # bfloat16: the high 16 bits of a float32
         return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(n, k)
     b = _blocks(raw, qtype)
     d = b[:, 0:2].copy().view(np.float16).astype(np.float32)
-    if qtype == 8:
+    if qtype == "Q8_0":
         vals = d * b[:, 2:].view(np.int8).astype(np.float32)
-    elif qtype == 2:
+    elif qtype == "Q4_0":
         vals = d * (_nibbles(b[:, 2:]).astype(np.float32) - 8.0)
-    elif qtype == 6:
+    elif qtype == "Q5_0":
         # Q5_0: 4 bytes of fifth bits (bit j of the little-endian word: value j), then
         # nibbles as Q4_0; w = d * (q - 16)
         fifth = (b[:, 2:6].copy().view("<u4") >> np.arange(32, dtype=np.uint32)) & 1
         vals = d * ((_nibbles(b[:, 6:]) | (fifth << 4)).astype(np.float32) - 16.0)
-    elif qtype == 7:
+    elif qtype == "Q5_1":
         # Q5_1: f16 d, f16 m, fifth bits as Q5_0, then nibbles; w = d * q + m
         m = b[:, 2:4].copy().view(np.float16).astype(np.float32)
         fifth = (b[:, 4:8].copy().view("<u4") >> np.arange(32, dtype=np.uint32)) & 1
         vals = d * (_nibbles(b[:, 8:]) | (fifth << 4)).astype(np.float32) + m
-    elif qtype == 3:
+    elif qtype == "Q4_1":
         m = b[:, 2:4].copy().view(np.float16).astype(np.float32)
         vals = d * _nibbles(b[:, 4:]).astype(np.float32) + m
-    elif qtype == 10:
+    elif qtype == "Q2_K":
         vals = _dequantize_q2_k(b)
-    elif qtype == 11:
+    elif qtype == "Q3_K":
         vals = _dequantize_q3_k(b)
-    elif qtype == 12:
+    elif qtype == "Q4_K":
         vals = _dequantize_q4_k(b)
-    elif qtype == 13:
+    elif qtype == "Q5_K":
         vals = _dequantize_q5_k(b)
-    elif qtype == 14:
+    elif qtype == "Q6_K":
         vals = _dequantize_q6_k(b)
     else:
         raise ValueError(f"no dequantizer for GGML type {qtype}")
@@ -156,28 +154,28 @@ def _dequantize_q5_k(b: np.ndarray) -> np.ndarray:
     return d * np.repeat(scale, 32, axis=1) * q - dmin * np.repeat(mins, 32, axis=1)
 
 
-def random_blocks(n: int, k: int, qtype: int, rng: np.random.Generator,
+def random_blocks(n: int, k: int, qtype: str, rng: np.random.Generator,
                   scale: float = 1.0) -> np.ndarray:
     """Valid raw rows (N, row_bytes) of random quants whose values are about `scale` in size
     (for formats with no quantizer here); scale fields are set to finite f16 values."""
-    raw = rng.integers(0, 256, size=(n * (k // FORMATS[qtype][1]), FORMATS[qtype][2]),
-                       dtype=np.uint8)
+    per, size = FORMATS[qtype]
+    raw = rng.integers(0, 256, size=(n * (k // per), size), dtype=np.uint8)
 
     def f16_field(divisor):
         values = rng.uniform(0.5, 1.5, (len(raw), 1)) * scale / divisor
         return values.astype(np.float16).view(np.uint8)
 
     # divisors bring (6-bit or int8 sub-scale) x (quant level) back to about `scale`
-    if qtype in (12, 13):
-        levels = 15 if qtype == 12 else 31
+    if qtype in ("Q4_K", "Q5_K"):
+        levels = 15 if qtype == "Q4_K" else 31
         raw[:, 0:2] = f16_field(levels * 40)   # d: times sub-scale <= 63, times q
         raw[:, 2:4] = f16_field(40)            # dmin: times min <= 63
-    elif qtype == 10:
+    elif qtype == "Q2_K":
         raw[:, 80:82] = f16_field(3 * 15)      # d: times scale <= 15, times q <= 3
         raw[:, 82:84] = f16_field(15)          # dmin: times min <= 15
-    elif qtype == 11:
+    elif qtype == "Q3_K":
         raw[:, 108:110] = f16_field(32 * 4)    # d: times scale - 32, times q - 4
-    elif qtype == 14:
+    elif qtype == "Q6_K":
         raw[:, 208:210] = f16_field(32 * 128)  # d: times int8 scale, times q - 32
     else:
         raise ValueError(f"random_blocks is for the K formats, not GGML type {qtype}")
@@ -192,26 +190,26 @@ def _round_half_away(v: np.ndarray) -> np.ndarray:
     return np.sign(v) * (whole + np.floor(2 * (a - whole)))
 
 
-def quantize(x: np.ndarray, qtype: int) -> np.ndarray:
+def quantize(x: np.ndarray, qtype: str) -> np.ndarray:
     """(N, K) float -> raw GGUF rows (N, row_bytes) uint8, rounding as ggml's reference
     quantizers do (nearest level; Q4_0 scales by the signed extreme / -8)."""
     x = np.asarray(x, np.float32)
     n, k = x.shape
-    if qtype == 0:
+    if qtype == "F32":
         return x.copy().view(np.uint8).reshape(n, -1)
-    if qtype == 1:
+    if qtype == "F16":
         return x.astype(np.float16).view(np.uint8).reshape(n, -1)
-    if qtype == 30:  # round to nearest even on the dropped 16 bits (finite values)
+    if qtype == "BF16":  # round to nearest even on the dropped 16 bits (finite values)
         bits = x.view(np.uint32).astype(np.uint64)
         rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
         return rounded.astype(np.uint16).view(np.uint8).reshape(n, -1)
     blocks = x.reshape(-1, 32)
-    if qtype == 8:
+    if qtype == "Q8_0":
         d = np.abs(blocks).max(axis=1, keepdims=True) / 127.0
         inv = np.divide(1.0, d, out=np.zeros_like(d), where=d != 0)
         q = _round_half_away(blocks * inv).astype(np.int8).view(np.uint8)
         head = [d.astype(np.float16).view(np.uint8)]
-    elif qtype == 2:
+    elif qtype == "Q4_0":
         idx = np.abs(blocks).argmax(axis=1)
         extreme = blocks[np.arange(len(blocks)), idx][:, None]
         d = extreme / -8.0
@@ -219,14 +217,14 @@ def quantize(x: np.ndarray, qtype: int) -> np.ndarray:
         q = np.minimum(15, np.trunc(blocks * inv + 8.5)).astype(np.uint8)
         q = q[:, :16] | (q[:, 16:] << 4)
         head = [d.astype(np.float16).view(np.uint8)]
-    elif qtype == 3:
+    elif qtype == "Q4_1":
         lo = blocks.min(axis=1, keepdims=True)
         d = (blocks.max(axis=1, keepdims=True) - lo) / 15.0
         inv = np.divide(1.0, d, out=np.zeros_like(d), where=d != 0)
         q = np.minimum(15, np.trunc((blocks - lo) * inv + 0.5)).astype(np.uint8)
         q = q[:, :16] | (q[:, 16:] << 4)
         head = [d.astype(np.float16).view(np.uint8), lo.astype(np.float16).view(np.uint8)]
-    elif qtype == 6:
+    elif qtype == "Q5_0":
         # as ggml: d = the signed extreme / -16, q = trunc(x / d + 16.5) clamped to 31
         idx = np.abs(blocks).argmax(axis=1)
         d = blocks[np.arange(len(blocks)), idx][:, None] / -16.0
@@ -237,7 +235,7 @@ def quantize(x: np.ndarray, qtype: int) -> np.ndarray:
         head = [d.astype(np.float16).view(np.uint8),
                 fifth.astype("<u4").view(np.uint8).reshape(-1, 4)]
         q = q.astype(np.uint8)
-    elif qtype == 7:
+    elif qtype == "Q5_1":
         # as ggml: d = (max - min) / 31, q = trunc((x - min) / d + 0.5) clamped to 31
         lo = blocks.min(axis=1, keepdims=True)
         d = (blocks.max(axis=1, keepdims=True) - lo) / 31.0

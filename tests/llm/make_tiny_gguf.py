@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import gguf
 import numpy as np
 
-from gguf_blocks import BY_NAME, dequantize, quantize, random_blocks
+from gguf_blocks import dequantize, quantize, random_blocks
 
 
 @dataclass
@@ -93,13 +93,12 @@ def write_tiny_gguf(path, spec: TinySpec, rng: np.random.Generator) -> dict:
 
     def matrix(name, n, k, type_name, scale):
         short = name.split(".")[-2]
-        type_name = (spec.matrix_types or {}).get(short, type_name)
-        qtype = BY_NAME[type_name]
-        if type_name.endswith("_K"):  # no quantizer here: random valid blocks
+        qtype = (spec.matrix_types or {}).get(short, type_name)
+        if qtype.endswith("_K"):  # no quantizer here: random valid blocks
             raw = random_blocks(n, k, qtype, rng, scale)
         else:
             raw = quantize(rng.standard_normal((n, k)).astype(np.float32) * scale, qtype)
-        w.add_tensor(name, raw, raw_dtype=gguf.GGMLQuantizationType(qtype))
+        w.add_tensor(name, raw, raw_dtype=gguf.GGMLQuantizationType[qtype])
         stored[name] = dequantize(raw, qtype, k)
 
     def norm(name, k, spread=0.2):

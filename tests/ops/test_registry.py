@@ -87,7 +87,7 @@ def test_an_input_of_a_wrong_dtype_is_named(backend, request):
     x, w = np.ones((1, 32), np.float32), np.ones((2, 20), np.float32)
     with pytest.raises(ShapeError, match="matmul_quant: input w has dtype float32, "
                                          "expected uint8"):
-        pxvm.ops.matmul_quant(x, w, qtype=3, k=32, backend=backend)
+        pxvm.ops.matmul_quant(x, w, qtype="Q4_1", k=32, backend=backend)
     with pytest.raises(ShapeError, match="add: input b has dtype uint8, expected float32 or "
                                          "int32 or uint32"):
         pxvm.ops.add(np.ones(3, np.float32), np.ones(3, np.uint8), backend=backend)

@@ -351,12 +351,12 @@ def test_attention_cached_matmul_quant_add_takes_the_window_and_cap(backend, pos
     if backend == "gpu":
         request.getfixturevalue("gpu_device")
     hq, hkv, d, n_ctx = 4, 2, 16, 300
-    inputs, _ = _projected(rng, hq, hkv, d, n_ctx, pos, s, 8)
-    params = {"n_heads": hq, "qtype": 8, "k": hq * d, "softcap": 3.0, "window": window}
+    inputs, _ = _projected(rng, hq, hkv, d, n_ctx, pos, s, "Q8_0")
+    params = {"n_heads": hq, "qtype": "Q8_0", "k": hq * d, "softcap": 3.0, "window": window}
     got = _run_projected(backend, inputs, **params)
     expected = _run_projected("numpy", inputs, **params)
     assert_close(got[0], expected[0], NMSE_ELEMENTWISE * 10)
-    plain = _run_projected("numpy", inputs, n_heads=hq, qtype=8, k=hq * d)
+    plain = _run_projected("numpy", inputs, n_heads=hq, qtype="Q8_0", k=hq * d)
     assert np.abs(got[0] - plain[0]).max() > 1e-2
 
 
@@ -529,13 +529,13 @@ def test_python_constants_match_the_kernels():
 # ---- attention_cached_matmul_quant_add ------------------------------------------------
 
 PROJECTED_CASES = [  # (hq, hkv, d, n_ctx, pos, s, max_keys, qtype)
-    (6, 2, 16, 320, 0, 1, 64, 3),     # one range: split, then a plain product
-    (6, 2, 16, 320, 200, 1, 256, 8),
-    (6, 2, 64, 320, 300, 1, None, 3),   # five ranges merged by the product
-    (4, 2, 48, 320, 299, 1, None, 2),   # 48 does not divide the workgroup
-    (2, 1, 16, 1100, 1050, 1, None, 3),  # 128-key ranges of two chunks
-    (6, 2, 16, 400, 7, 140, None, 3),    # prefill: 140 rows
-    (6, 2, 16, 400, 270, 5, 300, 8),
+    (6, 2, 16, 320, 0, 1, 64, "Q4_1"),     # one range: split, then a plain product
+    (6, 2, 16, 320, 200, 1, 256, "Q8_0"),
+    (6, 2, 64, 320, 300, 1, None, "Q4_1"),   # five ranges merged by the product
+    (4, 2, 48, 320, 299, 1, None, "Q4_0"),  # 48 does not divide the workgroup
+    (2, 1, 16, 1100, 1050, 1, None, "Q4_1"),  # 128-key ranges of two chunks
+    (6, 2, 16, 400, 7, 140, None, "Q4_1"),    # prefill: 140 rows
+    (6, 2, 16, 400, 270, 5, 300, "Q8_0"),
 ]
 
 
@@ -581,8 +581,8 @@ def test_attention_cached_matmul_quant_add_gpu_matches_float64(
 
 
 def test_attention_cached_matmul_quant_add_reference_matches_float64(rng):
-    inputs, (expected, k_new, v_new) = _projected(rng, 6, 2, 16, 80, 40, 3, 3)
-    out, k_got, _ = _run_projected("cpu", inputs, n_heads=6, qtype=3, k=96)
+    inputs, (expected, k_new, v_new) = _projected(rng, 6, 2, 16, 80, 40, 3, "Q4_1")
+    out, k_got, _ = _run_projected("cpu", inputs, n_heads=6, qtype="Q4_1", k=96)
     assert_close(out, expected, TOL)
     assert_close(k_got, k_new, TOL)
 
@@ -590,12 +590,12 @@ def test_attention_cached_matmul_quant_add_reference_matches_float64(rng):
 def test_attention_cached_matmul_quant_add_is_nan_beyond_max_keys_on_gpu(rng, gpu_device):
     # As attention_cached: the merging product reads the position on the device and
     # answers NaN for a token whose keys the recorded grid does not cover.
-    inputs, _ = _projected(rng, 6, 2, 16, 400, 300, 1, 3)
+    inputs, _ = _projected(rng, 6, 2, 16, 400, 300, 1, "Q4_1")
     inputs[3][1] = 350  # position 350 > max_keys 300 (ranges merged by the product)
-    out = _run_projected("gpu", inputs, n_heads=6, max_keys=300, qtype=3, k=96)[0]
+    out = _run_projected("gpu", inputs, n_heads=6, max_keys=300, qtype="Q4_1", k=96)[0]
     assert np.isnan(out).all()
     inputs[3][1] = 299
-    assert np.isfinite(_run_projected("gpu", inputs, n_heads=6, max_keys=300, qtype=3,
+    assert np.isfinite(_run_projected("gpu", inputs, n_heads=6, max_keys=300, qtype="Q4_1",
                                       k=96)[0]).all()
 
 
@@ -612,9 +612,9 @@ def test_attention_cached_matmul_quant_add_refuses_bad_operands_clearly(change, 
                                                                         backend, rng, request):
     if backend == "gpu":
         request.getfixturevalue("gpu_device")
-    inputs, _ = _projected(rng, 6, 2, 16, 80, 40, 1, 3)
+    inputs, _ = _projected(rng, 6, 2, 16, 80, 40, 1, "Q4_1")
     args = dict(zip(("qkv", "k_cache", "v_cache", "state", "w", "residual"), inputs))
-    params = {"n_heads": 6, "qtype": 3, "k": 96}
+    params = {"n_heads": 6, "qtype": "Q4_1", "k": 96}
     for key, value in change.items():
         (args if key in args else params)[key] = value
     with pytest.raises(ShapeError, match=message):

@@ -122,7 +122,7 @@ def test_foreign_host_header_is_refused_on_loopback(served):
 
 
 def test_page_parses_bindings_with_the_runtime_pattern():
-    """gpu.js builds bind group layouts with the regex of runtime/webgpu/shaders.py; they must
+    """gpu.js builds bind group layouts with the regex of backends/webgpu/runtime/shaders.py; they must
     not drift apart, or the page and Python would bind the same file differently."""
     import re
 

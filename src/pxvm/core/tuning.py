@@ -39,7 +39,7 @@ MAX_FILE_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
-class Case:
+class TuningCase:
     """One benchmark input of a tunable: `run()` records the op (with the choice being
     measured in force) and returns its result tensor; `expected` is the reference's."""
 
@@ -59,7 +59,7 @@ class Tunable:
     description: str
     candidates: tuple
     backends: tuple[str, ...]
-    cases: Callable[[np.random.Generator, Backend], list[Case]]
+    cases: Callable[[np.random.Generator, Backend], list[TuningCase]]
 
 
 TUNABLES: dict[str, Tunable] = {}

@@ -30,7 +30,7 @@ from ..core.errors import PxvmError
 
 #: Steps per submit, read back with one copy; submits queued before the host waits for
 #: the oldest; submits encoded ahead by the worker thread. Chosen on the H100 with
-#: SmolLM2 (benchmarks/h100/decode_overlap.py, BENCHMARKS.md).
+#: SmolLM2 (docs/benchmarks-log.md).
 STEPS_PER_SUBMIT = 2
 SUBMITS_IN_FLIGHT = 4
 ENCODED_AHEAD = 2
@@ -39,7 +39,7 @@ ENCODED_AHEAD = 2
 STATE_HISTORY = 16
 #: The smallest recorded step's key bound; each next one is STEP_BOUND_GROWTH times
 #: larger, the last the whole context. The first span's attention is one key range per
-#: head (pxvm.ops.transformer.CACHED_ONE_RANGE_MAX_KEYS); later spans' ranges are merged
+#: head (the WebGPU backend's CACHED_ONE_RANGE_MAX_KEYS); later spans' ranges are merged
 #: by the output projection.
 FIRST_STEP_BOUND = 64
 STEP_BOUND_GROWTH = 4
@@ -100,8 +100,8 @@ class Decoder:
         return dict(self._steps)
 
     def forget(self) -> None:
-        """Drop the recorded steps: the next use records them again (benchmarks do, after
-        changing the kernels' constants)."""
+        """Drop the recorded steps: the next use records them again (with the kernels
+        that tuning chooses then)."""
         self._steps.clear()
 
     def set_state(self, token: int, position: int) -> None:

@@ -1,7 +1,10 @@
 """Reading llama-family GGUF files: metadata, hyperparameters and memory-mapped tensors,
 with one clear error for each way a file can be unusable. The header is read by a
 bounded scan (gguf_scan.py); hyper-parameters and the shapes of the tensors the model
-uses are checked against each other before anything is loaded."""
+uses are checked against each other before anything is loaded.
+
+Its length is those checks: each way a file can be unusable has its own message, and
+they read best beside the fields they check (GGUFModelFile)."""
 
 from __future__ import annotations
 
@@ -34,7 +37,7 @@ MAX_CONTEXT_LENGTH = 1 << 24
 #: Norm epsilons are ~1e-5 / 1e-6; one near 1 would swamp the activations it divides.
 MAX_NORM_EPS = 1.0
 #: Norm vectors are read as floats; quantized ones would be read as raw bytes.
-NORM_TYPES = (0, 1)  # F32, F16
+NORM_TYPES = ("F32", "F16")
 #: Soft-caps are ~30-50; RoPE scaling factors up to ~100 (Llama 3.1's 8, Phi-3's LongRoPE
 #: up to ~60): bounds far above them.
 MAX_SOFTCAP = 1e4
@@ -103,10 +106,10 @@ class Config:
 
 @dataclass
 class Weight:
-    """One tensor: raw GGUF bytes (N rows) or float32 values, and its GGML type."""
+    """One tensor: raw GGUF bytes (N rows) or float32 values, and its GGML type's name."""
 
     name: str
-    qtype: int
+    qtype: str
     shape: tuple   # (rows N, row length K) for matrices, (K,) for vectors
     data: np.ndarray
 
@@ -301,7 +304,7 @@ class GGUFModelFile:
         t = self.tensors.get(name)
         if t is None:
             self._fail(f"tensor {name!r} is missing")
-        if t.ggml_type != 0 or _normalized(tuple(reversed(t.dims)), 1) != (n,):
+        if t.type_name != "F32" or _normalized(tuple(reversed(t.dims)), 1) != (n,):
             self._fail(f"tensor {name!r} is {t.type_name} of dims {list(t.dims)}; RoPE factors "
                        f"must be F32 of dims [{n}] (half the head size)")
         values = self._bytes[t.offset:t.offset + t.n_bytes].view("<f4").astype(np.float64)
@@ -333,11 +336,11 @@ class GGUFModelFile:
             t = self.tensors.get(name)
             if t is None:
                 self._fail(f"tensor {name!r} is missing")
-            if t.ggml_type not in QUANT_TYPES:
+            if t.type_name not in QUANT_TYPES:
                 self._fail(f"tensor {name} has type {t.type_name}, which pxvm does not support "
                            f"yet ({supported_names()} are); use a file quantized to one of "
                            "those")
-            if len(shape) == 1 and t.ggml_type not in NORM_TYPES:
+            if len(shape) == 1 and t.type_name not in NORM_TYPES:
                 self._fail(f"tensor {name!r} has type {t.type_name}; pxvm reads norm vectors "
                            "and biases of type F32 or F16")
             if _normalized(tuple(reversed(t.dims)), len(shape)) != shape:
@@ -349,18 +352,18 @@ class GGUFModelFile:
         t = self.tensors.get(name)
         if t is None:
             raise ModelFileError(f"{self.path}: tensor {name!r} is missing")
-        qtype = t.ggml_type
+        qtype = t.type_name
         if qtype not in QUANT_TYPES:
             raise ModelFileError(
                 f"{self.path}: tensor {name} has type {t.type_name}, which pxvm does not "
                 f"support yet ({supported_names()} are); use a file quantized to one of those")
         shape = self._shapes.get(name) or tuple(reversed(t.dims))  # GGUF lists ne0 first
         raw = self._bytes[t.offset:t.offset + t.n_bytes]
-        if qtype == 0:
+        if qtype == "F32":
             data = raw.view("<f4").reshape(shape)
-        elif qtype == 1 and len(shape) == 1:
+        elif qtype == "F16" and len(shape) == 1:
             data = raw.view("<f2").astype(np.float32)
-        elif qtype == 1:
+        elif qtype == "F16":
             data = raw.view("<f2").reshape(shape)
         else:
             data = raw.reshape(shape[0], -1) if len(shape) == 2 else raw

@@ -38,7 +38,7 @@ log = logging.getLogger("pxvm.llm")
 
 #: Prompts of at least this many tokens are submitted layer by layer (Batch.flush), so
 #: the GPU runs each layer while the host records the next: on the H100 recording a
-#: 512-token prompt took the host as long as the GPU took to run it (BENCHMARKS.md).
+#: 512-token prompt took the host as long as the GPU took to run it (docs/benchmarks-log.md).
 #: The bound is a judgement: a short prompt's GPU time is small, so there is little to
 #: overlap.
 FLUSH_MIN_TOKENS = 64
@@ -86,12 +86,12 @@ def kv_cache_positions(cfg: Config, max_context: int | None = None) -> int:
 
 
 @dataclass
-class Matrix:
+class WeightMatrix:
     """A weight matrix on the backend, as raw GGUF rows: (N, row_bytes) uint8 of GGML
-    type `qtype`, rows of `k` values."""
+    type `qtype` ("Q4_K"), rows of `k` values."""
 
     tensor: Tensor
-    qtype: int
+    qtype: str
     k: int
     first_row: int = 0  # of the whole table, where a table is split into row parts
 
@@ -99,11 +99,11 @@ class Matrix:
 @dataclass
 class LayerWeights:
     attn_norm: Tensor
-    wqkv: list[Matrix]       # [Wq; Wk; Wv] rows, joined per run of one tensor type
-    wo: Matrix
+    wqkv: list[WeightMatrix]       # [Wq; Wk; Wv] rows, joined per run of one tensor type
+    wo: WeightMatrix
     ffn_norm: Tensor
-    w_gate_up: list[Matrix]  # [Wgate; Wup] joined when of one type, else the two
-    w_down: Matrix
+    w_gate_up: list[WeightMatrix]  # [Wgate; Wup] joined when of one type, else the two
+    w_down: WeightMatrix
     qkv_bias: Tensor | None = None        # [bq; bk; bv] (Qwen2)
     q_norm: Tensor | None = None          # QK norm's gains (Qwen3, Gemma 3)
     k_norm: Tensor | None = None
@@ -183,25 +183,25 @@ class Model:
         return self.backend.from_numpy(np.concatenate([np.asarray(w.data, np.float32)
                                                        for w in weights]))
 
-    def _matrix(self, weights: list[Weight]) -> Matrix:
+    def _matrix(self, weights: list[Weight]) -> WeightMatrix:
         """The weights' raw rows stacked in one matrix (all of one type and row length)."""
         rows = [np.ascontiguousarray(w.data).view(np.uint8).reshape(w.shape[0], -1)
                 for w in weights]
         data = rows[0] if len(rows) == 1 else np.concatenate(rows)
-        return Matrix(self.backend.from_numpy(data), weights[0].qtype, weights[0].shape[1])
+        return WeightMatrix(self.backend.from_numpy(data), weights[0].qtype, weights[0].shape[1])
 
-    def _row_parts(self, weight: Weight) -> list[Matrix]:
+    def _row_parts(self, weight: Weight) -> list[WeightMatrix]:
         """The weight as one matrix, or as row parts where the backend binds less than
         all of it at once (a 262k-token vocabulary's table is 178 MB in Q8_0; WebGPU
         devices often bind 128 MiB)."""
         rows = np.ascontiguousarray(weight.data).view(np.uint8).reshape(weight.shape[0], -1)
         limit = self.backend.max_tensor_bytes
         per_part = rows.shape[0] if limit is None else max(1, limit // rows.shape[1])
-        return [Matrix(self.backend.from_numpy(rows[first:first + per_part]), weight.qtype,
-                       weight.shape[1], first)
+        return [WeightMatrix(self.backend.from_numpy(rows[first:first + per_part]),
+                             weight.qtype, weight.shape[1], first)
                 for first in range(0, rows.shape[0], per_part)]
 
-    def _joined(self, weights: list[Weight]) -> list[Matrix]:
+    def _joined(self, weights: list[Weight]) -> list[WeightMatrix]:
         """Consecutive weights of one tensor type joined into one matrix, so that one
         product computes them all (files that mix types per layer get several)."""
         runs: list[list[Weight]] = []
@@ -267,7 +267,7 @@ class Model:
         h = ops.matmul_quant(h, w_down.tensor, qtype=w_down.qtype, k=w_down.k)
         return ops.add(x, ops.rmsnorm(h, w.post_ffn_norm, eps=cfg.norm_eps))
 
-    def normed_product(self, x: Tensor, gain: Tensor, parts: list[Matrix]) -> Tensor:
+    def normed_product(self, x: Tensor, gain: Tensor, parts: list[WeightMatrix]) -> Tensor:
         """rmsnorm(x, gain) @ [W1; W2; ..]^T (one product per part, columns joined)."""
         eps = self.config.norm_eps
         outs = [transformer.rmsnorm_matmul_quant(x, gain, m.tensor, qtype=m.qtype, k=m.k,
@@ -328,7 +328,7 @@ class Model:
 
     def warm_up(self) -> None:
         """Compile the kernels and record the decoding steps that a generation uses, so
-        that its first tokens are not timed with them (BENCHMARKS.md: first use). A
+        that its first tokens are not timed with them (docs/benchmarks-log.md: first use). A
         prompt of up to 65 tokens (several key ranges, then a merge pass), one decoding
         step run after it (ranges merged by the output projection) and the first span's
         step recorded (one range) reach every kernel variant. Leaves the cache empty."""

@@ -1,7 +1,7 @@
 """Prompts as captured graphs, where a backend's launches rather than its GPU are what a
 prompt waits for (Backend.prompt_graphs: CUDA, where Python launching a 512-token
 forward's kernels takes the host about twice the GPU's time, and WebGPU, where recording
-them takes ~1.5 times; BENCHMARKS.md). The math
+them takes ~1.5 times; docs/benchmarks-log.md). The math
 is the model's (`transformer`); this module only schedules it.
 
 A prompt is cut into pieces of PIECE_TOKENS. The forward of a piece length met a second
@@ -27,7 +27,7 @@ from ..core import Tensor
 from ..batch import Graph
 
 if TYPE_CHECKING:
-    from .model import LanguageModel
+    from .generate import LanguageModel
 
 #: Tokens a prompt piece has at most (a long prompt's full pieces share a graph).
 PIECE_TOKENS = 512

@@ -68,7 +68,7 @@ def top_k_mask(logits: np.ndarray, k: int) -> np.ndarray:
 #: top_p_mask first looks among the tokens at least as likely as the TOP_P_CANDIDATES-th
 #: most likely one; only when they do not reach p does it sort the whole vocabulary (a
 #: stable sort of a 49,152-token vocabulary takes longer than a decoding step on a GPU;
-#: BENCHMARKS.md has the sampler's timings).
+#: docs/benchmarks-log.md has the sampler's timings).
 TOP_P_CANDIDATES = 1024
 
 

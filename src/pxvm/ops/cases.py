@@ -1,7 +1,7 @@
 """Each op's conformance cases: inputs of odd shapes from a seeded generator, the
 parameters, and the NMSE a kernel must meet against the op's reference. The conformance
 matrix (tests/test_conformance.py) runs every case on every backend, and the browser
-page runs each through the WebGPU kernels in the browser (pxvm.web.plans)."""
+page runs each in the browser (pxvm.web.plans)."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def _binary_int(dtype):
 def _quantized_rows(rng, qtype, n, k):
     """Raw GGUF blocks of a random (n, k) weight, made by the gguf package's quantizer."""
     w = rng.standard_normal((n, k)).astype(np.float32)
-    raw = quants.quantize(w, GGMLQuantizationType(qtype))
+    raw = quants.quantize(w, GGMLQuantizationType[qtype])
     return np.ascontiguousarray(raw).view(np.uint8).reshape(n, -1)
 
 
@@ -90,7 +90,7 @@ def _cached_attention(tokens, n_ctx, pos):
 def _projected_attention(tokens, n_ctx, pos):
     """The same, then a Q4_1 output projection and the residual."""
     attention = _cached_attention(tokens, n_ctx, pos)
-    return lambda rng: [*attention(rng), _quantized_rows(rng, 3, 13, 32),
+    return lambda rng: [*attention(rng), _quantized_rows(rng, "Q4_1", 13, 32),
                         rng.standard_normal((tokens, 13)).astype(np.float32)]
 
 
@@ -155,28 +155,28 @@ CASES.update({
     "slice_columns": [ConformanceCase(_normal(9, 7), {"start": 2, "stop": 6}, threshold=0.0),
                       ConformanceCase(_normal(3, 40), {"start": 12, "stop": 36}, threshold=0.0)],
     "matmul_quant": [ConformanceCase(_quantized_matmul(q), {"qtype": q, "k": 64}, threshold=NMSE_LONG)
-                     for q in (0, 1, 2, 3, 8)]
+                     for q in ("F32", "F16", "Q4_0", "Q4_1", "Q8_0")]
     + [ConformanceCase(_quantized_matmul(q, 70, 37), {"qtype": q, "k": 64}, threshold=NMSE_LONG)
-       for q in (3, 8)]
+       for q in ("Q4_1", "Q8_0")]
     + [ConformanceCase(_k_quant_matmul(q), {"qtype": q, "k": 256}, threshold=NMSE_LONG)
-       for q in (10, 11, 12, 13, 14)]
-    + [ConformanceCase(_k_quant_matmul(12, 70, 37), {"qtype": 12, "k": 256},
+       for q in ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")]
+    + [ConformanceCase(_k_quant_matmul("Q4_K", 70, 37), {"qtype": "Q4_K", "k": 256},
                        threshold=NMSE_LONG)],
     "embedding_quant": [ConformanceCase(_quantized_embedding(q), {"qtype": q, "k": 64}, threshold=0.0)
-                        for q in (3, 8)],
+                        for q in ("Q4_1", "Q8_0")],
     "rmsnorm_matmul_quant": [ConformanceCase(_with_gain(_quantized_matmul(q)), {"qtype": q, "k": 64},
-                                  threshold=NMSE_LONG) for q in (3, 8)],
+                                  threshold=NMSE_LONG) for q in ("Q4_1", "Q8_0")],
     "rmsnorm_glu_quant": [ConformanceCase(_with_gain(_quantized_matmul(q, 26)),
                                {"qtype": q, "k": 64, "activation": act}, threshold=NMSE_LONG)
-                          for q, act in ((3, "silu"), (8, "silu"), (8, "gelu_tanh"))]
-    + [ConformanceCase(_with_gain(_quantized_matmul(3, 70, 37)), {"qtype": 3, "k": 64}, threshold=NMSE_LONG)],
+                          for q, act in (("Q4_1", "silu"), ("Q8_0", "silu"), ("Q8_0", "gelu_tanh"))]
+    + [ConformanceCase(_with_gain(_quantized_matmul("Q4_1", 70, 37)), {"qtype": "Q4_1", "k": 64}, threshold=NMSE_LONG)],
     "qk_norm": [ConformanceCase(lambda rng: [rng.standard_normal((3, 64)).astype(np.float32),
                                   (1.0 + 0.3 * rng.standard_normal(8)).astype(np.float32),
                                   (1.0 + 0.3 * rng.standard_normal(8)).astype(np.float32)],
                      {"n_heads": 4, "n_kv_heads": 2})],
-    "matmul_quant_add": [ConformanceCase(lambda rng: [*_quantized_matmul(3)(rng),
+    "matmul_quant_add": [ConformanceCase(lambda rng: [*_quantized_matmul("Q4_1")(rng),
                                            rng.standard_normal((3, 13)).astype(np.float32)],
-                              {"qtype": 3, "k": 64}, threshold=NMSE_LONG)],
+                              {"qtype": "Q4_1", "k": 64}, threshold=NMSE_LONG)],
     "matmul_f16": [ConformanceCase(lambda rng: [rng.standard_normal((5, 6)).astype(np.float16),
                                      rng.standard_normal((6, 7)).astype(np.float16)],
                         threshold=NMSE_LONG),
@@ -201,7 +201,7 @@ CASES.update({
                                          rng.standard_normal((5, 4)).astype(np.float32)],
                             threshold=0.0)],
     # one range; a cache longer than one range (64 keys): ranges + combine; a prompt of 40
-    # tokens after 30 (attention_prompt.wgsl)
+    # tokens after 30 (a prompt's tiled path)
     "attention_cached": [ConformanceCase(_cached_attention(tokens, n_ctx, pos), {"n_heads": 4},
                               threshold=NMSE_LONG) for tokens, n_ctx, pos in ((3, 11, 5),
                                                                               (2, 300, 290),
@@ -212,7 +212,7 @@ CASES.update({
              "freq_factors": (1.0, 2.0, 4.0, 8.0), "attn_factor": 1.1}, threshold=NMSE_LONG)],
     # two tokens in one range; one token (decoding) whose ranges the product merges
     "attention_cached_matmul_quant_add": [
-        ConformanceCase(_projected_attention(tokens, n_ctx, pos), {"n_heads": 4, "qtype": 3, "k": 32},
+        ConformanceCase(_projected_attention(tokens, n_ctx, pos), {"n_heads": 4, "qtype": "Q4_1", "k": 32},
              threshold=NMSE_LONG) for tokens, n_ctx, pos in ((2, 11, 5), (1, 300, 290))],
     "greedy_step": [ConformanceCase(lambda rng: [rng.standard_normal(333).astype(np.float32),
                                       np.array([7, 4], np.int32)], threshold=0.0)],

@@ -41,9 +41,9 @@ def greedy_step(logits, state, *, backend="auto"):
 
 
 def _pcg_hash(v: np.ndarray) -> np.ndarray:
-    """PCG's output hash of uint32 values (reduce.wgsl's pcg_hash)."""
+    """PCG's output hash of uint32 values (the sampling kernels' pcg_hash)."""
     v = np.asarray(v, np.uint32)
-    with np.errstate(over="ignore"):  # uint32 arithmetic wraps, as in WGSL
+    with np.errstate(over="ignore"):  # uint32 arithmetic wraps, as in the kernels
         state = v * np.uint32(747796405) + np.uint32(2891336453)
         word = ((state >> ((state >> np.uint32(28)) + np.uint32(4))) ^ state) * np.uint32(277803737)
     return (word >> np.uint32(22)) ^ word

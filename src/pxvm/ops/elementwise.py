@@ -37,7 +37,7 @@ FLUSH_BELOW = 1e-30
 
 def flush_subnormals(y) -> np.ndarray:
     """Round to f32 and flush results below 1e-30 to (signed) zero. GPUs may flush
-    subnormal intermediates to zero (WGSL allows it), which zeroes results a little above
+    subnormal intermediates to zero (shading languages allow it), which zeroes results a little above
     the subnormal range too (x / inf for x = -10); no f32 use tells such values from 0."""
     y = np.asarray(y, dtype=np.float32)
     tiny = np.abs(y) < FLUSH_BELOW

@@ -1,7 +1,9 @@
-"""GGML tensor types, in one table: block sizes from the `gguf` package's own
-(GGML_QUANT_SIZES), which types pxvm's kernels decode, the reference dequantization
-(gguf's) and random weights of each type for benchmarks. Kernels take a type's block
-sizes from here; only the layout inside a block is written in each kernel."""
+"""GGML tensor types, in one table, by their GGML names ("Q4_K"): block sizes from the
+`gguf` package's own (GGML_QUANT_SIZES), which types pxvm's kernels decode, the
+reference dequantization (gguf's) and random weights of each type for benchmarks.
+Kernels take a type's block sizes from here; only the layout inside a block is written
+in each kernel. GGML's numbers for the types are the GGUF files' encoding (`code`), read
+at the format's edge only."""
 
 from __future__ import annotations
 
@@ -24,22 +26,23 @@ class QuantType:
     block_bytes: int
 
     @property
-    def code(self) -> int:
-        """GGML's number for the type (the `qtype` ops take)."""
-        return int(self.ggml)
+    def name(self) -> str:
+        """GGML's name for the type: the `qtype` ops take."""
+        return self.ggml.name
 
     @property
-    def name(self) -> str:
-        return self.ggml.name
+    def code(self) -> int:
+        """GGML's number for the type: how GGUF files (and kernels' constants) say it."""
+        return int(self.ggml)
 
     def row_bytes(self, k: int) -> int:
         """Bytes of a row of `k` values."""
         return k // self.block_values * self.block_bytes
 
 
-#: The types pxvm's kernels decode, by GGML type number.
-QUANT_TYPES: dict[int, QuantType] = {
-    int(t): QuantType(t, *GGML_QUANT_SIZES[t]) for t in (
+#: The types pxvm's kernels decode, by name.
+QUANT_TYPES: dict[str, QuantType] = {
+    t.name: QuantType(t, *GGML_QUANT_SIZES[t]) for t in (
         GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16,
         GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q5_0,
         GGMLQuantizationType.Q5_1, GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q2_K,
@@ -48,21 +51,23 @@ QUANT_TYPES: dict[int, QuantType] = {
 
 
 def supported_names() -> str:
-    return ", ".join(t.name for t in QUANT_TYPES.values())
+    return ", ".join(QUANT_TYPES)
 
 
-def quant_type(code: int) -> QuantType:
-    """The type numbered `code`; ShapeError naming the supported ones if pxvm has no
-    kernel for it."""
-    found = QUANT_TYPES.get(code)
+def quant_type(qtype: str) -> QuantType:
+    """The type named `qtype` (GGML's name, "Q4_K"); ShapeError naming the supported ones
+    if pxvm has no kernel for it."""
+    found = QUANT_TYPES.get(qtype) if isinstance(qtype, str) else None
     if found is None:  # (the message is built only here: this runs at every product)
-        require(False, f"unsupported weight type {code}; supported: "
-                + ", ".join(f"{t.code} ({t.name})" for t in QUANT_TYPES.values()))
+        hint = (" (a type is named, not numbered: GGMLQuantizationType(n).name)"
+                if isinstance(qtype, int) else "")
+        require(False, f"unsupported weight type {qtype!r}{hint}; supported: "
+                + supported_names())
     return found
 
 
-def row_bytes(code: int, k: int) -> int:
-    return quant_type(code).row_bytes(k)
+def row_bytes(qtype: str, k: int) -> int:
+    return quant_type(qtype).row_bytes(k)
 
 
 # The numpy backend would dequantize every weight on every call; keep the result while the
@@ -70,13 +75,13 @@ def row_bytes(code: int, k: int) -> int:
 _dequantized: dict[int, tuple] = {}
 
 
-def dequantize(raw: np.ndarray, code: int, k: int) -> np.ndarray:
+def dequantize(raw: np.ndarray, qtype: str, k: int) -> np.ndarray:
     """(N, K) float32 of the raw (N, row_bytes) uint8 blocks, by gguf's reference code."""
     key = id(raw)
     hit = _dequantized.get(key)
     if hit is not None and hit[0]() is raw:
         return hit[1]
-    out = quants.dequantize(np.asarray(raw, np.uint8), GGMLQuantizationType(code))
+    out = quants.dequantize(np.asarray(raw, np.uint8), quant_type(qtype).ggml)
     out = np.asarray(out, np.float32).reshape(raw.shape[0], k)
     try:
         # the callback holds the dict itself: module globals are gone at interpreter exit
@@ -98,11 +103,11 @@ F16_SCALES = {
 }
 
 
-def random_weight(rng: np.random.Generator, n: int, k: int, code: int) -> np.ndarray:
+def random_weight(rng: np.random.Generator, n: int, k: int, qtype: str) -> np.ndarray:
     """Raw rows (n, row_bytes) of a random weight of any type, made at once (gguf
     quantizes few types, and slowly): random quants with small finite float16 scales, or
     random float rows."""
-    t = quant_type(code)
+    t = quant_type(qtype)
     q = GGMLQuantizationType
     if t.ggml in (q.F32, q.F16, q.BF16):
         values = rng.standard_normal((n, k)).astype(np.float32)

@@ -5,14 +5,13 @@ The references dequantize with the `gguf` package's own code (quant_types.py).""
 from __future__ import annotations
 
 import numpy as np
-from gguf import GGMLQuantizationType
 
 from ..core import tuning
 from .quant_types import dequantize, quant_type, random_weight
 from .registry import meta, op, require
 
 
-def check_weight(w, qtype, k) -> None:
+def check_weight(w, qtype: str, k: int) -> None:
     """ShapeError unless `w` holds the raw rows of a (N, k) weight of type `qtype`."""
     t = quant_type(qtype)
     require(k > 0 and k % t.block_values == 0,
@@ -21,7 +20,7 @@ def check_weight(w, qtype, k) -> None:
             f"{t.name} weight of K={k} needs (N, {t.row_bytes(k)}) bytes, got {tuple(w.shape)}")
 
 
-def infer_product(x, w, qtype=3, k=0):
+def infer_product(x, w, *, qtype, k):
     """Meta of x (M, k) @ W^T for a quantized W (N, k)."""
     check_weight(w, qtype, k)
     require(len(x.shape) == 2 and x.shape[1] == k,
@@ -30,15 +29,15 @@ def infer_product(x, w, qtype=3, k=0):
 
 
 @op(infer=infer_product, input_dtypes=("f32", "u8"))
-def matmul_quant(x, w, qtype=3, k=0, *, backend="auto"):
+def matmul_quant(x, w, *, qtype, k, backend="auto"):
     """x (M, K) @ W^T for W (N, K) stored as raw GGUF blocks (N, row_bytes) of type qtype
-    (a GGML type number, quant_types.QUANT_TYPES)."""
+    (GGML's name: "Q4_K"; quant_types.QUANT_TYPES), rows of k values."""
     # float32 BLAS: a float64 copy of every weight per call made decoding far slower, and
     # sgemm's blocked sums are well within the comparisons' tolerance.
     return np.asarray(np.asarray(x, np.float32) @ dequantize(w, qtype, k).T, np.float32)
 
 
-def _infer_embedding(ids, w, qtype=3, k=0, first_row=0):
+def _infer_embedding(ids, w, *, qtype, k, first_row=0):
     check_weight(w, qtype, k)
     require(len(ids.shape) == 1, f"embedding ids must be 1-D, got {tuple(ids.shape)}")
     require(isinstance(first_row, (int, np.integer)) and 0 <= first_row < 2**31,
@@ -47,7 +46,7 @@ def _infer_embedding(ids, w, qtype=3, k=0, first_row=0):
 
 
 @op(infer=_infer_embedding, input_dtypes=("i32", "u8"))
-def embedding_quant(ids, w, qtype=3, k=0, first_row=0, *, backend="auto"):
+def embedding_quant(ids, w, *, qtype, k, first_row=0, backend="auto"):
     """Rows ids of W (N, K) stored as raw GGUF blocks: (len(ids), K) float32. W may hold
     part of a table, its rows first_row .. first_row + N - 1 (a table too large for one
     GPU buffer comes in parts): ids outside them give rows of zeros, so that the parts'
@@ -62,17 +61,16 @@ def embedding_quant(ids, w, qtype=3, k=0, first_row=0, *, backend="auto"):
 def product_cases(shapes, types=None):
     """Tuning cases of matmul_quant for `shapes` (M, N, K): `types`, else a 4-bit weight
     (Q4_K where K allows, else Q4_0) and a Q8_0 one, each random (random_weight)."""
-    def cases(rng, backend) -> list[tuning.Case]:
+    def cases(rng, backend) -> list[tuning.TuningCase]:
         out = []
         for m, n, k in shapes:
-            four = GGMLQuantizationType.Q4_K if k % 256 == 0 else GGMLQuantizationType.Q4_0
-            for qtype in types or (four, GGMLQuantizationType.Q8_0):
-                w = random_weight(rng, n, k, int(qtype))
+            for qtype in types or ("Q4_K" if k % 256 == 0 else "Q4_0", "Q8_0"):
+                w = random_weight(rng, n, k, qtype)
                 x = rng.standard_normal((m, k), np.float32)
                 tx, tw = backend.from_numpy(x), backend.from_numpy(w)
-                out.append(tuning.Case(
-                    f"{qtype.name} {m}x{k} @ {n}x{k}^T",
-                    lambda tx=tx, tw=tw, q=int(qtype), k=k: matmul_quant(tx, tw, qtype=q, k=k),
-                    matmul_quant.reference(x, w, qtype=int(qtype), k=k), 1e-5))
+                out.append(tuning.TuningCase(
+                    f"{qtype} {m}x{k} @ {n}x{k}^T",
+                    lambda tx=tx, tw=tw, q=qtype, k=k: matmul_quant(tx, tw, qtype=q, k=k),
+                    matmul_quant.reference(x, w, qtype=qtype, k=k), 1e-5))
         return out
     return cases

@@ -8,7 +8,7 @@ result's shape is inferred:
         return np.where(x < 0, np.float32(0), x)
 
 The function's body is the reference; its signature is the op's. Backends register
-their kernels for it (`@relu.kernel("webgpu")`, in their own packages). A fused op also
+their kernels for it (`@relu.kernel(name)`, in their own packages). A fused op also
 names its `decomposition`: a function of the same signature that computes it with
 other ops, which backends without the fused kernel run.
 
@@ -18,9 +18,9 @@ there, checks the operands once for every backend (`infer`, which raises ShapeEr
 and runs it: the reference on the host arrays where the backend has no recording
 context (numpy), else the backend's kernel, which records into the context; without
 one, the decomposition; without that, the reference recorded where the backend's
-tensors are host arrays (the fast CPU one), and elsewhere a MissingKernelError. The
+tensors are host arrays, and elsewhere a MissingKernelError. The
 reference never sees `backend`. Inputs are the leading parameters without defaults; the
-others are parameters.
+others are parameters, keyword-only ones without a default required (a weight's type).
 """
 
 from __future__ import annotations
@@ -88,7 +88,8 @@ class Op(Generic[P]):
         self.signature = full.replace(parameters=[p for p in full.parameters.values()
                                                   if p.name != "backend"])
         self.inputs = [p.name for p in self.signature.parameters.values()
-                       if p.default is inspect.Parameter.empty]
+                       if p.default is inspect.Parameter.empty
+                       and p.kind is not inspect.Parameter.KEYWORD_ONLY]
         allowed = input_dtypes or (dtypes,) * len(self.inputs)
         if len(allowed) != len(self.inputs):
             raise TypeError(f"op {self.name}: input_dtypes names {len(allowed)} inputs, it "
@@ -99,15 +100,19 @@ class Op(Generic[P]):
         self.kernels: dict[str, Callable] = {}
         self.decomposition = decomposition
         # bind()'s fast path: parameters by name, those a call may give by position, the
-        # defaults (signatures with *args, **kwargs or positional-only names take inspect's)
+        # parameters in order with their defaults (signatures with *args, **kwargs or
+        # positional-only names take inspect's)
         kinds = {p.kind for p in self.signature.parameters.values()}
         self._simple = kinds <= {inspect.Parameter.POSITIONAL_OR_KEYWORD,
                                  inspect.Parameter.KEYWORD_ONLY}
         self._names = frozenset(self.signature.parameters)
         self._positional = [p.name for p in self.signature.parameters.values()
                             if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
-        self._defaults = {p.name: p.default for p in self.signature.parameters.values()
-                          if p.default is not inspect.Parameter.empty}
+        self._params = {p.name: p.default for p in self.signature.parameters.values()
+                        if p.name not in self.inputs}
+        #: parameters a call must name (keyword-only, without a default: a weight's type)
+        self._required = [name for name, default in self._params.items()
+                          if default is inspect.Parameter.empty]
 
     def kernel(self, backend_name: str):
         """Decorator: `fn(context, *tensors, **params)` becomes this op's kernel on
@@ -130,19 +135,19 @@ class Op(Generic[P]):
         if self._simple and len(args) <= len(self._positional):
             values = dict(zip(self._positional, args))
             if (all(k in self._names and k not in values for k in kwargs)
-                    and all(n in values or n in kwargs for n in self.inputs)):
+                    and all(n in values or n in kwargs for n in self.inputs)
+                    and all(n in kwargs for n in self._required)):
                 values.update(kwargs)
                 return ([values[n] for n in self.inputs],
-                        {n: values.get(n, d) for n, d in self._defaults.items()})
+                        {n: values.get(n, d) for n, d in self._params.items()})
         # anything else (a wrong call included) as inspect binds it, with its errors
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as exc:
             raise TypeError(f"{self.name}{self.signature}: {exc}") from None
         bound.apply_defaults()
-        values = list(bound.arguments.items())
-        n = len(self.inputs)
-        return [v for _, v in values[:n]], dict(values[n:])
+        return ([bound.arguments[n] for n in self.inputs],
+                {n: bound.arguments[n] for n in self._params})
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Tensor:
         backend = kwargs.pop("backend", "auto")
@@ -162,12 +167,12 @@ class Op(Generic[P]):
         target = backend_for(self.name, inputs, backend)
         tensors = [_on_backend(x, target) for x in inputs]
         shape = self.infer(tensors, params)
-        context = target.context()
         if self.implementation(target) == "decomposed":
             with Batch(target) as decomposed:
                 out = self.decomposition(*tensors, **params)
             decomposed.execute()
             return out
+        context = target.context()
         out = self.run(target, context, tensors, params, shape)
         if context is not None:
             context.submit()

@@ -35,43 +35,43 @@ WEIGHT_INPUTS = ("f32", "f32", "u8")  # x, gain, W
 GLU_ACTIVATIONS = {"silu": silu, "gelu_tanh": gelu_tanh}
 
 
-def _infer_norm_product(x, gain, w, qtype=3, k=0, eps=1e-6):
+def _infer_norm_product(x, gain, w, *, qtype, k, eps=1e-6):
     require(tuple(gain.shape) == (k,), f"the norm's gain must have shape ({k},), got "
             f"{tuple(gain.shape)}")
-    return infer_product(x, w, qtype, k)
+    return infer_product(x, w, qtype=qtype, k=k)
 
 
-def _norm_then_product(x, gain, w, qtype=3, k=0, eps=1e-6):
+def _norm_then_product(x, gain, w, *, qtype, k, eps=1e-6):
     return matmul_quant(rmsnorm(x, gain, eps=eps), w, qtype=qtype, k=k)
 
 
 @op(infer=_infer_norm_product, input_dtypes=WEIGHT_INPUTS, decomposition=_norm_then_product)
-def rmsnorm_matmul_quant(x, gain, w, qtype=3, k=0, eps=1e-6, *, backend="auto"):
+def rmsnorm_matmul_quant(x, gain, w, *, qtype, k, eps=1e-6, backend="auto"):
     """rmsnorm(x, gain, eps) @ W^T for W stored as raw GGUF blocks."""
-    return matmul_quant.reference(rmsnorm.reference(x, gain, eps), w, qtype, k)
+    return matmul_quant.reference(rmsnorm.reference(x, gain, eps), w, qtype=qtype, k=k)
 
 
-def _infer_product_add(x, w, residual, qtype=3, k=0):
-    m = infer_product(x, w, qtype, k)
+def _infer_product_add(x, w, residual, *, qtype, k):
+    m = infer_product(x, w, qtype=qtype, k=k)
     require(tuple(residual.shape) == m.shape,
             f"matmul_quant_add: the residual must have shape {m.shape}, got {tuple(residual.shape)}")
     return m
 
 
-def _product_then_add(x, w, residual, qtype=3, k=0):
+def _product_then_add(x, w, residual, *, qtype, k):
     return add(residual, matmul_quant(x, w, qtype=qtype, k=k))
 
 
 @op(infer=_infer_product_add, input_dtypes=("f32", "u8", "f32"),
     decomposition=_product_then_add)
-def matmul_quant_add(x, w, residual, qtype=3, k=0, *, backend="auto"):
+def matmul_quant_add(x, w, residual, *, qtype, k, backend="auto"):
     """residual + x @ W^T for W stored as raw GGUF blocks."""
-    return np.asarray(np.asarray(residual, np.float32) + matmul_quant.reference(x, w, qtype, k),
-                      np.float32)
+    return np.asarray(np.asarray(residual, np.float32)
+                      + matmul_quant.reference(x, w, qtype=qtype, k=k), np.float32)
 
 
-def _infer_glu(x, gain, w, qtype=3, k=0, eps=1e-6, activation="silu"):
-    m = _infer_norm_product(x, gain, w, qtype, k, eps)
+def _infer_glu(x, gain, w, *, qtype, k, eps=1e-6, activation="silu"):
+    m = _infer_norm_product(x, gain, w, qtype=qtype, k=k, eps=eps)
     require(w.shape[0] % 2 == 0, f"rmsnorm_glu_quant: W must stack the gate and up rows "
             f"(an even row count), got {w.shape[0]} rows")
     require(activation in GLU_ACTIVATIONS, f"rmsnorm_glu_quant: activation must be one of "
@@ -79,20 +79,20 @@ def _infer_glu(x, gain, w, qtype=3, k=0, eps=1e-6, activation="silu"):
     return meta((m.shape[0], m.shape[1] // 2), np.float32)
 
 
-def _norm_product_then_glu(x, gain, w, qtype=3, k=0, eps=1e-6, activation="silu"):
-    both = _norm_then_product(x, gain, w, qtype, k, eps)
+def _norm_product_then_glu(x, gain, w, *, qtype, k, eps=1e-6, activation="silu"):
+    both = _norm_then_product(x, gain, w, qtype=qtype, k=k, eps=eps)
     f = w.shape[0] // 2
     act = GLU_ACTIVATIONS[activation]
     return mul(act(slice_columns(both, 0, f)), slice_columns(both, f, 2 * f))
 
 
 @op(infer=_infer_glu, input_dtypes=WEIGHT_INPUTS, decomposition=_norm_product_then_glu)
-def rmsnorm_glu_quant(x, gain, w, qtype=3, k=0, eps=1e-6, activation="silu", *,
+def rmsnorm_glu_quant(x, gain, w, *, qtype, k, eps=1e-6, activation="silu",
                       backend="auto"):
     """act(h @ Wg^T) * (h @ Wu^T), h = rmsnorm(x, gain, eps), for W = [Wg; Wu] (2F rows
     of raw GGUF blocks: the gate's F rows, then the up projection's F rows); act is silu
     (SwiGLU) or gelu_tanh (GeGLU)."""
-    both = matmul_quant.reference(rmsnorm.reference(x, gain, eps), w, qtype, k)
+    both = matmul_quant.reference(rmsnorm.reference(x, gain, eps), w, qtype=qtype, k=k)
     f = w.shape[0] // 2
     act = GLU_ACTIVATIONS[activation]
     return np.asarray(act.reference(both[:, :f]) * both[:, f:], np.float32)
@@ -247,8 +247,8 @@ def attention_cached(qkv, k_cache, v_cache, state, n_heads=1, theta=10000.0,
     return out.reshape(s, n_heads * d).astype(np.float32)
 
 
-def _infer_cached_product(qkv, k_cache, v_cache, state, w, residual, n_heads=1, theta=10000.0,
-                          style="interleaved", scale=None, max_keys=None, qtype=3, k=0,
+def _infer_cached_product(qkv, k_cache, v_cache, state, w, residual, *, qtype, k, n_heads=1,
+                          theta=10000.0, style="interleaved", scale=None, max_keys=None,
                           freq_factors=None, attn_factor=1.0, softcap=0.0, window=0):
     att = _infer_cached(qkv, k_cache, v_cache, state, n_heads, theta, style, scale, max_keys,
                         freq_factors, attn_factor, softcap, window)
@@ -257,9 +257,9 @@ def _infer_cached_product(qkv, k_cache, v_cache, state, w, residual, n_heads=1, 
     return matmul_quant_add.infer([att, w, residual], {"qtype": qtype, "k": k})
 
 
-def _attention_then_product(qkv, k_cache, v_cache, state, w, residual, n_heads=1,
-                            theta=10000.0, style="interleaved", scale=None, max_keys=None,
-                            qtype=3, k=0, freq_factors=None, attn_factor=1.0, softcap=0.0,
+def _attention_then_product(qkv, k_cache, v_cache, state, w, residual, *, qtype, k,
+                            n_heads=1, theta=10000.0, style="interleaved", scale=None,
+                            max_keys=None, freq_factors=None, attn_factor=1.0, softcap=0.0,
                             window=0):
     att = attention_cached(qkv, k_cache, v_cache, state, n_heads=n_heads, theta=theta,
                            style=style, scale=scale, max_keys=max_keys,
@@ -270,14 +270,14 @@ def _attention_then_product(qkv, k_cache, v_cache, state, w, residual, n_heads=1
 
 @op(infer=_infer_cached_product, input_dtypes=("f32", "f32", "f32", "i32", "u8", "f32"),
     decomposition=_attention_then_product)
-def attention_cached_matmul_quant_add(qkv, k_cache, v_cache, state, w, residual, n_heads=1,
-                                      theta=10000.0, style="interleaved", scale=None,
-                                      max_keys=None, qtype=3, k=0, freq_factors=None,
-                                      attn_factor=1.0, softcap=0.0, window=0, *,
+def attention_cached_matmul_quant_add(qkv, k_cache, v_cache, state, w, residual, *, qtype,
+                                      k, n_heads=1, theta=10000.0, style="interleaved",
+                                      scale=None, max_keys=None, freq_factors=None,
+                                      attn_factor=1.0, softcap=0.0, window=0,
                                       backend="auto"):
     """residual + attention_cached(qkv, caches, state, ...) @ W^T, W raw GGUF blocks: a
     layer's attention with its output projection (the caches are written in place)."""
     att = attention_cached.reference(qkv, k_cache, v_cache, state, n_heads, theta, style,
                                      scale, max_keys, freq_factors, attn_factor, softcap,
                                      window)
-    return matmul_quant_add.reference(att, w, residual, qtype, k)
+    return matmul_quant_add.reference(att, w, residual, qtype=qtype, k=k)

@@ -2,7 +2,7 @@
 one backend, next to numpy's and PyTorch's time for the same work, and pxvm's result
 checked against the op's numpy reference (`op.reference`) in the same run.
 
-A `Case` says how to benchmark one op at a shape: its inputs, the work one run does
+A `BenchCase` says how to benchmark one op at a shape: its inputs, the work one run does
 (FLOPs, or bytes moved for memory-bound ops), the numpy and torch code that does the
 same work, and the NMSE a correct kernel stays under. `CASES` is the table of them;
 `plan` picks cases and shapes, `run_case` times one, `environment` describes the
@@ -13,6 +13,9 @@ pxvm's: the GPU's own clock where the backend has one (WebGPU timestamp queries,
 events around the batch's launches; readbacks are outside), else the host clock around
 the op (the CPU backends). numpy's: the host clock. torch's: CUDA events on torch's GPU
 when it has one, else the host clock around torch on the CPU.
+
+Its length is the CASES table: one entry per op family with its peers' code, which reads
+best side by side; the machinery around it is short.
 """
 
 from __future__ import annotations
@@ -187,7 +190,7 @@ Inputs = tuple[list[np.ndarray], dict]
 
 
 @dataclass(frozen=True)
-class Case:
+class BenchCase:
     """How to benchmark op `op` (a name in pxvm.ops.REGISTRY) at a shape."""
 
     name: str                                  # what --ops names
@@ -323,14 +326,14 @@ def _torch_rmsnorm(peer, arrays, params):
 
 
 # quantized matrix-vector products: shape (N, K), x (1, K)
-def quantized_weight(n: int, k: int, qtype: int, rng: np.random.Generator) -> np.ndarray:
+def quantized_weight(n: int, k: int, qtype: str, rng: np.random.Generator) -> np.ndarray:
     """Raw GGUF rows (N, row_bytes) of a random (N, K) weight: the `gguf` package's
     quantizer where it has one, else (K-quants) random bytes with sane scales."""
     t = quant_type(qtype)
     if k % t.block_values:
         raise Skip(f"{t.name} rows need K divisible by {t.block_values}, not {k}")
     try:
-        raw = quants.quantize(_normal(rng, (n, k)), GGMLQuantizationType(qtype))
+        raw = quants.quantize(_normal(rng, (n, k)), t.ggml)
         return np.ascontiguousarray(raw).view(np.uint8).reshape(n, t.row_bytes(k))
     except NotImplementedError:
         pass
@@ -346,7 +349,7 @@ def quantized_weight(n: int, k: int, qtype: int, rng: np.random.Generator) -> np
     return raw.reshape(n, t.row_bytes(k))
 
 
-def _quant_case_parts(qtype: int):
+def _quant_case_parts(qtype: str):
     t = quant_type(qtype)
 
     def make(shape, rng) -> Inputs:
@@ -441,8 +444,8 @@ def _attention_kv_bytes(shape) -> float:
     return 2.0 * 4 * s * hkv * d  # float32 keys and values read once
 
 
-def _attention_case(name: str, op: str, prompt: bool, dtype, default, quick) -> Case:
-    return Case(
+def _attention_case(name: str, op: str, prompt: bool, dtype, default, quick) -> BenchCase:
+    return BenchCase(
         name=name, op=op,
         size_means="tokens of a causal prompt" if prompt else "cached keys one query attends",
         from_size=lambda s: (s, *ATTENTION_HEADS), default=default, quick=quick,
@@ -460,9 +463,9 @@ def _square(n: int) -> tuple:
     return (n, n, n)
 
 
-def _quant_case(name: str, qtype: int) -> Case:
+def _quant_case(name: str, qtype: str) -> BenchCase:
     make, label, weight_bytes, numpy_peer, torch_peer_fn = _quant_case_parts(qtype)
-    return Case(
+    return BenchCase(
         name=name, op="matmul_quant", size_means="N = K of a square weight",
         from_size=lambda n: (n, n),
         default=((4096, 4096), (11008, 4096), (4096, 11008)), quick=((512, 512),),
@@ -472,44 +475,44 @@ def _quant_case(name: str, qtype: int) -> Case:
                   "multiply by the weight dequantized to float32 once")
 
 
-CASES: dict[str, Case] = {c.name: c for c in (
-    Case("matmul", "matmul", "n of an n x n x n product", _square,
-         default=(_square(1024), _square(2048), _square(4096), (4096, 11008, 4096)),
-         quick=(_square(128), _square(256), (32, 576, 1536)),
-         label=_matmul_label, make=_matmul_inputs, work=_matmul_flops, unit="FLOP",
-         numpy_peer=_numpy_matmul, torch_peer=_torch_matmul),
-    Case("matmul_f16", "matmul_f16", "n of an n x n x n product (B as (N, K))", _square,
-         default=(_square(1024), _square(2048), _square(4096), (4096, 11008, 4096)),
-         quick=(_square(128), _square(256)),
-         label=_matmul_label, make=_matmul_f16_inputs, work=_matmul_flops, unit="FLOP",
-         numpy_peer=_numpy_matmul, torch_peer=_torch_matmul,
-         peer_note="numpy (and torch on the CPU) multiply float32 copies"),
-    Case("dot", "dot", "elements", lambda n: (n,),
-         default=((1 << 20,), (1 << 24,), (1 << 26,)), quick=((1 << 16,),),
-         label=_elements_label, make=_two_inputs, work=lambda s: 8.0 * s[0], unit="B",
-         numpy_peer=lambda arrays, params: lambda: np.dot(*arrays),
-         torch_peer=_torch_dot),
-    Case("add", "add", "elements", lambda n: (n,),
-         default=((1 << 20,), (1 << 24,), (1 << 26,)), quick=((1 << 16,),),
-         label=_elements_label, make=_two_inputs, work=lambda s: 12.0 * s[0], unit="B",
-         numpy_peer=lambda arrays, params: lambda: np.add(*arrays),
-         torch_peer=_torch_add),
-    Case("silu", "silu", "elements", lambda n: (n,),
-         default=((1 << 20,), (1 << 24,), (1 << 26,)), quick=((1 << 16,),),
-         label=_elements_label, make=_one_input, work=lambda s: 8.0 * s[0], unit="B",
-         numpy_peer=_numpy_silu,
-         torch_peer=_torch_silu),
-    Case("softmax", "softmax", f"rows of {ROW}", lambda n: (n, ROW),
-         default=((256, ROW), (4096, ROW), (16384, ROW)), quick=((16, ROW),),
-         label=_rows_label, make=_one_input, work=lambda s: 8.0 * s[0] * s[1], unit="B",
-         numpy_peer=_numpy_softmax,
-         torch_peer=_torch_softmax),
-    Case("rmsnorm", "rmsnorm", f"rows of {ROW}", lambda n: (n, ROW),
-         default=((256, ROW), (4096, ROW), (16384, ROW)), quick=((16, ROW),),
-         label=_rows_label, make=_rmsnorm_inputs, work=lambda s: 8.0 * s[0] * s[1] + 4.0 * s[1],
-         unit="B", numpy_peer=_numpy_rmsnorm, torch_peer=_torch_rmsnorm),
-    _quant_case("matmul_quant_q8_0", int(GGMLQuantizationType.Q8_0)),
-    _quant_case("matmul_quant_q4_k", int(GGMLQuantizationType.Q4_K)),
+CASES: dict[str, BenchCase] = {c.name: c for c in (
+    BenchCase("matmul", "matmul", "n of an n x n x n product", _square,
+              default=(_square(1024), _square(2048), _square(4096), (4096, 11008, 4096)),
+              quick=(_square(128), _square(256), (32, 576, 1536)),
+              label=_matmul_label, make=_matmul_inputs, work=_matmul_flops, unit="FLOP",
+              numpy_peer=_numpy_matmul, torch_peer=_torch_matmul),
+    BenchCase("matmul_f16", "matmul_f16", "n of an n x n x n product (B as (N, K))", _square,
+              default=(_square(1024), _square(2048), _square(4096), (4096, 11008, 4096)),
+              quick=(_square(128), _square(256)),
+              label=_matmul_label, make=_matmul_f16_inputs, work=_matmul_flops, unit="FLOP",
+              numpy_peer=_numpy_matmul, torch_peer=_torch_matmul,
+              peer_note="numpy (and torch on the CPU) multiply float32 copies"),
+    BenchCase("dot", "dot", "elements", lambda n: (n,),
+              default=((1 << 20,), (1 << 24,), (1 << 26,)), quick=((1 << 16,),),
+              label=_elements_label, make=_two_inputs, work=lambda s: 8.0 * s[0], unit="B",
+              numpy_peer=lambda arrays, params: lambda: np.dot(*arrays),
+              torch_peer=_torch_dot),
+    BenchCase("add", "add", "elements", lambda n: (n,),
+              default=((1 << 20,), (1 << 24,), (1 << 26,)), quick=((1 << 16,),),
+              label=_elements_label, make=_two_inputs, work=lambda s: 12.0 * s[0], unit="B",
+              numpy_peer=lambda arrays, params: lambda: np.add(*arrays),
+              torch_peer=_torch_add),
+    BenchCase("silu", "silu", "elements", lambda n: (n,),
+              default=((1 << 20,), (1 << 24,), (1 << 26,)), quick=((1 << 16,),),
+              label=_elements_label, make=_one_input, work=lambda s: 8.0 * s[0], unit="B",
+              numpy_peer=_numpy_silu,
+              torch_peer=_torch_silu),
+    BenchCase("softmax", "softmax", f"rows of {ROW}", lambda n: (n, ROW),
+              default=((256, ROW), (4096, ROW), (16384, ROW)), quick=((16, ROW),),
+              label=_rows_label, make=_one_input, work=lambda s: 8.0 * s[0] * s[1], unit="B",
+              numpy_peer=_numpy_softmax,
+              torch_peer=_torch_softmax),
+    BenchCase("rmsnorm", "rmsnorm", f"rows of {ROW}", lambda n: (n, ROW),
+              default=((256, ROW), (4096, ROW), (16384, ROW)), quick=((16, ROW),),
+              label=_rows_label, make=_rmsnorm_inputs, work=lambda s: 8.0 * s[0] * s[1] + 4.0 * s[1],
+              unit="B", numpy_peer=_numpy_rmsnorm, torch_peer=_torch_rmsnorm),
+    _quant_case("matmul_quant_q8_0", "Q8_0"),
+    _quant_case("matmul_quant_q4_k", "Q4_K"),
     _attention_case("attention", "attention", prompt=False, dtype=np.float32,
                     default=tuple((s, *ATTENTION_HEADS) for s in (1024, 4096, 16384)),
                     quick=((64, *QUICK_ATTENTION_HEADS),)),
@@ -519,7 +522,7 @@ CASES: dict[str, Case] = {c.name: c for c in (
 )}
 
 
-def select(names: list[str] | None) -> list[Case]:
+def select(names: list[str] | None) -> list[BenchCase]:
     """The cases `names` ask for (a case's name, or an op's name for all its cases), in
     the table's order; every case without names. ValueError names the unknown ones."""
     if not names:
@@ -531,8 +534,8 @@ def select(names: list[str] | None) -> list[Case]:
     return [c for c in CASES.values() if c.name in names or c.op in names]
 
 
-def plan(cases: list[Case], sizes: list[int] | None = None,
-         quick: bool = False) -> list[tuple[Case, tuple]]:
+def plan(cases: list[BenchCase], sizes: list[int] | None = None,
+         quick: bool = False) -> list[tuple[BenchCase, tuple]]:
     """(case, shape) pairs to run: each case at `sizes` (each a number the case reads as
     `size_means`), else at its quick or default shapes."""
     return [(c, shape) for c in cases
@@ -612,7 +615,7 @@ def _fits(backend: Backend, arrays: list[np.ndarray]) -> None:
                    f"{limit / 2**20:,.0f} MiB a tensor")
 
 
-def run_case(case: Case, shape: tuple, backend: Backend, repeats: int,
+def run_case(case: BenchCase, shape: tuple, backend: Backend, repeats: int,
              rng: np.random.Generator, peer: TorchPeer | None = None) -> Row:
     """Time `case` at `shape` on `backend`, numpy and the torch peer, and check pxvm's
     result against the op's reference. Never raises for a missing op, kernel, or a shape
@@ -636,7 +639,7 @@ def run_case(case: Case, shape: tuple, backend: Backend, repeats: int,
     return row
 
 
-def _time_pxvm_and_check(row: Row, case: Case, arrays, params, backend, repeats) -> None:
+def _time_pxvm_and_check(row: Row, case: BenchCase, arrays, params, backend, repeats) -> None:
     op = REGISTRY.get(case.op)
     try:
         if op is None:

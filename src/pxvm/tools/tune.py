@@ -54,7 +54,7 @@ def _nmse(got: np.ndarray, expected: np.ndarray) -> float:
     return float(np.sum(diff * diff) / max(float(np.sum(expected * expected)), 1e-30))
 
 
-def _time_case(backend: Backend, case: tuning.Case, repeats: int) -> float:
+def _time_case(backend: Backend, case: tuning.TuningCase, repeats: int) -> float:
     samples = []
     for i in range(repeats + 1):
         t0 = time.perf_counter()

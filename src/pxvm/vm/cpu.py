@@ -29,8 +29,8 @@ EXACT_K = 256
 
 
 #: Exact integer products run in float32 BLAS blocks or in pxvm.backends.cpu.kernels.integer
-#: (numba; about twice as fast). numba and its cached kernels take about half a second
-#: to load into a new process, which one program's products never win back: a process
+#: (numba; faster: benchmarks/cpu/pxvm_executor.py). numba and its cached kernels are
+#: slow to load into a new process, which one program's products never win back: a process
 #: loads them once its products have spent INTEGER_KERNELS_AFTER_SECONDS in BLAS (a
 #: server, a benchmark), or finds them loaded (the CPU backend); then every product and
 #: dot of at least INTEGER_KERNELS_MIN_WORK multiply-adds uses them.

@@ -2,7 +2,7 @@
 so a browser can replay it with its own WebGPU.
 
 A `PlanDevice` stands in for the runtime's Device behind the WebGPU backend's own
-recording context (pxvm.backends.WebGPUContext): the ops' WebGPU kernels and
+recording context (pxvm.backends.webgpu): the ops' WebGPU kernels and
 `pxvm.vm.record_program` record into it exactly what they record on a GPU, and the page
 only replays buffers, pipelines and workgroup counts. `conformance_plan(case_id)` runs a
 case of cases.py through its op's kernel on fresh random inputs and attaches the numpy

@@ -42,6 +42,33 @@ def test_ops_in_a_batch_run_at_execute_in_the_order_recorded(rng):
     np.testing.assert_array_equal(batch.read(z), np.maximum(x, 0) ** 2)
 
 
+@pytest.mark.parametrize("kind", ["capture", "timestamps", "profile"])
+def test_flush_leaves_capturing_timed_and_profiled_batches_one_submit(kind, rng):
+    x = rng.standard_normal((4, 6)).astype(np.float32)
+    batch = Batch("cpu", **{kind: True})
+    with batch:
+        y = pxvm.ops.mul(x, x)
+        batch.flush()
+        assert np.isnan(y.storage).all()     # still recorded, not run
+        z = pxvm.ops.mul(y, y)
+    if kind == "capture":
+        captured = batch.capture()
+        assert len(captured) == 2
+        captured.encode([z]).submit()
+    else:
+        batch.execute()
+    np.testing.assert_array_equal(z.storage, (x * x) * (x * x))
+
+
+def test_flush_runs_what_a_plain_batch_recorded_so_far(rng):
+    x = rng.standard_normal((4, 6)).astype(np.float32)
+    with Batch("cpu") as batch:
+        y = pxvm.ops.mul(x, x)
+        batch.flush()
+        np.testing.assert_array_equal(y.storage, x * x)
+    batch.execute()
+
+
 def test_in_place_ops_return_their_own_tensor():
     state = pxvm.tensor(np.array([0, 3, 0, 0], np.int32), backend="cpu")
     logits = pxvm.tensor(np.array([0.5, 2.0, -1.0], np.float32), backend="cpu")
@@ -69,14 +96,14 @@ def test_a_graph_replays_its_calls_reading_the_state_each_run():
 
 def test_writing_a_weight_drops_its_packed_form(rng):
     k = 64
-    first, second = (quantize(rng.standard_normal((5, k)).astype(np.float32), 3) for _ in "ab")
+    first, second = (quantize(rng.standard_normal((5, k)).astype(np.float32), "Q4_1") for _ in "ab")
     x = rng.standard_normal((1, k)).astype(np.float32)
     w = pxvm.tensor(first, backend="cpu")
-    before = pxvm.ops.matmul_quant(x, w, qtype=3, k=k).numpy()
-    np.testing.assert_allclose(before, x @ dequantize(first, 3, k).T, rtol=1e-4, atol=1e-4)
+    before = pxvm.ops.matmul_quant(x, w, qtype="Q4_1", k=k).numpy()
+    np.testing.assert_allclose(before, x @ dequantize(first, "Q4_1", k).T, rtol=1e-4, atol=1e-4)
     w.write(second)
-    after = pxvm.ops.matmul_quant(x, w, qtype=3, k=k).numpy()
-    np.testing.assert_allclose(after, x @ dequantize(second, 3, k).T, rtol=1e-4, atol=1e-4)
+    after = pxvm.ops.matmul_quant(x, w, qtype="Q4_1", k=k).numpy()
+    np.testing.assert_allclose(after, x @ dequantize(second, "Q4_1", k).T, rtol=1e-4, atol=1e-4)
 
 
 def test_profiled_and_timed_batches_report_their_calls(rng):
@@ -133,8 +160,8 @@ def test_tensors_copy_between_the_cpu_backends(src, dst, rng):
 
 def test_a_backend_object_of_its_own_keeps_its_own_packed_weights(rng):
     mine = CpuBackend()
-    raw = quantize(rng.standard_normal((3, 32)).astype(np.float32), 3)
+    raw = quantize(rng.standard_normal((3, 32)).astype(np.float32), "Q4_1")
     x = rng.standard_normal((1, 32)).astype(np.float32)
-    got = pxvm.ops.matmul_quant(x, raw, qtype=3, k=32, backend=mine)
+    got = pxvm.ops.matmul_quant(x, raw, qtype="Q4_1", k=32, backend=mine)
     assert got.backend is mine
-    np.testing.assert_allclose(got.numpy(), x @ dequantize(raw, 3, 32).T, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got.numpy(), x @ dequantize(raw, "Q4_1", 32).T, rtol=1e-4, atol=1e-4)

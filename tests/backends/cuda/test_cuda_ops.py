@@ -167,8 +167,8 @@ def test_a_graph_repacks_a_weight_once_outside_the_graph(cuda_device, rng):
     x_values = rng.standard_normal((1, k)).astype(np.float32)
     x = pxvm.tensor(x_values, backend="cuda")
     tw = pxvm.tensor(w, backend="cuda")
-    graph = Graph(cuda_device, lambda: {"y": pxvm.ops.matmul_quant(x, tw, qtype=8, k=k)})
-    expected = pxvm.ops.matmul_quant.reference(x_values, w, qtype=8, k=k)
+    graph = Graph(cuda_device, lambda: {"y": pxvm.ops.matmul_quant(x, tw, qtype="Q8_0", k=k)})
+    expected = pxvm.ops.matmul_quant.reference(x_values, w, qtype="Q8_0", k=k)
     assert graph.dispatches == 1  # the product only: the repack ran when it was recorded
     for _ in range(2):
         assert_close(graph.run("y")["y"], expected, 1e-5)

@@ -35,9 +35,8 @@ def _matvec(forced, qtype, prefetch, shape=None):
     forced(quantized_module.matvec_tuned(qtype), (*shape, prefetch))
 
 TYPES = sorted(FORMATS)
-IDS = [FORMATS[t][0] for t in TYPES]
-K_TYPES = (10, 11, 12, 13, 14)
-FLOATS = (0, 1, 30)
+K_TYPES = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+FLOATS = ("F32", "F16", "BF16")
 # The matrix-vector kernel sums float32 products of the exact weights (about 1e-12 from
 # float64): the elementwise bound, which one wrong group of 16 values already breaks. The
 # prompts' path rounds x and W to float16 (about 2e-7): the quant tests' bound.
@@ -45,12 +44,12 @@ MATVEC_NMSE = NMSE_ELEMENTWISE
 PROMPT_NMSE = NMSE_LONG / 50
 
 
-def _k(qtype: int, blocks: int = 3) -> int:
+def _k(qtype: str, blocks: int = 3) -> int:
     """K of several blocks (super-blocks of 256 for the K types)."""
     return blocks * (256 if qtype in K_TYPES else 32)
 
 
-def _weight(rng, qtype: int, n: int, k: int) -> np.ndarray:
+def _weight(rng, qtype: str, n: int, k: int) -> np.ndarray:
     if qtype in K_TYPES:
         return random_blocks(n, k, qtype, rng, k ** -0.5)
     return quantize(rng.standard_normal((n, k)).astype(np.float32) * k ** -0.5, qtype)
@@ -67,10 +66,10 @@ def _product(x, w, qtype, k):
 
 
 def test_the_kernels_block_table_agrees_with_quant_types():
-    # the kernels layer keeps its own table (it may not import ops)
+    # the kernels keep their own table, of the fields they read
     assert sorted(quant_blocks.FORMATS) == sorted(quant_types.QUANT_TYPES)
-    for code, t in quant_types.QUANT_TYPES.items():
-        fmt = quant_blocks.FORMATS[code]
+    for name, t in quant_types.QUANT_TYPES.items():
+        fmt = quant_blocks.FORMATS[name]
         assert fmt.name == t.name
         if fmt.is_float:  # read as blocks of 32 values
             assert fmt.block_bytes == 32 * t.block_bytes and t.block_values == 1
@@ -80,7 +79,7 @@ def test_the_kernels_block_table_agrees_with_quant_types():
             assert fmt.planes == (fmt.block_bytes % 16 != 0)
 
 
-@pytest.mark.parametrize("qtype", TYPES, ids=IDS)
+@pytest.mark.parametrize("qtype", TYPES)
 @pytest.mark.parametrize("m", [1, 3])
 def test_matrix_vector_products_match_float64(cuda_device, rng, qtype, m):
     n, k = 37, _k(qtype)  # 37 outputs: not a multiple of any block's
@@ -89,7 +88,7 @@ def test_matrix_vector_products_match_float64(cuda_device, rng, qtype, m):
     assert_close(_product(x, w, qtype, k), _expected(x, w, qtype, k), MATVEC_NMSE)
 
 
-@pytest.mark.parametrize("qtype", [8, 12], ids=["Q8_0", "Q4_K"])
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K"])
 @pytest.mark.parametrize("m,n,blocks", [(1, 4096, 16), (2, 11008, 1), (3, 300, 4), (1, 5, 17),
                                           (1, 9, 43)])  # K = 11008: two passes
 def test_decoding_shapes(cuda_device, rng, qtype, m, n, blocks):
@@ -99,7 +98,7 @@ def test_decoding_shapes(cuda_device, rng, qtype, m, n, blocks):
     assert_close(_product(x, w, qtype, k), _expected(x, w, qtype, k), MATVEC_NMSE)
 
 
-@pytest.mark.parametrize("qtype", quant_blocks.FORMATS, ids=lambda c: FORMATS[c][0])
+@pytest.mark.parametrize("qtype", quant_blocks.FORMATS)
 def test_one_block_and_one_row(cuda_device, rng, qtype):
     k = _k(qtype, 1)
     w = _weight(rng, qtype, 1, k)
@@ -113,7 +112,7 @@ def test_one_block_and_one_row(cuda_device, rng, qtype):
 
 @pytest.mark.parametrize("prefetch", ptx_quantized.PREFETCHES)
 @pytest.mark.parametrize("shape", ptx_quantized.SHAPES, ids=lambda s: f"r{s[0]}g{s[1]}")
-@pytest.mark.parametrize("qtype", ptx_quantized.SWEPT, ids=lambda c: FORMATS[c][0])
+@pytest.mark.parametrize("qtype", ptx_quantized.SWEPT)
 def test_every_swept_shape_of_the_kernel(cuda_device, rng, qtype, shape, prefetch,
                                          forced):
     if prefetch == "lines" and shape != ptx_quantized.DEFAULT_SHAPE:
@@ -138,7 +137,7 @@ def _product_and_kernels(backend, x, w, qtype, k) -> tuple[np.ndarray, list[str]
     return batch.read(got), [name for name, _ in batch.profile]
 
 
-@pytest.mark.parametrize("qtype", TYPES, ids=IDS)
+@pytest.mark.parametrize("qtype", TYPES)
 @pytest.mark.parametrize("prefetch", ptx_quantized.STAGING)
 @pytest.mark.parametrize("m,n,shape", [(1, 45, (8, 4)), (3, 300, (16, 8)), (2, 5, (4, 4)),
                                        (1, 61, (16, 4))])
@@ -165,14 +164,14 @@ def test_staged_rows_just_under_48_kib_beside_the_static_shared_memory_launch(cu
     # pass 48 KiB together: the launch must allow the dynamic part explicitly
     if cuda_device.device.info.arch != "sm_90":
         pytest.skip("bulk copies into shared memory are Hopper's (sm_90)")
-    _matvec(forced, 13, "ring", (32, 4))
+    _matvec(forced, "Q5_K", "ring", (32, 4))
     k = 4096
-    assert ptx_quantized.staged_bytes(13, 32, k, "ring") == 45056
-    w = _weight(rng, 13, 40, k)
+    assert ptx_quantized.staged_bytes("Q5_K", 32, k, "ring") == 45056
+    w = _weight(rng, "Q5_K", 40, k)
     x = rng.standard_normal((1, k)).astype(np.float32)
-    got, launched = _product_and_kernels(cuda_device, x, w, 13, k)
+    got, launched = _product_and_kernels(cuda_device, x, w, "Q5_K", k)
     assert any("_ring" in name for name in launched), launched
-    assert_close(got, _expected(x, w, 13, k), MATVEC_NMSE)
+    assert_close(got, _expected(x, w, "Q5_K", k), MATVEC_NMSE)
 
 
 @pytest.mark.parametrize("n_waves,k,kind", [(1, 4096, "stage"), (2, 4096, "stage"),
@@ -184,29 +183,29 @@ def test_weights_that_stream_in_one_wave_of_small_blocks_are_staged_others_ringe
         pytest.skip("bulk copies into shared memory are Hopper's (sm_90)")
     rows = ptx_quantized.STAGED_SHAPE[0]
     n = int(n_waves * cuda_device.device.info.multiprocessors) * rows
-    w = _weight(rng, 12, n, k)
+    w = _weight(rng, "Q4_K", n, k)
     x = rng.standard_normal((1, k)).astype(np.float32)
-    got, launched = _product_and_kernels(cuda_device, x, w, 12, k)
+    got, launched = _product_and_kernels(cuda_device, x, w, "Q4_K", k)
     kinds = [re.search(r"_g\d+_([a-z]+)", name).group(1) for name in launched
              if name.startswith("matvec_")]
     assert kinds == [kind], launched
-    assert_close(got, _expected(x, w, 12, k), MATVEC_NMSE)
+    assert_close(got, _expected(x, w, "Q4_K", k), MATVEC_NMSE)
 
 
 def test_types_slower_ringed_are_not_ringed(cuda_device, rng):
     # Q6_K: rows that could be staged, too many for one wave of blocks (RING_TYPES)
     if cuda_device.device.info.arch != "sm_90":
         pytest.skip("bulk copies into shared memory are Hopper's (sm_90)")
-    assert 14 not in quantized_module.RING_TYPES and ptx_quantized.stages(14, 16, 4096, "ring")
+    assert "Q6_K" not in quantized_module.RING_TYPES and ptx_quantized.stages("Q6_K", 16, 4096, "ring")
     n = int(2.1 * cuda_device.device.info.multiprocessors) * 16
-    w = _weight(rng, 14, n, 4096)
+    w = _weight(rng, "Q6_K", n, 4096)
     x = rng.standard_normal((1, 4096)).astype(np.float32)
-    got, launched = _product_and_kernels(cuda_device, x, w, 14, 4096)
+    got, launched = _product_and_kernels(cuda_device, x, w, "Q6_K", 4096)
     assert not any("_ring" in name or "_stage" in name for name in launched), launched
-    assert_close(got, _expected(x, w, 14, 4096), MATVEC_NMSE)
+    assert_close(got, _expected(x, w, "Q6_K", 4096), MATVEC_NMSE)
 
 
-@pytest.mark.parametrize("qtype,k", [(8, 96), (14, 512), (2, 64)], ids=["Q8_0", "Q6_K", "Q4_0"])
+@pytest.mark.parametrize("qtype,k", [("Q8_0", 96), ("Q6_K", 512), ("Q4_0", 64)])
 def test_rows_the_bulk_copies_cannot_take_are_read_from_global_memory(cuda_device, rng, qtype,
                                                                       k, forced):
     # a plane's rows that are not whole 16-byte chunks (Q8_0's scales: 2 bytes a block)
@@ -219,7 +218,7 @@ def test_rows_the_bulk_copies_cannot_take_are_read_from_global_memory(cuda_devic
     assert_close(got, _expected(x, w, qtype, k), MATVEC_NMSE)
 
 
-@pytest.mark.parametrize("qtype", [12, 8, 2], ids=["Q4_K", "Q8_0", "Q4_0"])
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q8_0", "Q4_0"])
 @pytest.mark.parametrize("prefetch", ["none", "stage"])
 def test_rows_longer_than_a_block_of_threads_take_several_passes(cuda_device, rng, qtype,
                                                                 prefetch, monkeypatch, forced):
@@ -247,7 +246,7 @@ def _x_of_wide_range(rng, k: int) -> np.ndarray:
     return x
 
 
-@pytest.mark.parametrize("qtype", [12, 13], ids=["Q4_K", "Q5_K"])
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K"])
 @pytest.mark.parametrize("prefetch", ["none", "stage"])
 def test_k4_products_keep_x_exact_enough_across_wide_ranges(cuda_device, rng, qtype, prefetch,
                                                              forced):
@@ -260,7 +259,7 @@ def test_k4_products_keep_x_exact_enough_across_wide_ranges(cuda_device, rng, qt
     assert_close(_product(x, w, qtype, k), _expected(x, w, qtype, k), MATVEC_NMSE)
 
 
-@pytest.mark.parametrize("qtype", [12, 13], ids=["Q4_K", "Q5_K"])
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q5_K"])
 @pytest.mark.parametrize("bad", [np.inf, np.nan])
 def test_k4_products_of_non_finite_x_are_not_finite(cuda_device, rng, qtype, bad):
     n, k = 9, _k(qtype, 2)
@@ -272,7 +271,7 @@ def test_k4_products_of_non_finite_x_are_not_finite(cuda_device, rng, qtype, bad
     assert_close(got[1:], _expected(x[1:], w, qtype, k), MATVEC_NMSE)
 
 
-@pytest.mark.parametrize("qtype", FLOATS, ids=["F32", "F16", "BF16"])
+@pytest.mark.parametrize("qtype", FLOATS)
 @pytest.mark.parametrize("m", [1, 2, quantized_module.PROMPT_MIN_ROWS + 1])
 def test_float_rows_of_any_length(cuda_device, rng, qtype, m):
     n, k = 19, 75  # rows not 16-byte aligned: the scalar kernel, at every m
@@ -281,7 +280,7 @@ def test_float_rows_of_any_length(cuda_device, rng, qtype, m):
     assert_close(_product(x, w, qtype, k), _expected(x, w, qtype, k), MATVEC_NMSE)
 
 
-@pytest.mark.parametrize("qtype", TYPES, ids=IDS)
+@pytest.mark.parametrize("qtype", TYPES)
 def test_prompt_products_dequantize_to_float16_within_the_quant_bound(cuda_device, rng,
                                                                        qtype):
     m = quantized_module.PROMPT_MIN_ROWS + 3
@@ -295,7 +294,7 @@ def test_prompt_products_dequantize_to_float16_within_the_quant_bound(cuda_devic
     assert np.abs(got - expected).max() > 0
 
 
-@pytest.mark.parametrize("qtype", TYPES, ids=IDS)
+@pytest.mark.parametrize("qtype", TYPES)
 def test_dequantized_float16_weights_are_the_exact_values_rounded(cuda_device, rng, qtype):
     n, k = 5, _k(qtype, 2)
     w = _weight(rng, qtype, n, k)
@@ -305,7 +304,7 @@ def test_dequantized_float16_weights_are_the_exact_values_rounded(cuda_device, r
     np.testing.assert_array_equal(got, dequantize(w, qtype, k).astype(np.float16))
 
 
-@pytest.mark.parametrize("qtype", TYPES, ids=IDS)
+@pytest.mark.parametrize("qtype", TYPES)
 def test_embedding_rows_are_the_exact_values(cuda_device, rng, qtype):
     n, k = 41, _k(qtype, 2)
     w = _weight(rng, qtype, n, k)
@@ -314,9 +313,9 @@ def test_embedding_rows_are_the_exact_values(cuda_device, rng, qtype):
     np.testing.assert_array_equal(got, quant_types.dequantize(w, qtype, k)[ids])
 
 
-@pytest.mark.parametrize("qtype", [8, 12, 14, 1], ids=["Q8_0", "Q4_K", "Q6_K", "F16"])
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K", "Q6_K", "F16"])
 def test_embedding_of_a_table_in_parts_adds_up_to_the_whole(cuda_device, rng, qtype):
-    n, k = 41, (75 if qtype == 1 else _k(qtype, 1))  # F16: rows of any length
+    n, k = 41, (75 if qtype == "F16" else _k(qtype, 1))  # F16: rows of any length
     w = _weight(rng, qtype, n, k)
     ids = np.array([0, 16, 17, 40, 5, 33, 16], np.int32)
     expected = dequantize(w, qtype, k)[ids]
@@ -331,7 +330,7 @@ def test_embedding_of_a_table_in_parts_adds_up_to_the_whole(cuda_device, rng, qt
     np.testing.assert_array_equal(sum(got), expected)
 
 
-@pytest.mark.parametrize("qtype", [8, 14], ids=["Q8_0", "Q6_K"])  # repacked types
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q6_K"])  # repacked types
 def test_a_written_weight_is_repacked_again(cuda_device, rng, qtype):
     k = _k(qtype, 1)
     w = cuda_device.from_numpy(_weight(rng, qtype, 9, k))
@@ -348,7 +347,7 @@ def test_a_written_weight_is_repacked_again(cuda_device, rng, qtype):
 def test_a_prompt_keeps_its_dequantized_weight_within_the_budget(cuda_device, rng, monkeypatch,
                                                                  budget, kept):
     monkeypatch.setattr(cuda_backend_module, "OPTIONAL_DERIVED_BYTES", budget)
-    qtype, n = 12, 40
+    qtype, n = "Q4_K", 40
     k = _k(qtype, 2)
     w = pxvm.tensor(_weight(rng, qtype, n, k), backend="cuda")
     launches = []

@@ -47,15 +47,15 @@ def cpu_threads() -> int:
 
 def _configure_numba() -> None:
     """Pick numba's threads once, before its first parallel kernel. A parallel region
-    costs about 2 us with the TBB or OpenMP thread pools and 60 us with numba's own
-    (workqueue); a decoded token runs over a hundred of them. TBB first: with another
-    process busy on the same cores, OpenMP's spinning threads slowed a kernel a
-    thousandfold, TBB's did not."""
+    costs far less with the TBB or OpenMP thread pools than with numba's own
+    (workqueue), and a decoded token runs over a hundred of them. TBB first: with another
+    process busy on the same cores, OpenMP's spinning threads slowed a kernel by orders
+    of magnitude, TBB's did not (docs/benchmarks-log.md)."""
     global _threads
     with _threads_lock:
         if _threads is not None:
             return
-        import numba  # here, not at import: numba takes 0.2 s to import
+        import numba  # here, not at import: numba is slow to import
         if "NUMBA_THREADING_LAYER" not in os.environ:
             numba.config.THREADING_LAYER_PRIORITY = ["tbb", "omp", "workqueue"]
         _threads = min(cpu_threads(), numba.config.NUMBA_NUM_THREADS)
@@ -67,7 +67,7 @@ _blas = None
 
 def blas_single_threaded():
     """A context in which BLAS runs on one thread: the kernels give it threads of their
-    own (threadpoolctl; about 8 us to enter and leave)."""
+    own (threadpoolctl; entered once per run of the recorded steps)."""
     global _blas
     if _blas is None:
         from threadpoolctl import ThreadpoolController
@@ -88,7 +88,7 @@ class Packed:
 
     __slots__ = ("backend", "raw", "qtype", "k")
 
-    def __init__(self, backend: "CpuBackend", raw: np.ndarray, qtype: int, k: int):
+    def __init__(self, backend: "CpuBackend", raw: np.ndarray, qtype: str, k: int):
         self.backend, self.raw, self.qtype, self.k = backend, raw, qtype, k
 
     def get(self):
@@ -175,11 +175,13 @@ class CallsReplay:
 class CpuContext(RecordingContext):
     """What CPU kernels record into: new host arrays, and calls run in order at submit."""
 
-    def __init__(self, backend: "CpuBackend", timestamps: bool = False, profile: bool = False):
+    def __init__(self, backend: "CpuBackend", timestamps: bool = False, profile: bool = False,
+                 capture: bool = False):
         self.backend = backend
         self.steps: list[Step] = []
         self._profile: list[tuple[str, float]] | None = [] if profile else None
         self._timed = timestamps
+        self._capturing = capture
         self._seconds: float | None = None
 
     # ---- for kernels ------------------------------------------------------------------
@@ -205,7 +207,7 @@ class CpuContext(RecordingContext):
     def record_host(self, label: str, run: Callable[[], object]) -> None:
         self.steps.append((label, run))
 
-    def packed(self, weight: Tensor, qtype: int, k: int) -> "Packed":
+    def packed(self, weight: Tensor, qtype: str, k: int) -> "Packed":
         """A quantized weight's raw rows as the kernels read them (kernels/quantized.py's
         pack), repacked when a call first needs them and kept with the array."""
         return Packed(self.backend, weight.storage, qtype, k)
@@ -228,7 +230,8 @@ class CpuContext(RecordingContext):
             self._seconds = time.perf_counter() - t0
 
     def flush(self) -> None:
-        self.submit()
+        if not (self._timed or self._profile is not None or self._capturing):
+            self.submit()
 
     def capture(self) -> CapturedCalls:
         steps, self.steps = self.steps, []
@@ -308,7 +311,7 @@ class CpuBackend(HostBackend):
 
     def context(self, *, timestamps: bool = False, profile: bool = False,
                 capture: bool = False) -> CpuContext:
-        return CpuContext(self, timestamps=timestamps, profile=profile)
+        return CpuContext(self, timestamps=timestamps, profile=profile, capture=capture)
 
 
 def _thread_pool() -> str:

@@ -19,14 +19,14 @@ def register(op):
 
 
 @register(ops.matmul_quant)
-def matmul_quant(ctx, x, w, qtype=3, k=0):
+def matmul_quant(ctx, x, w, *, qtype, k):
     out = ctx.empty((x.shape[0], w.shape[0]), np.float32)
     ctx.call("quantized", "matmul", x, ctx.packed(w, qtype, k), out)
     return out
 
 
 @register(ops.embedding_quant)
-def embedding_quant(ctx, ids, w, qtype=3, k=0, first_row=0):
+def embedding_quant(ctx, ids, w, *, qtype, k, first_row=0):
     out = ctx.empty((ids.shape[0], k), np.float32)
     ctx.call("quantized", "embed", w, ids, qtype, k, int(first_row), out)
     return out
@@ -42,21 +42,21 @@ def write_rows(ctx, dst, src, start=0):
 
 
 @register(transformer.rmsnorm_matmul_quant)
-def rmsnorm_matmul_quant(ctx, x, gain, w, qtype=3, k=0, eps=1e-6):
+def rmsnorm_matmul_quant(ctx, x, gain, w, *, qtype, k, eps=1e-6):
     out = ctx.empty((x.shape[0], w.shape[0]), np.float32)
     ctx.call("transformer", "norm_matmul", x, gain, float(eps), ctx.packed(w, qtype, k), out)
     return out
 
 
 @register(transformer.matmul_quant_add)
-def matmul_quant_add(ctx, x, w, residual, qtype=3, k=0):
+def matmul_quant_add(ctx, x, w, residual, *, qtype, k):
     out = ctx.empty((x.shape[0], w.shape[0]), np.float32)
     ctx.call("transformer", "matmul_add", x, ctx.packed(w, qtype, k), residual, out)
     return out
 
 
 @register(transformer.rmsnorm_glu_quant)
-def rmsnorm_glu_quant(ctx, x, gain, w, qtype=3, k=0, eps=1e-6, activation="silu"):
+def rmsnorm_glu_quant(ctx, x, gain, w, *, qtype, k, eps=1e-6, activation="silu"):
     out = ctx.empty((x.shape[0], w.shape[0] // 2), np.float32)
     ctx.call("transformer", "norm_glu", x, gain, float(eps), ctx.packed(w, qtype, k),
              activation == "gelu_tanh", out)
@@ -78,14 +78,13 @@ def attention_cached(ctx, qkv, k_cache, v_cache, state, n_heads=1, theta=10000.0
 
 
 @register(transformer.attention_cached_matmul_quant_add)
-def attention_cached_matmul_quant_add(ctx, qkv, k_cache, v_cache, state, w, residual,
-                                      n_heads=1, theta=10000.0, style="interleaved",
-                                      scale=None, max_keys=None, qtype=3, k=0,
-                                      freq_factors=None, attn_factor=1.0, softcap=0.0,
-                                      window=0):
+def attention_cached_matmul_quant_add(ctx, qkv, k_cache, v_cache, state, w, residual, *,
+                                      qtype, k, n_heads=1, theta=10000.0, style="interleaved",
+                                      scale=None, max_keys=None, freq_factors=None,
+                                      attn_factor=1.0, softcap=0.0, window=0):
     attended = attention_cached(ctx, qkv, k_cache, v_cache, state, n_heads, theta, style,
                                 scale, max_keys, freq_factors, attn_factor, softcap, window)
-    return matmul_quant_add(ctx, attended, w, residual, qtype, k)
+    return matmul_quant_add(ctx, attended, w, residual, qtype=qtype, k=k)
 
 
 @register(decoding.greedy_step)

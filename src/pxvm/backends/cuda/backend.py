@@ -310,8 +310,9 @@ class CudaBackend(Backend):
 
     def __init__(self, device: CudaDevice | None = None):
         self.device = device if device is not None else get_cuda_device()
-        # id(buffer) -> (a weak reference to it, {key: the tensor derived from it})
-        self._derived: dict[int, tuple[weakref.ref, dict]] = {}
+        # id(buffer) -> (a weak reference to it, {key: the tensor derived from it},
+        # [the bytes of its optional derived tensors])
+        self._derived: dict[int, tuple[weakref.ref, dict, list]] = {}
         self._kernels: dict[tuple, tuple] = {}  # (builder, its arguments) -> kernel()
         self.optional_bytes = 0  # kept optional derived forms (CudaContext.derived)
         self._counters: Tensor | None = None  # CudaContext.counters'

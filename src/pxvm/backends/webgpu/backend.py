@@ -148,7 +148,7 @@ class WebGPUBackend(Backend):
     records = True
     compiles_on_first_use = True
     # with prompts' products and attention tiled, recording a prompt takes the host longer
-    # than the GPU takes to run it (BENCHMARKS.md, issue 19); a replay only encodes
+    # than the GPU takes to run it (docs/benchmarks-log.md, issue 19); a replay only encodes
     prompt_graphs = True
 
     def __init__(self, device: Device | None = None):

@@ -77,7 +77,7 @@ async function runSuite() {
   }
   for (const op of info.ops_without_case) {
     body.append(el("tr", { "data-case": op, "data-state": "nocase" }, el("td", {}, op),
-      el("td", { colSpan: 4 }, "no conformance case in pxvm/web/cases.py CASES"),
+      el("td", { colSpan: 4 }, "no conformance case in pxvm/ops/cases.py CASES"),
       el("td", { class: "status bad" }, "no case")));
   }
   let passed = 0;

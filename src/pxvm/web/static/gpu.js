@@ -3,11 +3,11 @@
 // A plan (recorded in Python by pxvm/web/plans.py through the ops' own WebGPU kernels) lists
 // buffers, dispatches (kernel file, entry point, override constants, bindings, packed
 // uniform bytes, workgroup counts) and which buffer holds the result. Nothing here knows
-// any op: it builds exactly what pxvm/runtime/webgpu builds, from the same .wgsl files.
+// any op: it builds exactly what pxvm/backends/webgpu/runtime builds, from the same .wgsl files.
 
-const UNIFORM_SLOT = 256; // bytes per dispatch's parameter block, as in runtime/webgpu/recorder.py
+const UNIFORM_SLOT = 256; // bytes per dispatch's parameter block, as in backends/webgpu/runtime/recorder.py
 
-// Same pattern as runtime/webgpu/shaders.py declared_bindings: one explicit layout per file,
+// Same pattern as backends/webgpu/runtime/shaders.py declared_bindings: one explicit layout per file,
 // shared by all its entry points, so an entry point need not use every binding.
 const BINDING = /@group\(\s*0\s*\)\s*@binding\(\s*(\d+)\s*\)\s*var\s*<\s*(storage|uniform)\s*(?:,\s*(read_write|read))?\s*>/g;
 

@@ -55,8 +55,8 @@ def test_capturing_recorder_records_dispatches_only(gpu_device):
 
 def _chain(x, gain, w, res):
     """A transformer-like chain over GPU tensors: norm + product, residual, join."""
-    h = transformer.rmsnorm_matmul_quant(x, gain, w, qtype=0, k=96, eps=1e-5)
-    y = transformer.matmul_quant_add(x, w, res, qtype=0, k=96)
+    h = transformer.rmsnorm_matmul_quant(x, gain, w, qtype="F32", k=96, eps=1e-5)
+    y = transformer.matmul_quant_add(x, w, res, qtype="F32", k=96)
     return pxvm.ops.softmax(pxvm.ops.concat_columns(h, y))
 
 

@@ -28,8 +28,11 @@ float32 (as W^T, rows along the SIMD lanes) and multiplying them by single-threa
 (the CPU backend holds BLAS to one thread while it runs: two thread pools on the same
 cores slow each other down many times over).
 
-Every function takes plain numpy arrays; pxvm.ops registers them as kernels of the
-"cpu" backend, and tests compare them with the ops' numpy references.
+Every function takes plain numpy arrays; pxvm.backends.cpu.ops registers them as kernels
+of the "cpu" backend, and tests compare them with the ops' numpy references.
+
+One module for every type: the two packed forms, their repacking and the products over
+them belong together (a product's inner loop is written against its form's layout).
 """
 
 from __future__ import annotations
@@ -284,12 +287,12 @@ def _records(*parts: np.ndarray) -> list[np.ndarray]:
     return views
 
 
-def pack(raw: np.ndarray, qtype: int, k: int) -> Nibbles | Bytes | Dense:
+def pack(raw: np.ndarray, qtype: str, k: int) -> Nibbles | Bytes | Dense:
     """The raw GGUF rows (N, row bytes) of a weight of type `qtype`, `k` values a row,
     repacked for the products here."""
     raw = np.ascontiguousarray(raw, np.uint8)
     n = raw.shape[0]
-    qtype = T(qtype)
+    qtype = T[qtype]
     if qtype in (T.F32, T.F16):
         values = raw.view(np.float32 if qtype == T.F32 else np.float16).reshape(n, k)
         return Dense(np.ascontiguousarray(values, _F32), n, k)
@@ -590,11 +593,11 @@ def dequantize(w: Nibbles | Bytes | Dense) -> np.ndarray:
     return np.ascontiguousarray(out)
 
 
-def embed(raw: np.ndarray, ids: np.ndarray, qtype: int, k: int, first_row: int,
+def embed(raw: np.ndarray, ids: np.ndarray, qtype: str, k: int, first_row: int,
           out: np.ndarray) -> None:
     """out = rows `ids` of the raw GGUF weight, dequantized (by gguf: only those rows);
     the weight holds the table's rows first_row.., other ids give zeros."""
     rows = np.asarray(ids, np.int64) - first_row
     held = (rows >= 0) & (rows < raw.shape[0])
-    values = quants.dequantize(raw[np.where(held, rows, 0)], T(qtype))
+    values = quants.dequantize(raw[np.where(held, rows, 0)], T[qtype])
     out[...] = np.where(held[:, None], np.asarray(values, _F32).reshape(len(rows), k), 0)

@@ -73,13 +73,13 @@ def attention_f16(ctx, q, k, v, causal=True, scale=None):
 
 
 def _cases(d: int):
-    def cases(rng, backend) -> list[tuning.Case]:
+    def cases(rng, backend) -> list[tuning.TuningCase]:
         heads, kv_heads = 4096 // d, 1024 // d  # Llama-3-8B's width
         q = rng.standard_normal((512, heads, d)).astype(np.float16)
         k = rng.standard_normal((4096, kv_heads, d)).astype(np.float16)
         v = rng.standard_normal((4096, kv_heads, d)).astype(np.float16)
         tq, tk, tv = (backend.from_numpy(x) for x in (q, k, v))
-        return [tuning.Case(f"512 queries over 4096 keys, {heads} heads of {d}",
+        return [tuning.TuningCase(f"512 queries over 4096 keys, {heads} heads of {d}",
                             lambda: ops.attention_f16(tq, tk, tv),
                             ops.attention_f16.reference(q, k, v), 5e-4)]
     return cases

@@ -108,13 +108,13 @@ def f16_product(ctx, a, b, residual=None):
     return add_kernel(ctx, out, residual)
 
 
-def _cases(rng, backend) -> list[tuning.Case]:
+def _cases(rng, backend) -> list[tuning.TuningCase]:
     out = []
     for m, k, n in ((4096, 4096, 4096), (512, 4096, 14336)):
         a = rng.standard_normal((m, k)).astype(np.float16)
         b = rng.standard_normal((n, k)).astype(np.float16)
         ta, tb = backend.from_numpy(a), backend.from_numpy(b)
-        out.append(tuning.Case(
+        out.append(tuning.TuningCase(
             f"{m} x {k} x {n}",
             lambda ta=ta, tb=tb: ops.matmul_f16(ta, tb, transpose_b=True),
             ops.matmul_f16.reference(a, b, transpose_b=True), 1e-5))

@@ -11,11 +11,9 @@ multiplied on tensor cores (matmul.py's f16_product), llama.cpp's way for prompt
 from __future__ import annotations
 
 import numpy as np
-from gguf import GGMLQuantizationType
 
 from ....core import Tensor, tuning
 from ....ops import MissingKernelError, quantized
-from ....ops.quant_types import quant_type
 from ..ptx import dequantize as ptx_dequantize
 from ..ptx import quant_blocks
 from ..ptx import quantized as ptx_quantized
@@ -27,18 +25,19 @@ from .matmul import f16_glu, f16_product, glu_takes, wgmma_shape
 PROMPT_MIN_ROWS = 32
 #: (outputs a block, rows a group) and weight prefetch of the matrix-vector kernel by GGML
 #: type: the fastest over W 4096 x 4096, 11008 x 4096 and 4096 x 11008 on the H100
-#: (BENCHMARKS.md); `pxvm tune --backend cuda` measures them per device (matvec_tuned).
+#: (docs/benchmarks-log.md); `pxvm tune --backend cuda` measures them per device (matvec_tuned).
 #: Types not named take ptx_quantized.DEFAULT_SHAPE and DEFAULT_PREFETCH on sm_90, "none"
 #: elsewhere.
-MATVEC_SHAPES: dict[int, tuple[int, int]] = {12: (16, 8), 8: (16, 8), 2: (8, 8), 14: (4, 4),
-                                              13: (16, 8)}
-MATVEC_PREFETCHES: dict[int, str] = {12: "none", 8: "none", 2: "lines", 14: "none", 13: "none"}
+MATVEC_SHAPES: dict[str, tuple[int, int]] = {"Q4_K": (16, 8), "Q8_0": (16, 8), "Q4_0": (8, 8),
+                                              "Q6_K": (4, 4), "Q5_K": (16, 8)}
+MATVEC_PREFETCHES: dict[str, str] = {"Q4_K": "none", "Q8_0": "none", "Q4_0": "lines",
+                                     "Q6_K": "none", "Q5_K": "none"}
 #: the prefetch of the types MATVEC_PREFETCHES does not name, on sm_90: "bulk" asks L2
 #: for a block's rows before the kernel waits for its predecessor (decoding's graphs)
 DEFAULT_PREFETCH = "bulk"
 #: the shape (outputs a block, rows a group) of products whose weight has too few rows
 #: to fill the GPU with the type's shape: the fastest for SmolLM2's decoding on the H100
-#: (BENCHMARKS.md)
+#: (docs/benchmarks-log.md)
 SMALL_SHAPE = (4, 4)
 #: their prefetch on sm_90: "bulk" asks L2 for the block's rows before the kernel waits
 #: for its predecessor in decoding's graphs (elsewhere "none")
@@ -48,22 +47,22 @@ SMALL_PREFETCH = "bulk"
 #: enough that blocks of the next product fit beside it (a graph's dependent launches
 #: then fetch the next weight while this one is multiplied): one to STAGED_WAVE blocks
 #: a multiprocessor, of at most STAGED_BLOCK_BYTES. On the H100 Q8_0's 68 KiB blocks
-#: gained and Q4_K's 97 KiB ones lost (BENCHMARKS.md). Other weights of RING_TYPES whose
+#: gained and Q4_K's 97 KiB ones lost (docs/benchmarks-log.md). Other weights of RING_TYPES whose
 #: rows can be staged stream through a ring (RING_SHAPE's "ring": half its rows in shared
 #: memory at once, at most STAGED_BLOCK_BYTES).
 STAGED_WAVE = 2
 STAGED_BLOCK_BYTES = 72 << 10
-#: the types measured faster ringed than read from global memory on the H100 (Q4_K, Q5_K,
-#: Q8_0, Q4_0; Q6_K was slower, the others unmeasured: BENCHMARKS.md)
-RING_TYPES = (12, 13, 8, 2)
+#: the types measured faster ringed than read from global memory on the H100 (Q6_K was
+#: slower, the others unmeasured: docs/benchmarks-log.md)
+RING_TYPES = ("Q4_K", "Q5_K", "Q8_0", "Q4_0")
 #: rows of x the matrix-vector kernels take (a grid row each: CUDA's grid height)
 MAX_GRID_ROWS = 65535
 
 
-def matvec_tuned(qtype: int) -> str:
+def matvec_tuned(qtype: str) -> str:
     """The tunable naming the matrix-vector kernel's (rows, group, prefetch) for `qtype`
     (registered for the types ptx_quantized sweeps; forcing it works for any)."""
-    return f"matmul_quant.cuda.{quant_type(qtype).name}"
+    return f"matmul_quant.cuda.{qtype}"
 
 
 def _planes(ctx, w, qtype, k):
@@ -83,7 +82,7 @@ def _planes(ctx, w, qtype, k):
 def _dequantized_f16(ctx, w, qtype, k):
     """W (N, K) dequantized into a new float16 tensor (F16 rows: W's own memory)."""
     n = w.shape[0]
-    if qtype == 1:
+    if qtype == "F16":
         return Tensor((n, k), np.float16, w.backend, w.storage)
     out = ctx.empty((n, k), np.float16)
     scalar = k % quant_blocks.UNIT != 0  # float rows of any length
@@ -97,7 +96,7 @@ def _f16_weight(ctx, w, qtype, k):
     """W as a float16 (N, K) tensor: F16 rows as they are, the other types dequantized
     into a matrix kept with W while the backend's budget allows (a prompt then skips
     the dequantization: one launch a product fewer)."""
-    if qtype == 1:
+    if qtype == "F16":
         return _dequantized_f16(ctx, w, qtype, k)
     return ctx.derived(w, ("float16", qtype, k), lambda: _dequantized_f16(ctx, w, qtype, k),
                        optional=True)
@@ -150,7 +149,7 @@ def prompt_glu(ctx, x, w, qtype, k, activation: str):
     return f16_glu(ctx, x, _f16_glu_weight(ctx, w, qtype, k, wgmma_shape(ctx)[0]), activation)
 
 
-def matvec_shape(ctx, qtype: int, outputs: int, k: int,
+def matvec_shape(ctx, qtype: str, outputs: int, k: int,
                  glu: bool = False) -> tuple[int, int, str]:
     """(rows, group, prefetch) of the matrix-vector kernel for `qtype` and `outputs`
     rows of W (of k values; a GLU's blocks hold half as many outputs): as forced (the
@@ -208,7 +207,7 @@ def matvec_takes(m: int, k: int) -> bool:
     return 0 < m < PROMPT_MIN_ROWS and k % quant_blocks.UNIT == 0
 
 
-def product(ctx, x, w, qtype: int, k: int, gain=None, eps: float = 0.0, residual=None,
+def product(ctx, x, w, qtype: str, k: int, gain=None, eps: float = 0.0, residual=None,
             activation: str | None = None):
     """x (M, K) @ W^T in one launch of the matrix-vector kernel (rows of x that
     matvec_takes), with a transformer's ops around it fused in: `gain` normalises x
@@ -251,7 +250,7 @@ def product(ctx, x, w, qtype: int, k: int, gain=None, eps: float = 0.0, residual
 
 
 @quantized.matmul_quant.kernel("cuda")
-def matmul_quant(ctx, x, w, qtype=3, k=0):
+def matmul_quant(ctx, x, w, *, qtype, k):
     """The matrix-vector kernel, a grid row per row of x, below PROMPT_MIN_ROWS rows;
     dequantized W on tensor cores from there (K a multiple of 8)."""
     m, n = x.shape[0], w.shape[0]
@@ -273,7 +272,7 @@ def matmul_quant(ctx, x, w, qtype=3, k=0):
 
 
 @quantized.embedding_quant.kernel("cuda")
-def embedding_quant(ctx, ids, w, qtype=3, k=0, first_row=0):
+def embedding_quant(ctx, ids, w, *, qtype, k, first_row=0):
     s, n = ids.shape[0], w.shape[0]
     out = ctx.empty((s, k), np.float32)
     if s == 0:
@@ -285,11 +284,10 @@ def embedding_quant(ctx, ids, w, qtype=3, k=0, first_row=0):
     return out
 
 
-for _code in ptx_quantized.SWEPT:
-    _type = GGMLQuantizationType(_code)
+for _type in ptx_quantized.SWEPT:
     tuning.tunable(
-        matvec_tuned(_code),
-        f"{_type.name} matrix-vector kernel: outputs a block, rows a group, weight prefetch",
+        matvec_tuned(_type),
+        f"{_type} matrix-vector kernel: outputs a block, rows a group, weight prefetch",
         [(r, g, p) for r, g in ptx_quantized.SHAPES for p in ptx_quantized.PREFETCHES
          if p != "lines" or (r, g) == ptx_quantized.DEFAULT_SHAPE], ("cuda",),
         quantized.product_cases(((1, 4096, 4096), (1, 11008, 4096)), (_type,)))

@@ -65,17 +65,17 @@ def fused_product(ctx, x, w, qtype, k, what: str, gain=None, eps=0.0, residual=N
 
 
 @transformer.rmsnorm_matmul_quant.kernel("cuda")
-def rmsnorm_matmul_quant(ctx, x, gain, w, qtype=3, k=0, eps=1e-6):
+def rmsnorm_matmul_quant(ctx, x, gain, w, *, qtype, k, eps=1e-6):
     return fused_product(ctx, x, w, qtype, k, "rmsnorm_matmul_quant", gain=gain, eps=eps)
 
 
 @transformer.matmul_quant_add.kernel("cuda")
-def matmul_quant_add(ctx, x, w, residual, qtype=3, k=0):
+def matmul_quant_add(ctx, x, w, residual, *, qtype, k):
     return fused_product(ctx, x, w, qtype, k, "matmul_quant_add", residual=residual)
 
 
 @transformer.rmsnorm_glu_quant.kernel("cuda")
-def rmsnorm_glu_quant(ctx, x, gain, w, qtype=3, k=0, eps=1e-6, activation="silu"):
+def rmsnorm_glu_quant(ctx, x, gain, w, *, qtype, k, eps=1e-6, activation="silu"):
     return fused_product(ctx, x, w, qtype, k, "rmsnorm_glu_quant", gain=gain, eps=eps,
                          activation=activation)
 
@@ -95,7 +95,7 @@ def qk_norm(ctx, qkv, q_gain, k_gain, n_heads=1, n_kv_heads=1, eps=1e-6):
 #: multiple of RANGE_KEYS keys, a block each, merged by the last of them to finish: one
 #: block per pair would leave most of a large GPU idle (132 SMs on an H100) while it
 #: walks a long cache. Up to ONE_RANGE_KEYS one block walks them all: cheaper than ranges
-#: and their merge there (BENCHMARKS.md, "Language models on CUDA"; tests set smaller
+#: and their merge there (docs/benchmarks-log.md, "Language models on CUDA"; tests set smaller
 #: values, to cut short caches into ranges).
 SPLIT_MAX_BLOCKS = 512
 ONE_RANGE_KEYS = ptx_transformer.CHUNK
@@ -181,11 +181,10 @@ def _flash_attention(ctx, qkv, k_cache, v_cache, state, n_heads, theta, style, s
 
 
 @transformer.attention_cached_matmul_quant_add.kernel("cuda")
-def attention_cached_matmul_quant_add(ctx, qkv, k_cache, v_cache, state, w, residual,
-                                      n_heads=1, theta=10000.0, style="interleaved",
-                                      scale=None, max_keys=None, qtype=3, k=0,
-                                      freq_factors=None, attn_factor=1.0, softcap=0.0,
-                                      window=0):
+def attention_cached_matmul_quant_add(ctx, qkv, k_cache, v_cache, state, w, residual, *,
+                                      qtype, k, n_heads=1, theta=10000.0, style="interleaved",
+                                      scale=None, max_keys=None, freq_factors=None,
+                                      attn_factor=1.0, softcap=0.0, window=0):
     half = prompt_takes(qkv.shape[0], k)  # attention writes what the product reads
     if half and _flash_takes(ctx, k_cache, max_keys, softcap, window, scale):
         attended = _flash_attention(ctx, qkv, k_cache, v_cache, state, n_heads, theta, style,
@@ -195,5 +194,5 @@ def attention_cached_matmul_quant_add(ctx, qkv, k_cache, v_cache, state, w, resi
                       max_keys, freq_factors, attn_factor, softcap, window, half=half)
     if half:
         return prompt_product(ctx, attended, w, qtype, k, residual=residual)
-    return matmul_quant_add(ctx, attended, w, residual, qtype, k)
+    return matmul_quant_add(ctx, attended, w, residual, qtype=qtype, k=k)
 

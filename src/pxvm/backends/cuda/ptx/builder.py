@@ -270,7 +270,7 @@ class Kernel:
     def text(self, dependent_launch: bool = False) -> str:
         """The `.entry`; with `dependent_launch` (sm_90 on), it first waits for the grids
         it depends on, then lets the next launch start: a programmatic dependent launch
-        (runtime.cuda's `dependent`) overlaps a kernel's start with its predecessor's end,
+        (driver.py's `dependent`) overlaps a kernel's start with its predecessor's end,
         and without one both instructions do nothing."""
         if self._open:
             raise PtxError(f"kernel {self.name}: {self._open} block(s) left open")

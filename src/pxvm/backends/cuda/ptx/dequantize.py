@@ -54,10 +54,10 @@ def _store(k: Kernel, address, values, out: str) -> None:
     store_words(k, address, words, 16)
 
 
-def dequantize(code: int, out: str = "f16", by_ids: bool = False) -> Kernel:
+def dequantize(qtype: str, out: str = "f16", by_ids: bool = False) -> Kernel:
     """y (rows, K) of `out` values; rows = N (every row) or len(ids). Parameters: w,
     [ids,] y, N, K, rows, first_row (ignored without ids)."""
-    fmt = FORMATS[code]
+    fmt = FORMATS[qtype]
     reader = unit(fmt)
     src = Raw(fmt)
     k = Kernel(f"dequantize_{fmt.label}_{out}{'_ids' if by_ids else ''}", _params(by_ids))
@@ -85,9 +85,9 @@ def dequantize(code: int, out: str = "f16", by_ids: bool = False) -> Kernel:
     return k
 
 
-def dequantize_float_scalar(code: int, out: str = "f16", by_ids: bool = False) -> Kernel:
+def dequantize_float_scalar(qtype: str, out: str = "f16", by_ids: bool = False) -> Kernel:
     """`dequantize` of F32, F16 or BF16 rows of any K, a value a thread."""
-    fmt = FORMATS[code]
+    fmt = FORMATS[qtype]
     k = Kernel(f"dequantize_{fmt.label}_{out}{'_ids' if by_ids else ''}_scalar",
                _params(by_ids))
     w, *rest = k.params()
@@ -98,8 +98,8 @@ def dequantize_float_scalar(code: int, out: str = "f16", by_ids: bool = False) -
         r = k.op("div.u32", i, K)
         c = k.op("sub.u32", i, k.op("mul.lo.u32", r, K))
         n, held = _row(k, ids, r, N, first_row, by_ids)
-        value = float_value(k, code, k.element(w, k.op("mad.lo.u32", n, K, c),
-                                               FLOAT_BYTES[code]))
+        value = float_value(k, qtype, k.element(w, k.op("mad.lo.u32", n, K, c),
+                                               FLOAT_BYTES[qtype]))
         if held is not None:
             value = k.op("selp.f32", value, f32(0.0), held)
         if out == "f32":
@@ -122,10 +122,10 @@ def to_f16(vec: int = 4) -> Kernel:
 
 
 def variants():
-    for code, fmt in FORMATS.items():
+    for qtype, fmt in FORMATS.items():
         for out, by_ids in OUTPUTS:
-            yield dequantize, (code, out, by_ids)
+            yield dequantize, (qtype, out, by_ids)
             if fmt.is_float:
-                yield dequantize_float_scalar, (code, out, by_ids)
+                yield dequantize_float_scalar, (qtype, out, by_ids)
     for vec in VECS:
         yield to_f16, (vec,)

@@ -124,7 +124,7 @@ def tiled(transpose_b: bool = False, aligned: bool = False) -> Kernel:
     ceil(M/TILE)). The next K slice is fetched from memory into registers while the
     current one is multiplied out of shared memory; two slices are kept in shared
     memory, the next stored while the current is read, so one barrier a slice suffices
-    instead of two (faster than one slice and two barriers: BENCHMARKS.md). `aligned`:
+    instead of two (faster than one slice and two barriers: docs/benchmarks-log.md). `aligned`:
     K and N are multiples of 4 (16-byte loads)."""
     k = Kernel(_name("tiled", transpose_b) + ("_aligned" if aligned else ""),
                [("a", "u64"), ("b", "u64"), ("c", "u64"), ("M", "u32"), ("N", "u32"),

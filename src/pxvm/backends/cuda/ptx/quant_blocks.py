@@ -28,6 +28,10 @@ Q4_K's and Q5_K's products go in integers instead (K4.dot_rows): each unit's x v
 become int16 against their largest (int16_x: 16 bits of the largest value, where
 llama.cpp's CUDA products take 8), the quants' sums with them by dp2a, two values an
 instruction, the 6-bit scales and minimums multiplied in integers, one float step a row.
+
+One module, long as it is: the thirteen GGUF layouts share the unit, the three sources
+(Raw, Planes, SharedRows) and the decoding tricks above, and every kernel family that
+reads weights uses the same decoders; split by type, each file would repeat them.
 """
 
 from __future__ import annotations
@@ -59,7 +63,6 @@ class Format:
     the products read it repacked (its blocks are not 16-byte aligned). The float types
     are read as blocks of UNIT values (their rows then need K a multiple of UNIT)."""
 
-    code: int
     name: str
     block_values: int
     block_bytes: int
@@ -75,29 +78,29 @@ class Format:
         return next(f for f in self.fields if f.name == name)
 
 
-def _format(code, name, values, size, fields, **kw) -> Format:
-    return Format(code, name, values, size, tuple(Field(*f) for f in fields), **kw)
+def _format(name, values, size, fields, **kw) -> Format:
+    return Format(name, values, size, tuple(Field(*f) for f in fields), **kw)
 
 
-#: The types the kernels decode, by GGML type number (the table of pxvm.ops.quant_types,
-#: which the tests check it against; the float types as UNIT-value blocks)
-FORMATS: dict[int, Format] = {f.code: f for f in (
-    _format(0, "F32", 32, 128, [("v", 0, 128)], is_float=True),
-    _format(1, "F16", 32, 64, [("v", 0, 64)], is_float=True),
-    _format(30, "BF16", 32, 64, [("v", 0, 64)], is_float=True),
-    _format(2, "Q4_0", 32, 18, [("d", 0, 2), ("qs", 2, 16)], planes=True),
-    _format(3, "Q4_1", 32, 20, [("dm", 0, 4), ("qs", 4, 16)], planes=True),
-    _format(6, "Q5_0", 32, 22, [("d", 0, 2), ("qh", 2, 4), ("qs", 6, 16)], planes=True),
-    _format(7, "Q5_1", 32, 24, [("dm", 0, 4), ("qh", 4, 4), ("qs", 8, 16)], planes=True),
-    _format(8, "Q8_0", 32, 34, [("d", 0, 2), ("qs", 2, 32)], planes=True),
-    _format(10, "Q2_K", 256, 84, [("scales", 0, 16), ("qs", 16, 64), ("dm", 80, 4)],
+#: The types the kernels decode, by name (the table of pxvm.ops.quant_types, which the
+#: tests check it against; the float types as UNIT-value blocks)
+FORMATS: dict[str, Format] = {f.name: f for f in (
+    _format("F32", 32, 128, [("v", 0, 128)], is_float=True),
+    _format("F16", 32, 64, [("v", 0, 64)], is_float=True),
+    _format("BF16", 32, 64, [("v", 0, 64)], is_float=True),
+    _format("Q4_0", 32, 18, [("d", 0, 2), ("qs", 2, 16)], planes=True),
+    _format("Q4_1", 32, 20, [("dm", 0, 4), ("qs", 4, 16)], planes=True),
+    _format("Q5_0", 32, 22, [("d", 0, 2), ("qh", 2, 4), ("qs", 6, 16)], planes=True),
+    _format("Q5_1", 32, 24, [("dm", 0, 4), ("qh", 4, 4), ("qs", 8, 16)], planes=True),
+    _format("Q8_0", 32, 34, [("d", 0, 2), ("qs", 2, 32)], planes=True),
+    _format("Q2_K", 256, 84, [("scales", 0, 16), ("qs", 16, 64), ("dm", 80, 4)],
             planes=True),
-    _format(11, "Q3_K", 256, 110, [("hmask", 0, 32), ("qs", 32, 64), ("scales", 96, 12),
+    _format("Q3_K", 256, 110, [("hmask", 0, 32), ("qs", 32, 64), ("scales", 96, 12),
                                    ("d", 108, 2)], planes=True),
     # d, dmin and the 12 scale bytes are one 16-byte head
-    _format(12, "Q4_K", 256, 144, [("head", 0, 16), ("qs", 16, 128)]),
-    _format(13, "Q5_K", 256, 176, [("head", 0, 16), ("qh", 16, 32), ("qs", 48, 128)]),
-    _format(14, "Q6_K", 256, 210, [("ql", 0, 128), ("qh", 128, 64), ("scales", 192, 16),
+    _format("Q4_K", 256, 144, [("head", 0, 16), ("qs", 16, 128)]),
+    _format("Q5_K", 256, 176, [("head", 0, 16), ("qh", 16, 32), ("qs", 48, 128)]),
+    _format("Q6_K", 256, 210, [("ql", 0, 128), ("qh", 128, 64), ("scales", 192, 16),
                                    ("d", 208, 2)], planes=True),
 )}
 

@@ -25,6 +25,9 @@ of x before it (`norm`), and after it the residual's add or a GLU (`epilogue`).
 
 `matvec_float_scalar`: F32, F16, BF16 weights whose K is not a multiple of 32 (their rows
 are not 16-byte aligned): a warp an output, a value a lane at a time.
+
+Its length is `matvec`: the prefetch modes and fusions are variants of one loop, kept in
+one builder so that a change to the loop reaches every variant.
 """
 
 from __future__ import annotations
@@ -69,13 +72,12 @@ STAGING = ("stage", "ring")
 #: rows they hold at once only after their wait for the previous kernel, the others'
 #: before it: the previous kernel's end, which the wait waits for, came later the more
 #: copies were queued ahead of it; these types were measured faster so (Q4_K, Q5_K,
-#: Q6_K), Q8_0 and Q4_0 not (BENCHMARKS.md, "The last group after the wait")
-LATE_GROUP_TYPES = (12, 13, 14)
+#: Q6_K), Q8_0 and Q4_0 not (docs/benchmarks-log.md, "The last group after the wait")
+LATE_GROUP_TYPES = ("Q4_K", "Q5_K", "Q6_K")
 #: shared memory a block may stage its rows in (the H100 has 227 KiB a block)
 MAX_STAGED_BYTES = 200 * 1024
-#: the types whose SHAPES are all emitted (the ones benchmarked): Q4_K, Q8_0, Q4_0, Q6_K,
-#: Q5_K
-SWEPT = (12, 8, 2, 14, 13)
+#: the types whose SHAPES are all emitted (the ones benchmarked)
+SWEPT = ("Q4_K", "Q8_0", "Q4_0", "Q6_K", "Q5_K")
 #: what `matvec` stores: the product, residual + product ("add"), or act(gate) * up of a
 #: GLU whose activation is named
 EPILOGUES = ("none", "add", "silu", "gelu_tanh")
@@ -84,7 +86,7 @@ GLU_ACTIVATIONS = ("silu", "gelu_tanh")
 #: transformer's fused ops (rmsnorm_matmul_quant, matmul_quant_add, rmsnorm_glu_quant)
 FUSIONS = ((False, "none"), (True, "none"), (False, "add"), (True, "silu"),
            (True, "gelu_tanh"))
-FLOAT_BYTES = {0: 4, 1: 2, 30: 2}
+FLOAT_BYTES = {"F32": 4, "F16": 2, "BF16": 2}
 
 
 def threads_for(k: int, prefetch: str = "none") -> int:
@@ -109,18 +111,18 @@ def staged_rows(rows: int, prefetch: str) -> int:
     return {"stage": rows, "ring": rows // 2}.get(prefetch, 0)
 
 
-def staged_bytes(code: int, rows: int, k: int, prefetch: str = "stage") -> int:
+def staged_bytes(qtype: str, rows: int, k: int, prefetch: str = "stage") -> int:
     """Shared memory (dynamic) of a matvec block of `rows` rows of k values."""
-    fmt = FORMATS[code]
+    fmt = FORMATS[qtype]
     return staged_rows(rows, prefetch) * (k // fmt.block_values) * fmt.block_bytes
 
 
-def stages(code: int, rows: int, k: int, prefetch: str = "stage") -> bool:
+def stages(qtype: str, rows: int, k: int, prefetch: str = "stage") -> bool:
     """Whether a matvec block of `rows` rows of k values staging them (`prefetch`) can be
     launched: rows the bulk copies can take (quant_blocks.staging_fits) in
     MAX_STAGED_BYTES, and for a ring one pass of at most MAX_RING_THREADS threads."""
-    return (staging_fits(FORMATS[code], k)
-            and staged_bytes(code, rows, k, prefetch) <= MAX_STAGED_BYTES
+    return (staging_fits(FORMATS[qtype], k)
+            and staged_bytes(qtype, rows, k, prefetch) <= MAX_STAGED_BYTES
             and (prefetch != "ring" or threads_for(k, prefetch) <= MAX_RING_THREADS))
 
 
@@ -165,7 +167,7 @@ def _warp_sums(k: Kernel, acc: list, lane, warp, partial, rows: int) -> None:
         k.store("f32", k.op("mad.lo.u32", slot, 4, partial), total, space="shared")
 
 
-def matvec(code: int, rows: int = 8, group: int = 8, prefetch: str = "bulk",
+def matvec(qtype: str, rows: int = 8, group: int = 8, prefetch: str = "bulk",
            norm: bool = False, epilogue: str = "none") -> Kernel:
     """Grid (ceil(N / outputs), M), block threads_for(K): block (b, m) computes outputs
     b * outputs .. of x row m, outputs = rows (rows / 2 for a GLU). Parameters: x, the
@@ -202,7 +204,7 @@ def matvec(code: int, rows: int = 8, group: int = 8, prefetch: str = "bulk",
                          f"two groups, got {rows}, {group}")
     if epilogue not in EPILOGUES:
         raise ValueError(f"epilogue must be one of {', '.join(EPILOGUES)}, got {epilogue!r}")
-    fmt = FORMATS[code]
+    fmt = FORMATS[qtype]
     reader = unit(fmt)
     ring = prefetch == "ring"
     src = source(fmt, fmt.planes)
@@ -242,7 +244,7 @@ def matvec(code: int, rows: int = 8, group: int = 8, prefetch: str = "bulk",
         slots += [k.op("add.u32", slot, outputs) for slot in slots] if glu else []
         if ring:  # group g's rows in the slots of group g % resident
             slots = [(i // group % resident) * group + i % group for i in range(rows)]
-        late = int(code in LATE_GROUP_TYPES and resident > 1)  # groups queued after the wait
+        late = int(qtype in LATE_GROUP_TYPES and resident > 1)  # groups queued after the wait
         barriers, row_bytes = _stage_rows(k, src, tid, first, block_rows, N, resident,
                                           group, outputs, resident - late)
     x_row = k.element(x, k.op("mul.lo.u32", m, K), 4)
@@ -421,20 +423,20 @@ def matvec_group(rows: int, group: int, prefetch: str, epilogue: str) -> int:
     return group
 
 
-def matvec_args(code: int, rows: int, group: int, prefetch: str, norm: bool = False,
+def matvec_args(qtype: str, rows: int, group: int, prefetch: str, norm: bool = False,
                 epilogue: str = "none") -> tuple:
     """`matvec`'s arguments, as `variants` lists them (the plain product without the
     fusion's)."""
     fusion = () if (norm, epilogue) == FUSIONS[0] else (norm, epilogue)
-    return (code, rows, group, prefetch, *fusion)
+    return (qtype, rows, group, prefetch, *fusion)
 
 
-def float_value(k: Kernel, code: int, address) -> object:
+def float_value(k: Kernel, qtype: str, address) -> object:
     """The float32 value of one F32, F16 or BF16 element at `address`."""
-    if code == 0:
+    if qtype == "F32":
         return k.load("f32", address, "global.nc")
     half = k.load("b16", address, "global.nc")
-    if code == 1:
+    if qtype == "F16":
         return k.op("cvt.f32.f16", half)
     bits = k.op("shl.b32", k.op("cvt.u32.u16", half), 16)  # BF16: a float32's high half
     value = k.reg("f32")
@@ -442,11 +444,11 @@ def float_value(k: Kernel, code: int, address) -> object:
     return value
 
 
-def matvec_float_scalar(code: int) -> Kernel:
+def matvec_float_scalar(qtype: str) -> Kernel:
     """Grid (ceil(N / WARPS), M), THREADS threads: warp w of block (b, m) computes output
     b * WARPS + w of x row m."""
-    fmt = FORMATS[code]
-    size = FLOAT_BYTES[code]
+    fmt = FORMATS[qtype]
+    size = FLOAT_BYTES[qtype]
     k = Kernel(f"matvec_{fmt.label}_scalar",
                [("x", "u64"), ("w", "u64"), ("y", "u64"), ("N", "u32"), ("K", "u32")])
     x, w, y, N, K = k.params()
@@ -460,7 +462,7 @@ def matvec_float_scalar(code: int) -> Kernel:
         acc = k.op("mov.f32", f32(0.0))
         i = k.op("mov.u32", lane)
         with k.loop(i, K, 32):
-            value = float_value(k, code, k.element(row, i, size))
+            value = float_value(k, qtype, k.element(row, i, size))
             k.to(acc, "fma.rn.f32", value, k.load("f32", k.element(x_row, i, 4)), acc)
         for offset in (16, 8, 4, 2, 1):
             k.to(acc, "add.f32", acc, _shuffle(k, acc, offset))
@@ -469,11 +471,11 @@ def matvec_float_scalar(code: int) -> Kernel:
     return k
 
 
-def repack(code: int) -> Kernel:
+def repack(qtype: str) -> Kernel:
     """GGUF rows into one plane a field (quant_blocks.Planes): block i's field f at
     plane_f + i * size_f. A thread a block, grid-stride; parameters w, the planes,
     blocks (N * blocks a row)."""
-    fmt = FORMATS[code]
+    fmt = FORMATS[qtype]
     k = Kernel(f"repack_{fmt.label}",
                [("w", "u64"), *Planes(fmt).params(), ("blocks", "u32")])
     w, *planes, blocks = k.params()
@@ -493,10 +495,10 @@ def repack(code: int) -> Kernel:
 
 
 def variants():
-    for code, fmt in FORMATS.items():
+    for qtype, fmt in FORMATS.items():
         for prefetch in PREFETCHES:
             # every type's small-weight shape (ops.quantized.SMALL_SHAPE) too
-            shapes = SHAPES if code in SWEPT and prefetch != "lines" else (
+            shapes = SHAPES if qtype in SWEPT and prefetch != "lines" else (
                 (DEFAULT_SHAPE, (4, 4)) if prefetch != "lines" else (DEFAULT_SHAPE,))
             if prefetch in STAGING and STAGED_SHAPE not in shapes:
                 shapes += (STAGED_SHAPE,)
@@ -505,12 +507,12 @@ def variants():
             seen = set()
             for rows, group in shapes:
                 for norm, epilogue in FUSIONS:
-                    args = matvec_args(code, rows, matvec_group(rows, group, prefetch, epilogue),
+                    args = matvec_args(qtype, rows, matvec_group(rows, group, prefetch, epilogue),
                                        prefetch, norm, epilogue)
                     if args not in seen:
                         seen.add(args)
                         yield matvec, args
         if fmt.planes:
-            yield repack, (code,)
+            yield repack, (qtype,)
         if fmt.is_float:
-            yield matvec_float_scalar, (code,)
+            yield matvec_float_scalar, (qtype,)

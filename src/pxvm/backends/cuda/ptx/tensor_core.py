@@ -22,7 +22,7 @@ ROW_BYTES = DEPTH * 2       # a slice row: DEPTH float16 values
 WARP_M = 64                 # a warp's rows (WARP_N columns: a kernel parameter)
 M_TILES = WARP_M // 16
 #: (block columns, warp columns, pipeline stages) of the kernel the op launches: the
-#: fastest of SHAPES on the H100 (BENCHMARKS.md)
+#: fastest of SHAPES on the H100 (docs/benchmarks-log.md)
 DEFAULT = (128, 64, 2)
 
 
@@ -152,7 +152,7 @@ def matmul_f16_bt(block_n: int = 128, warp_n: int = 32, stages: int = 2) -> Kern
     return k
 
 
-#: the shapes tried on the H100 (BENCHMARKS.md); DEFAULT is the one the op launches
+#: the shapes tried on the H100 (docs/benchmarks-log.md); DEFAULT is the one the op launches
 SHAPES = ((128, 32, 2), (128, 32, 3), (128, 64, 2), (128, 64, 3), (256, 64, 2))
 
 

@@ -23,6 +23,9 @@ Two kernels, launched in this order on one stream:
   merges the records, rescaled to their common max.
 Tokens at max_keys and beyond (which the host cannot check, as the position lives on
 the device) get NaN rows and are not appended.
+
+One module for the kernel family: append, attend and the merge share the cache layout,
+the ranges and the partial records, which split across files would have to agree on.
 """
 
 from __future__ import annotations

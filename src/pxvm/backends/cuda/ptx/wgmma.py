@@ -29,7 +29,7 @@ THREADS = 128 * WARPGROUPS
 DEFAULT = (256, 4, 1)
 #: the activations of the GLU epilogue (matmul_f16_wgmma's `glu`)
 GLU_ACTIVATIONS = ("silu", "gelu_tanh")
-#: the shapes the benchmarks try (BENCHMARKS.md)
+#: the shapes the benchmarks try (docs/benchmarks-log.md)
 SHAPES = ((128, 4, 0), (128, 6, 0), (128, 6, 1), (256, 3, 0), (256, 4, 1))
 
 

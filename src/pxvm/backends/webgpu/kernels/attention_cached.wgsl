@@ -10,7 +10,7 @@
 // rescaled). KEY_LANES threads share each key's dot product, each loading 8 elements of
 // two keys at once, and groups of threads share the weighted sum of values, sixteen rows
 // per trip: loads in flight, not long chains, set the speed of these small passes
-// (BENCHMARKS.md: these and 4 or 16 lanes per key measured on the H100). It stores the
+// (docs/benchmarks-log.md: these and 4 or 16 lanes per key measured on the H100). It stores the
 // range's unnormalised output, max and sum of exponentials in `part`; with one range
 // (n_ranges = 1) it writes the normalised output instead, and no `combine` is needed.
 // Keys below pos are read from the cache; newer ones from qkv, because they are being
@@ -20,13 +20,13 @@
 // (matmul_quant.wgsl can merge the ranges instead, as the input of the output projection.)
 // The head size D is the pipeline constant HEAD_DIM, so that loops over a head's
 // elements have trip counts the driver knows (faster than D read from the params on the
-// H100: BENCHMARKS.md).
+// H100: docs/benchmarks-log.md).
 // NEOX = false rotates pairs (2c, 2c+1) (GGUF llama), true rotates (c, c + D/2).
 
 override NEOX: bool = false;
 // RING: the caches are rings of n_ctx rows (a multiple of CHUNK), position j in row
 // j % n_ctx: a sliding-window layer's cache, which holds only its window and one pass's
-// new tokens (pxvm/ops/transformer.py checks it is big enough, so that a pass overwrites
+// new tokens (ops/transformer.py checks it is big enough, so that a pass overwrites
 // only keys none of its tokens sees). Chunks start at multiples of CHUNK, so a chunk's
 // keys never wrap.
 override RING: bool = false;
@@ -63,7 +63,7 @@ struct Params {
 @group(0) @binding(4) var<storage, read> cos_sin: array<vec2<f32>>;
 // The ranges' partial results, records of PART_STRIDE floats at
 // part[((i * hq + h) * n_ranges + r) * PART_STRIDE]: HEAD_DIM output sums, the max score at
-// PART_MAX, the sum of exps at PART_SUM (pxvm/ops/layouts.py's AttentionPartials, which
+// PART_MAX, the sum of exps at PART_SUM (ops/layouts.py's AttentionPartials, which
 // matmul_quant.wgsl reads too).
 @group(0) @binding(5) var<storage, read_write> part: array<f32>;
 @group(0) @binding(6) var<storage, read_write> out: array<f32>;

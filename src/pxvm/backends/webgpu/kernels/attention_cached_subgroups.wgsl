@@ -1,7 +1,7 @@
 // extends attention_cached.wgsl
 // attention_cached.wgsl's `reduce` by subgroup operations: each subgroup's max or sum,
 // then the workgroup's over those, with two barriers instead of a tree of log2(size);
-// for devices with the subgroup feature (pxvm/ops/transformer.py chooses this file
+// for devices with the subgroup feature (ops/transformer.py chooses this file
 // there). Like matmul_quant_subgroups.wgsl it relies on subgroups being runs of
 // consecutive invocations.
 

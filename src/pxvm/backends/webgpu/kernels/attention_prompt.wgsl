@@ -1,5 +1,5 @@
 // Causal attention of a prompt's many new tokens over a KV cache, tiled as flash
-// attention is: attention_cached's prompt path (pxvm/ops/transformer.py picks it), with
+// attention is: attention_cached's prompt path (ops/transformer.py picks it), with
 // attention_cached.wgsl's semantics. qkv (S, (Hq + 2 Hkv) D) holds each new token's query
 // heads, key heads and value heads; the tokens sit at positions pos .. pos + S - 1, where
 // pos = state[1] is read on the GPU, so one recording serves every position. Caches are
@@ -27,7 +27,7 @@
 
 override NEOX: bool = false;
 override HEAD_DIM: u32 = 64u;    // a multiple of 4, at most 4 WG
-// The tile shape, both even (pxvm/ops/transformer.py's prompt_tiles chooses it):
+// The tile shape, both even (ops/transformer.py's prompt_tiles chooses it):
 // QUERY_ROWS at most WG and at most 4 ROW_GROUPS (four output quads a thread),
 // TILE_KEYS * D4 at most 4 WG (four quads of a tile a thread), and the workgroup memory
 // below within the device's limit.

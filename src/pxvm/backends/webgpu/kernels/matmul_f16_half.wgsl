@@ -9,7 +9,7 @@
 // products only. Random normal inputs of scale 0.01 to 10 give an NMSE of ~8e-7 at
 // HALF_STEPS 32 (~1.5e-6 at 64), whatever K; it grows as the partial sums reach f16's
 // subnormals (below 6e-5: ~4e-6 at scale 0.003) and they overflow past 65504, so inputs
-// far from unit scale want ops/matmul.py's F16_KERNEL = "blocked" (f32 products).
+// far from unit scale want the f32-product kernel (ops/matmul.py's F16_KERNEL_TUNED "blocked").
 //   main      one guarded f16 load a value (any shape)
 //   main_vec  one 8-byte load a run of 4 (K % 4 == 0, and N % 4 == 0 unless TRANSPOSE_B)
 

@@ -17,7 +17,7 @@
 // rows then the up rows (2N rows) and y = silu(x Wg^T) * (x Wu^T); 3 is GeGLU, the same
 // with GELU (tanh form) for silu.
 // ATTENTION_PARTS: x holds attention_cached.wgsl's per-range partial results, records of
-// PART_STRIDE floats laid out as pxvm/ops/layouts.py's AttentionPartials says (head_dim
+// PART_STRIDE floats laid out as ops/layouts.py's AttentionPartials says (head_dim
 // unnormalised sums, the max score at PART_MAX, the sum of exponentials at PART_SUM),
 // and `ids` its state [token, position, ..]. Every workgroup merges
 // its token's ranges into the attention output (K = heads * HEAD_DIM values, at most
@@ -39,7 +39,7 @@ override ATTENTION_PARTS: bool = false;
 override PART_STRIDE: u32 = 0u;   // set with ATTENTION_PARTS
 override PART_MAX: u32 = 0u;
 override PART_SUM: u32 = 0u;
-const MAX_MERGED: u32 = 2048u;    // pxvm/ops/quantized.py's MAX_MERGED
+const MAX_MERGED: u32 = 2048u;    // ops/quantized.py's MAX_MERGED
 
 struct Params {
     M: u32,
@@ -265,8 +265,7 @@ fn word_dot(word: u32, xa: vec4<f32>, xb: vec4<f32>) -> f32 {
 // loads; a single lane (CPU drivers) takes whole blocks and reads each scale once.
 // SwiGLU's up row (n + N) is read in the same trips as the gate row n, sharing x's loads
 // (its loads in flight beside the gate's instead of after them); the norm's squares come
-// from the product's own x loads (both measured with benchmarks/h100/kernel_ab.py:
-// BENCHMARKS.md).
+// from the product's own x loads (both measured: docs/benchmarks-log.md).
 fn lane_dot_blocks32(m: u32, n: u32, lane: u32) -> vec3<f32> {
     let n_blocks = p.K / 32u;
     let bb = BLOCK_BYTES;
@@ -472,7 +471,7 @@ fn embed(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) li
 // Not for ATTENTION_PARTS.
 
 // 32, 64 or 128 each, but not 32 with 128 (its fetch would need more runs or tasks a
-// thread than `fetch` has registers for): pxvm/ops/quantized.py's TILE_SHAPES.
+// thread than `fetch` has registers for): ops/quantized.py's TILE_SHAPES.
 override TILE_M: u32 = 64u;   // rows of x a workgroup
 override TILE_N: u32 = 64u;   // rows of W a workgroup
 // Threads along the tile's columns and rows, and the workgroup's: derived here only.

@@ -1,6 +1,6 @@
 // extends matmul_quant.wgsl
 // matmul_quant.wgsl's `column_sums` by subgroup shuffles instead of a tree of log2(LANES)
-// workgroup barriers: for devices with the subgroup feature (pxvm/ops/quantized.py
+// workgroup barriers: for devices with the subgroup feature (ops/quantized.py
 // chooses this file there). A column wider than a subgroup adds its subgroups' totals
 // after the one barrier left. It relies on a one-dimensional workgroup's subgroups
 // being runs of consecutive invocations, as drivers lay them out (WGSL does not promise

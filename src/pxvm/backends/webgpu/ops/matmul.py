@@ -180,13 +180,13 @@ def matmul_f16(ctx, a, b, transpose_b=False):
 
 
 def _cases(op, dtype, shapes):
-    def cases(rng, backend) -> list[tuning.Case]:
+    def cases(rng, backend) -> list[tuning.TuningCase]:
         out = []
         for m, k, n in shapes:
             a = rng.standard_normal((m, k)).astype(dtype)
             b = rng.standard_normal((n, k)).astype(dtype)
             ta, tb = backend.from_numpy(a), backend.from_numpy(b)
-            out.append(tuning.Case(f"{m} x {k} x {n}",
+            out.append(tuning.TuningCase(f"{m} x {k} x {n}",
                                    lambda ta=ta, tb=tb: op(ta, tb, transpose_b=True),
                                    op.reference(a, b, transpose_b=True), 1e-5))
         return out

@@ -44,14 +44,14 @@ class MatmulQuantParams(KernelParams):
 #: Threads per output column (`lanes`) of products of a few rows, as `pxvm tune` measured
 #: them on shapes (M, N, K) of LANES_TUNED_SHAPES; forced, every product takes the row
 #: kernel with them (the tests of its lanes).
-LANES_TUNED = "matmul_quant.lanes.prompt"
+LANES_TUNED = "matmul_quant.webgpu.lanes"
 LANES_TUNED_SHAPES = ((16, 1536, 576), (16, 576, 1536))
 LANE_CHOICES = (1, 4, 8, 16, 32, 64, 128)
 #: Threads per output column on GPUs, by situation: a few rows (until tuned), one row,
 #: one row of very many columns (an LM head). Decoding's two are not tuned: `pxvm tune`
 #: timed its products one by one and chose 16 and 4 on the H100, which decoded SmolLM2
 #: slower than these, even timed as chains of products; a step's fused norms, GLUs and
-#: attention merges and its context length decide them (BENCHMARKS.md, issue 19).
+#: attention merges and its context length decide them (docs/benchmarks-log.md, issue 19).
 UNTUNED_LANES = (8, 64, 16)
 WIDE_COLUMNS = 16384
 
@@ -62,7 +62,7 @@ def _lanes(ctx, m, n):
     prompts take the tiled kernel: takes_tiled); for one row (decoding: a chain of small
     dispatches, each as long as its longest thread) 64, or 16 for very many columns (an
     LM head fills the GPU with columns alone): each the fastest for its products in
-    SmolLM2's decoding step on the H100 (BENCHMARKS.md)."""
+    SmolLM2's decoding step on the H100 (docs/benchmarks-log.md)."""
     situation = 0 if m > 1 else 2 if n >= WIDE_COLUMNS else 1
     tuned = tuning.choice(ctx.backend, LANES_TUNED) if situation == 0 else None
     if tuned is not None:
@@ -71,8 +71,8 @@ def _lanes(ctx, m, n):
 
 
 #: From this many rows of x (a prompt's), products take `matmul_tiled`, which dequantizes
-#: each weight block once per tile of rows instead of once per row (on lavapipe too:
-#: 2-15x faster there for 64 to 512 rows).
+#: each weight block once per tile of rows instead of once per row (faster on lavapipe
+#: too: docs/benchmarks-log.md).
 TILED_MIN_ROWS = 32
 #: The (TILE_M, TILE_N) that `matmul_tiled` takes: rows of x and rows of W a workgroup
 #: multiplies, 32, 64 or 128 each but not 32 with 128. A thread takes 4 x 4 outputs (a quad
@@ -82,10 +82,10 @@ TILED_MIN_ROWS = 32
 #: TILE_N / 2 outputs wide.
 TILE_SHAPES = ((32, 32), (32, 64), (64, 32), (64, 64), (64, 128), (128, 64), (128, 128))
 #: The shape `matmul_tiled` uses where `pxvm tune` has not chosen one for the device
-#: (TILED_TUNED): the fastest on the H100 for SmolLM2's prompts (BENCHMARKS.md), though
+#: (TILED_TUNED): the fastest on the H100 for SmolLM2's prompts (docs/benchmarks-log.md), though
 #: smaller tiles would give a small model's products more workgroups.
 TILED_SHAPE = (64, 64)
-TILED_TUNED = "matmul_quant.tiled.shape"
+TILED_TUNED = "matmul_quant.webgpu.tiled_shape"
 
 
 def tiled_shape(ctx) -> tuple[int, int]:
@@ -136,12 +136,12 @@ def product(ctx, x, w, n, qtype, k, *, gain=None, residual=None, eps=0.0, epilog
 
 
 @quantized.matmul_quant.kernel("webgpu")
-def matmul_quant(ctx, x, w, qtype=3, k=0):
+def matmul_quant(ctx, x, w, *, qtype, k):
     return product(ctx, x, w, w.shape[0], qtype, k)
 
 
 @quantized.embedding_quant.kernel("webgpu")
-def embedding_quant(ctx, ids, w, qtype=3, k=0, first_row=0):
+def embedding_quant(ctx, ids, w, *, qtype, k, first_row=0):
     s = ids.shape[0]
     out = ctx.empty((s, k), np.float32)
     t = quant_type(qtype)
@@ -158,7 +158,8 @@ tuning.tunable(LANES_TUNED, "threads per output column, products of a few rows",
                LANE_CHOICES, ("webgpu",), quantized.product_cases(LANES_TUNED_SHAPES))
 # Cases: the products of a 512-token prompt of the default model (SmolLM2: QKV's 960 rows,
 # the GLU's 3072, the down projection's K = 1536). With a plain 1536-row product in place
-# of the GLU, the H100 chose 64x32, slower than 64x64 for SmolLM2's prompts (BENCHMARKS.md).
+# of the GLU, the H100 chose 64x32, slower than 64x64 for SmolLM2's prompts
+# (docs/benchmarks-log.md).
 tuning.tunable(TILED_TUNED, "rows of x by rows of W a workgroup of a prompt's product "
                "multiplies (matmul_tiled)", TILE_SHAPES, ("webgpu",),
                quantized.product_cases(((512, 960, 576), (512, 3072, 576), (512, 576, 1536))))

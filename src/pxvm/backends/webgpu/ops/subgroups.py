@@ -10,7 +10,7 @@ from ....core import tuning
 from ....ops.quantized import product_cases
 
 #: whether the ops take their subgroup variants where the device has subgroups; untuned,
-#: they do (faster on the H100: BENCHMARKS.md)
+#: they do (faster on the H100: docs/benchmarks-log.md)
 TUNED = "webgpu.subgroup_kernels"
 
 

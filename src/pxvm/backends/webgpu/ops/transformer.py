@@ -29,17 +29,17 @@ GLU_EPILOGUES = {"silu": 2, "gelu_tanh": 3}
 
 
 @transformer.rmsnorm_matmul_quant.kernel("webgpu")
-def rmsnorm_matmul_quant(ctx, x, gain, w, qtype=3, k=0, eps=1e-6):
+def rmsnorm_matmul_quant(ctx, x, gain, w, *, qtype, k, eps=1e-6):
     return product(ctx, x, w, w.shape[0], qtype, k, gain=gain, eps=eps)
 
 
 @transformer.matmul_quant_add.kernel("webgpu")
-def matmul_quant_add(ctx, x, w, residual, qtype=3, k=0):
+def matmul_quant_add(ctx, x, w, residual, *, qtype, k):
     return product(ctx, x, w, w.shape[0], qtype, k, residual=residual, epilogue=ADD_EPILOGUE)
 
 
 @transformer.rmsnorm_glu_quant.kernel("webgpu")
-def rmsnorm_glu_quant(ctx, x, gain, w, qtype=3, k=0, eps=1e-6, activation="silu"):
+def rmsnorm_glu_quant(ctx, x, gain, w, *, qtype, k, eps=1e-6, activation="silu"):
     return product(ctx, x, w, w.shape[0] // 2, qtype, k, gain=gain, eps=eps,
                    epilogue=GLU_EPILOGUES[activation])
 
@@ -64,7 +64,7 @@ assert transformer.RING_ROWS % CACHED_CHUNK == 0  # a ring cache is walked in wh
 # each per (token, head); their results are merged by `combine` or by the output
 # projection. Bounds of at most CACHED_ONE_RANGE_MAX_KEYS keys take one range, which
 # needs no merge: `attention_cached` then runs in one dispatch. Both were chosen on the
-# H100 with SmolLM2's decoding step (BENCHMARKS.md, "attention ranges").
+# H100 with SmolLM2's decoding step (docs/benchmarks-log.md, "attention ranges").
 CACHED_MAX_RANGES = 16
 CACHED_ONE_RANGE_MAX_KEYS = 64
 # Every workgroup of the output projection merges its token's ranges again: for one
@@ -217,11 +217,10 @@ def attention_cached(ctx, qkv, k_cache, v_cache, state, n_heads=1, theta=10000.0
 
 
 @transformer.attention_cached_matmul_quant_add.kernel("webgpu")
-def attention_cached_matmul_quant_add(ctx, qkv, k_cache, v_cache, state, w, residual,
-                                      n_heads=1, theta=10000.0, style="interleaved",
-                                      scale=None, max_keys=None, qtype=3, k=0,
-                                      freq_factors=None, attn_factor=1.0, softcap=0.0,
-                                      window=0):
+def attention_cached_matmul_quant_add(ctx, qkv, k_cache, v_cache, state, w, residual, *,
+                                      qtype, k, n_heads=1, theta=10000.0, style="interleaved",
+                                      scale=None, max_keys=None, freq_factors=None,
+                                      attn_factor=1.0, softcap=0.0, window=0):
     n_ctx, _, d = k_cache.shape
     result, partials, combine = _attend(ctx, qkv, k_cache, v_cache, state, max_keys or n_ctx,
                                         n_heads, theta, style, scale, freq_factors,

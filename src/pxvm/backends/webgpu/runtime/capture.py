@@ -28,7 +28,7 @@ class DispatchList:
         buffer, and each StagingReadback holds a copy of its allocation after every run (after
         the last only, when not `each_run`): one submit and one readback for several
         steps. A copy between runs splits the compute pass, which slowed decoding on
-        the H100 (BENCHMARKS.md)."""
+        the H100 (docs/benchmarks-log.md)."""
         recorder = self.encode(stage, timestamps, runs, each_run)
         recorder.submit()
         return recorder

@@ -23,7 +23,7 @@ from .native import PortableCalls, choose_calls
 from .recorder import CapturingRecorder, ProfilingRecorder, Recorder, StagingReadback
 from .shaders import UNCHECKED_KERNELS, declared_bindings, enables, load_wgsl
 
-log = logging.getLogger("pxvm.runtime")
+log = logging.getLogger("pxvm.backends.webgpu")
 
 #: The device feature each WGSL extension of an `enable` directive needs.
 EXTENSION_FEATURES = {"f16": "shader-f16", "subgroups": "subgroup"}

@@ -4,7 +4,7 @@ compiling the heavy kernels), behind one adapter with two implementations.
 `PortableCalls` uses wgpu-py's public API and works with any wgpu-py backend.
 `NativeCalls` calls wgpu-native's C functions directly, which wgpu-py runs on today;
 it is chosen when wgpu-native is importable, unless `PXVM_WGPU_CALLS=portable` (the
-test suite runs the GPU paths through both). Why the native path (BENCHMARKS.md has
+test suite runs the GPU paths through both). Why the native path (docs/benchmarks-log.md has
 the measurements):
 - encoding a captured step: wgpu-py's wrappers around set_pipeline / set_bind_group /
   dispatch cost three times the C calls themselves;

@@ -20,7 +20,7 @@ KERNELS = __package__.rsplit(".", 1)[0] + ".kernels"
 #: can reach outside its buffers or spin forever; these kernels' indices come from shapes
 #: their ops check on the host and their loops from those shapes, and their tests run at
 #: odd shapes on poisoned buffers. Without the checks the products and attention run
-#: much faster (BENCHMARKS.md, issue 19). Kernels that index by data a user gives (the
+#: much faster (docs/benchmarks-log.md, issue 19). Kernels that index by data a user gives (the
 #: pxVM interpreter) keep them, as do browsers, which always check.
 UNCHECKED_KERNELS = frozenset({
     "matmul_blocked.wgsl", "matmul_f16_half.wgsl", "matmul_quant.wgsl",

@@ -33,6 +33,8 @@ AUTO = ("webgpu", "cpu")
 #: records has a CUDA kernel, and it decodes and prefills faster than WebGPU there:
 #: docs/benchmarks-log.md), then as for ops.
 AUTO_MODELS = ("cuda", *AUTO)
+#: what a model on "auto" is told when AUTO_MODELS' first backend takes it
+AUTO_MODELS_REASON = "auto: CUDA runs language models faster than WebGPU on NVIDIA GPUs"
 #: Where an op called on host arrays runs when `pxvm tune` measured the GPU slower than
 #: the CPU for inputs of their size (the crossover).
 BELOW_CROSSOVER = "cpu"
@@ -126,8 +128,7 @@ def model_backend(name: str | Backend = "auto") -> tuple[Backend, str | None]:
         return get_backend(name), None
     backend = _first_available(AUTO_MODELS)
     if backend.name == AUTO_MODELS[0]:
-        return backend, (f"auto: {backend.name} runs language models faster than "
-                         f"{AUTO_MODELS[1]} on its GPUs")
+        return backend, AUTO_MODELS_REASON
     return backend, None
 
 

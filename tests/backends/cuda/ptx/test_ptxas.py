@@ -8,11 +8,14 @@ import importlib.util
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from pxvm.backends.cuda import ptx
+
+PXVM = [sys.executable, "-m", "pxvm"]  # the command, installed or not (PYTHONPATH=src)
 
 
 def _ptxas() -> str:
@@ -48,11 +51,11 @@ def test_a_hopper_kernel_is_refused_for_another_architecture():
 
 
 def test_pxvm_ptx_lists_every_kernel_and_prints_one():
-    run = subprocess.run(["pxvm", "ptx", "--list"], capture_output=True, text=True, timeout=60)
+    run = subprocess.run([*PXVM, "ptx", "--list"], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0 and run.stdout.split() == list(ptx.kernels())
-    one = subprocess.run(["pxvm", "ptx", "softmax_v4", "--arch", "sm_80"], capture_output=True,
+    one = subprocess.run([*PXVM, "ptx", "softmax_v4", "--arch", "sm_80"], capture_output=True,
                          text=True, timeout=60)
     assert one.returncode == 0 and ".target sm_80" in one.stdout
     assert ".visible .entry softmax_v4(" in one.stdout
-    bad = subprocess.run(["pxvm", "ptx", "nope"], capture_output=True, text=True, timeout=60)
+    bad = subprocess.run([*PXVM, "ptx", "nope"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 1 and "pxvm ptx --list" in bad.stderr

@@ -1,8 +1,13 @@
 """Copies of rows and columns: `write_rows` stores rows into an existing tensor in place
 (a KV cache), `slice_rows` and `slice_columns` take a range of rows or columns into a new
-tensor, `concat_columns` joins two matrices side by side."""
+tensor, `concat_columns` joins two matrices side by side.
+
+Each is a few strided copies of rows (`row_copies`), so that a backend implements one
+copy of rows and registers it for all four (`ROW_COPY_OPS`)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -63,3 +68,49 @@ def _infer_concat(a, b):
 def concat_columns(a, b, *, backend="auto"):
     """[a b]: (M, Na) and (M, Nb) side by side as (M, Na + Nb)."""
     return np.concatenate([np.asarray(a, np.float32), np.asarray(b, np.float32)], axis=1)
+
+
+@dataclass(frozen=True)
+class RowCopy:
+    """out[dst_row0 + r, dst_col0 + c] = inputs[source][src_row0 + r, src_col0 + c] for
+    r < rows and c < length, the source seen as rows of src_row_len values and the result
+    as rows of dst_row_len."""
+    source: int
+    rows: int
+    length: int
+    src_row_len: int
+    dst_row_len: int
+    src_row0: int = 0
+    src_col0: int = 0
+    dst_row0: int = 0
+    dst_col0: int = 0
+
+
+def _row_len(shape) -> int:
+    return int(np.prod(shape[1:], dtype=np.int64))
+
+
+def row_copies(name: str, shapes: list[tuple], params: dict) -> list[RowCopy]:
+    """The copies op `name` of ROW_COPY_OPS is, for inputs of `shapes` (checked by its
+    infer); the result is a new tensor of the op's shape, or the first input (write_rows)."""
+    start = int(params.get("start", 0))
+    if name == "write_rows":
+        n = _row_len(shapes[1])
+        return [RowCopy(1, shapes[1][0], n, n, n, dst_row0=start)]
+    if name == "slice_rows":
+        stop = shapes[0][0] if params.get("stop") is None else int(params["stop"])
+        n = _row_len(shapes[0])
+        return [RowCopy(0, stop - start, n, n, n, src_row0=start)]
+    if name == "slice_columns":
+        rows, cols = shapes[0]
+        stop = cols if params.get("stop") is None else int(params["stop"])
+        return [RowCopy(0, rows, stop - start, cols, stop - start, src_col0=start)]
+    if name == "concat_columns":
+        (rows, na), (_, nb) = shapes
+        return [RowCopy(0, rows, na, na, na + nb), RowCopy(1, rows, nb, nb, na + nb, dst_col0=na)]
+    raise ValueError(f"{name} is not one of the row-copy ops")
+
+
+#: the ops that are row copies, and whether each writes into its first input
+ROW_COPY_OPS = {write_rows: True, slice_rows: False, slice_columns: False,
+                concat_columns: False}

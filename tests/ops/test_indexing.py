@@ -107,3 +107,35 @@ def test_concat_columns_refuses_non_matching_matrices(a_shape, b_shape, message,
     with pytest.raises(ShapeError, match=message):
         concat_columns(np.ones(a_shape, np.float32), np.ones(b_shape, np.float32),
                        backend=backend)
+
+
+def _apply_row_copies(name, inputs, params, out):
+    """Run an op's row_copies with numpy, each operand seen as rows of its row length."""
+    from pxvm.ops.indexing import row_copies
+    flat_out = out.reshape(-1)
+    for c in row_copies(name, [x.shape for x in inputs], params):
+        src = inputs[c.source].reshape(-1)
+        for r in range(c.rows):
+            s0 = (c.src_row0 + r) * c.src_row_len + c.src_col0
+            d0 = (c.dst_row0 + r) * c.dst_row_len + c.dst_col0
+            flat_out[d0: d0 + c.length] = src[s0: s0 + c.length]
+    return out
+
+
+@pytest.mark.parametrize("name,shapes,params", [
+    ("write_rows", [(9, 3, 5), (4, 3, 5)], {"start": 5}),
+    ("slice_rows", [(9, 3, 5)], {"start": 2, "stop": 7}),
+    ("slice_rows", [(9, 7)], {"start": 8}),
+    ("slice_columns", [(5, 11)], {"start": 3, "stop": 10}),
+    ("slice_columns", [(5, 11)], {"start": 4}),
+    ("concat_columns", [(6, 3), (6, 7)], {}),
+])
+def test_row_copies_of_an_op_compute_its_reference(name, shapes, params, rng):
+    op = getattr(pxvm.ops, name)
+    inputs = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    expected = op.reference(*[x.copy() for x in inputs], **params)
+    if name == "write_rows":
+        out = inputs[0].copy()
+    else:
+        out = np.full(expected.shape, np.nan, np.float32)
+    np.testing.assert_array_equal(_apply_row_copies(name, inputs, params, out), expected)

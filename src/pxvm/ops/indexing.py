@@ -3,7 +3,7 @@
 tensor, `concat_columns` joins two matrices side by side.
 
 Each is a few strided copies of rows (`row_copies`), so that a backend implements one
-copy of rows and registers it for all four (`ROW_COPY_OPS`)."""
+copy of rows and registers it for all four (`register_row_copies`)."""
 
 from __future__ import annotations
 
@@ -114,3 +114,16 @@ def row_copies(name: str, shapes: list[tuple], params: dict) -> list[RowCopy]:
 #: the ops that are row copies, and whether each writes into its first input
 ROW_COPY_OPS = {write_rows: True, slice_rows: False, slice_columns: False,
                 concat_columns: False}
+
+
+def register_row_copies(backend: str, copy_rows) -> None:
+    """Register on `backend` a kernel for every op of ROW_COPY_OPS that records the op's
+    row_copies with `copy_rows(ctx, inputs, out, copy)`, the backend's copy of rows."""
+    for op_, in_place in ROW_COPY_OPS.items():
+        def kernel(ctx, *inputs, op_=op_, in_place=in_place, **params):
+            out = inputs[0] if in_place else ctx.empty(op_.infer(inputs, params).shape,
+                                                       np.float32)
+            for copy in row_copies(op_.name, [x.shape for x in inputs], params):
+                copy_rows(ctx, inputs, out, copy)
+            return out
+        op_.kernel(backend)(kernel)

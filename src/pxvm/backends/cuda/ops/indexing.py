@@ -23,14 +23,4 @@ def copy_rows(ctx, inputs, out, copy: indexing.RowCopy) -> None:
                 copy.src_row_len // vec, copy.src_col0 // vec], ctx.stride_grid(groups))
 
 
-def _row_copy_kernel(op, in_place: bool):
-    def kernel(ctx, *inputs, **params):
-        out = inputs[0] if in_place else ctx.empty(op.infer(inputs, params).shape, np.float32)
-        for copy in indexing.row_copies(op.name, [x.shape for x in inputs], params):
-            copy_rows(ctx, inputs, out, copy)
-        return out
-    return kernel
-
-
-for _op, _in_place in indexing.ROW_COPY_OPS.items():
-    _op.kernel("cuda")(_row_copy_kernel(_op, _in_place))
+indexing.register_row_copies("cuda", copy_rows)

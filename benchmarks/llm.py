@@ -22,6 +22,7 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
+import pxvm
 from pxvm import PxvmError  # (also in trees before pxvm.core: ab.py runs old ones)
 from pxvm.llm import DEFAULT_MAX_CONTEXT, load_model
 from pxvm.llm.generate import benchmark
@@ -73,7 +74,7 @@ def main(argv=None) -> int:
                             f"| {r['decode_tokens_per_s']:,.1f} | {r['device']} |")
                 print(rows[-1], file=sys.stderr, flush=True)
             del model
-    print(f"pxvm {_version('pxvm')}, Python {platform.python_version()}, "
+    print(f"pxvm {pxvm.__version__} ({Path(pxvm.__file__).parent}), Python {platform.python_version()}, "
           f"numpy {_version('numpy')}, wgpu {_version('wgpu')}, "
           f"cuda-bindings {_version('cuda-bindings')}")
     print(f"| model | backend | depth | prefill tok/s (pp{args.prompt_tokens}) "

@@ -441,7 +441,7 @@ def test_launch_results_are_copies_the_next_launch_does_not_change(backend, rng)
         np.testing.assert_array_equal(first[name], kept[name])
 
 
-def test_launch_gpu_seconds(backend, rng):
+def test_a_timed_launch_reports_its_device_seconds(backend, rng):
     graph, _ = _graph(backend, _initial(rng))
     launch = graph.launch("state", timestamps=True)
     launch.result()

@@ -4,9 +4,9 @@ called on host arrays the input size from which the GPU beats the CPU (the cross
 
 Kernels ask `choice(backend, name)` and keep their own rule where it says None (not
 measured); backends declare what can be tuned with `tunable(...)` next to their kernels:
-the candidates and benchmark cases that make inputs and the expected result. The measurements are kept on disk, one JSON
-file per device, keyed by the backend's identity (adapter and driver) and pxvm's
-version: another device, driver or pxvm runs on the defaults until tuned again. A file
+the candidates, and benchmark cases that make inputs and the expected result. The
+measurements are kept on disk, one JSON file per device, keyed by the backend's identity
+(adapter and driver) and pxvm's version: another device, driver or pxvm runs on the defaults until tuned again. A file
 that does not parse, or a value that is not among a tunable's candidates, is ignored
 (the kernels' own rules again), so a stale or edited file can never pick a kernel that
 does not exist.

@@ -91,8 +91,9 @@ def _row_len(shape) -> int:
 
 
 def row_copies(name: str, shapes: list[tuple], params: dict) -> list[RowCopy]:
-    """The copies op `name` of ROW_COPY_OPS is, for inputs of `shapes` (checked by its
-    infer); the result is a new tensor of the op's shape, or the first input (write_rows)."""
+    """The row copies that op `name` (one of ROW_COPY_OPS) amounts to for inputs of
+    `shapes`, already checked by its infer. They write into a new tensor of the op's shape,
+    or into the first input (write_rows)."""
     start = int(params.get("start", 0))
     if name == "write_rows":
         n = _row_len(shapes[1])

@@ -27,24 +27,11 @@ from pxvm import get_backend
 from pxvm.backends.cuda.ops import attention as cuda_attention
 from pxvm.backends.cuda.ptx import attention as ptx_attention
 from pxvm.core import tuning
+from pxvm.tools.bench_ops import TorchPeer
 
 #: (tokens, query heads, key/value heads, head dimension, causal); the first is issue 17's
 CONFIGS = [(2048, 32, 8, 128, True), (1024, 32, 8, 128, True), (4096, 32, 8, 128, True),
            (2048, 32, 8, 64, True), (2048, 32, 8, 128, False)]
-
-
-def _median_time(run, repeats: int, torch) -> float:
-    """Median seconds of `run()` between CUDA events, after one warm-up run."""
-    run()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times)
 
 
 def _torch_attention(torch, q, k, v, causal: bool):
@@ -124,7 +111,7 @@ def measure(backend, configs, repeats: int, torch) -> None:
         got = batch.read(out).astype(np.float64)
 
         peer, gqa = _torch_attention(torch, q, k, v, causal)
-        tt = _median_time(peer, repeats, torch)
+        tt = TorchPeer(torch).time(peer, repeats)
         expected = peer()[0].permute(1, 0, 2).double().cpu().numpy()
         err = float(np.sum((got - expected) ** 2) / np.sum(expected ** 2))
         flops = 4.0 * s * s * d * hq / (2 if causal else 1)

@@ -21,6 +21,7 @@ import numpy as np
 
 import pxvm
 from pxvm import get_backend
+from pxvm.tools.bench_ops import torch_peer
 
 ROW = 4096  # row length of the row-wise ops (rows = n / ROW)
 
@@ -49,20 +50,9 @@ def copy_time(device, nbytes: int, repeats: int) -> float:
 
 
 def torch_time(fn, repeats: int) -> float | None:
-    try:
-        import torch
-    except ImportError:
-        return None
-    fn()
-    samples = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(samples)
+    """Median seconds of `fn()` on torch's GPU (CUDA events), None without one."""
+    peer = torch_peer()
+    return peer.time(fn, repeats) if peer is not None and peer.on_gpu else None
 
 
 def main() -> None:

@@ -19,6 +19,7 @@ import pxvm
 from pxvm import get_backend
 from pxvm.backends.cuda.ops import matmul as cuda_matmul
 from pxvm.core import tuning
+from pxvm.tools.bench_ops import TorchPeer
 
 SHAPES = [(4096, 11008, 4096), (512, 576, 1536), (512, 1536, 576)]  # LLM projections (M, K, N)
 
@@ -78,15 +79,7 @@ def measure(args, backend, rng, torch) -> None:
         if args.fp16:
             xb = xb.t()  # a transposed view: cuBLAS multiplies by B^T directly
         ref = xa @ xb
-        times = []
-        for _ in range(args.repeats):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            xa @ xb
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        tc = statistics.median(times)
+        tc = TorchPeer(torch).time(lambda: xa @ xb, args.repeats)
         got = batch.read(out).astype(np.float64)
         expected = (a.astype(np.float64) @ b.astype(np.float64).T if args.fp16
                     else ref.cpu().numpy().astype(np.float64))

@@ -42,6 +42,7 @@ from pxvm import get_backend
 from pxvm.backends.cuda.ops import quantized as cuda_quantized
 from pxvm.backends.cuda.ptx import quantized as ptx_quantized
 from pxvm.core import tuning
+from pxvm.tools.bench_ops import TorchPeer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "llm"))
 from gguf_blocks import FORMATS, dequantize, quantize, random_blocks  # noqa: E402
@@ -218,16 +219,7 @@ def torch_f16(m: int, n: int, k: int, repeats: int) -> float | None:
         return None
     a = torch.randn(m, k, device="cuda", dtype=torch.float16)
     b = torch.randn(n, k, device="cuda", dtype=torch.float16).t()
-    a @ b
-    samples = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        a @ b
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(samples)
+    return TorchPeer(torch).time(lambda: a @ b, repeats)
 
 
 def prompt_table(timer, types, rng, m: int) -> None:

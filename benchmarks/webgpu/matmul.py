@@ -33,6 +33,7 @@ import pxvm
 from pxvm import get_backend
 from pxvm.backends.webgpu.ops import matmul as webgpu_matmul
 from pxvm.core import tuning
+from pxvm.tools.bench_ops import TorchPeer
 
 #: LLM projections (M, K, N): a 7B model's MLP, and prompt shapes of a small model
 #: (512 tokens, hidden 576, MLP 1536).
@@ -101,16 +102,7 @@ class Reference:
         xa, xb = t.from_numpy(a).cuda(), t.from_numpy(b).cuda()
         if transpose_b:
             xb = xb.t()  # a transposed view: cuBLAS multiplies by B^T directly
-        xa @ xb
-        times = []
-        for _ in range(self.repeats):
-            start, end = t.cuda.Event(enable_timing=True), t.cuda.Event(enable_timing=True)
-            start.record()
-            xa @ xb
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        return statistics.median(times)
+        return TorchPeer(t).time(lambda: xa @ xb, self.repeats)
 
 
 def forcing(values: dict):
@@ -119,6 +111,12 @@ def forcing(values: dict):
     for name, value in values.items():
         stack.enter_context(tuning.forcing(name, value))
     return stack
+
+
+def measured(record, forced: dict, repeats: int, expected: np.ndarray) -> tuple[float, float]:
+    """(GPU seconds, NMSE against `expected`) of `record()` with `forced` in force."""
+    with forcing(forced):
+        return gpu_time(record, repeats), nmse(result_of(record), expected)
 
 
 def fp32_runs(variants: bool) -> list[tuple[str, dict]]:
@@ -172,9 +170,7 @@ class Problem:
         ta, tb = backend.from_numpy(self.a), backend.from_numpy(self.b)
         record = functools.partial(pxvm.ops.matmul, ta, tb, transpose_b=self.transpose_b)
         for name, forced in runs:
-            with forcing(forced):
-                t = gpu_time(record, repeats)
-                error = nmse(result_of(record), expected)
+            t, error = measured(record, forced, repeats, expected)
             if name == "auto":
                 self.pxvm32 = t
                 chosen = webgpu_matmul.choose_kernel(self.m, self.n)
@@ -194,9 +190,7 @@ class Problem:
         ta, tb = backend.from_numpy(a16), backend.from_numpy(b16)
         record = functools.partial(pxvm.ops.matmul_f16, ta, tb, transpose_b=self.transpose_b)
         for name, forced in runs:
-            with forcing(forced):
-                t = gpu_time(record, repeats)
-                error = nmse(result_of(record), expected)
+            t, error = measured(record, forced, repeats, expected)
             if name == "auto":
                 chosen = webgpu_matmul.choose_f16_kernel(
                     self.m, self.n, has_f16,

@@ -21,6 +21,7 @@ from pxvm.batch import Graph
 from pxvm.backends.webgpu.ops import quantized as webgpu_quantized
 from pxvm.backends.webgpu.ops import transformer as webgpu_transformer
 from pxvm.backends.webgpu.runtime import load_wgsl
+from pxvm.core import tuning
 from pxvm.core.errors import ShapeError
 from pxvm.ops import transformer
 from pxvm.ops.transformer import attention_cached, attention_cached_matmul_quant_add
@@ -559,11 +560,23 @@ def _run_projected(backend, inputs, **params):
     return out, k_t.numpy(), v_t.numpy()
 
 
-@pytest.mark.parametrize("merge", ["in the product", "by combine", "none: tiled"])
+@pytest.mark.parametrize("merge", ["in the product", "in matvec", "by combine", "none: tiled"])
 @pytest.mark.parametrize("hq,hkv,d,n_ctx,pos,s,max_keys,qtype", PROJECTED_CASES)
 def test_attention_cached_matmul_quant_add_gpu_matches_float64(
         hq, hkv, d, n_ctx, pos, s, max_keys, qtype, merge, rng, gpu_device, monkeypatch,
         dispatched):
+    if merge == "in matvec":  # decoding's product kernel of the types it takes (forced)
+        if qtype not in webgpu_quantized.MATVEC_TYPES:
+            pytest.skip(f"matvec does not take {qtype}")
+        monkeypatch.setattr(webgpu_transformer, "PRODUCT_MERGES_MAX_TOKENS", 1000)
+        with tuning.forcing(webgpu_quantized.MATVEC_TUNED, (32, 2)):
+            inputs, (expected, k_new, v_new) = _projected(rng, hq, hkv, d, n_ctx, pos, s, qtype)
+            out, _, _ = _run_projected("gpu", inputs, n_heads=hq, max_keys=max_keys,
+                                       qtype=qtype, k=hq * d)
+        assert ("matmul_quant_subgroups.wgsl" if gpu_device.has("subgroup")
+                else "matmul_quant.wgsl", "matvec") in dispatched
+        assert_close(out, expected, TOL)
+        return
     _take("tiled" if merge == "none: tiled" else "ranges", monkeypatch)
     if merge == "by combine":  # as for attention outputs too long to merge in the product
         monkeypatch.setattr(webgpu_transformer, "MAX_MERGED", 0)

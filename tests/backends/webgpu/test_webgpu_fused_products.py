@@ -200,6 +200,33 @@ def test_fused_product_with_long_rows(name, qtype, lanes, rng, gpu_device):
     assert_close(got, expected, TOLERANCE)
 
 
+@pytest.mark.parametrize("shape", [(32, 1), (128, 4)])
+@pytest.mark.parametrize("qtype", quantized.MATVEC_TYPES)
+@pytest.mark.parametrize("name", FUSED)
+def test_fused_product_in_matvec_matches_float64(name, qtype, shape, rng, gpu_device,
+                                                 subgroups, product_entries):
+    # Decoding's kernel for these types (forced: lavapipe takes `matmul` by itself), its
+    # norm, residual and GLU: one row of x (a decoding step's) and two.
+    for m in (1, 2):
+        product_entries.clear()
+        args, params, expected = _case(name, rng, qtype, m=m, n=37)
+        with tuning.forcing(quantized.MATVEC_TUNED, shape):
+            got = pxvm.ops.REGISTRY[name](*args, backend="gpu", **params).numpy()
+        assert product_entries == ["matvec"]
+        assert got.shape == (m, 37)
+        assert_close(got, expected, TOLERANCE)
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q8_0"])
+def test_geglu_in_matvec_matches_float64(qtype, rng, gpu_device, product_entries):
+    args, params, expected = _case("rmsnorm_glu_quant", rng, qtype, m=1, n=37,
+                                   activation="gelu_tanh")
+    with tuning.forcing(quantized.MATVEC_TUNED, (64, 2)):
+        got = transformer.rmsnorm_glu_quant(*args, backend="gpu", **params).numpy()
+    assert product_entries == ["matvec"]
+    assert_close(got, expected, TOLERANCE)
+
+
 @pytest.mark.parametrize("lanes", [1, 32])
 @pytest.mark.parametrize("qtype", ["Q4_1", "Q4_K"])
 def test_rmsnorm_matmul_quant_equals_rmsnorm_then_matmul_quant(qtype, lanes, rng, gpu_device):

@@ -16,6 +16,7 @@ import pxvm
 from pxvm.backends.webgpu.ops import quantized
 from pxvm.backends.webgpu.ops import subgroups as webgpu_subgroups
 from pxvm.core import tuning
+from pxvm.ops.quant_types import quant_type
 from pxvm.web.plans import record_op
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "llm"))
@@ -67,6 +68,47 @@ def test_row_products_sum_by_subgroups_where_granted(features, lanes, variants, 
         [dispatch] = record_op(pxvm.ops.matmul_quant, [x, w], {"qtype": "Q8_0", "k": 64},
                                features)["dispatches"]
     assert (dispatch["kernel"], dispatch["entry"]) == (kernel, "matmul")
+
+
+# K at the boundaries of real models' rows: SmolLM2's 576 (Q8_0 only: K-quants need whole
+# super-blocks), an odd multiple of 256, Llama 3.2 1B's 2048, 8B's 4096 and its FFN's
+# 14,336 (more tasks than a workgroup's threads).
+MATVEC_KS = (576, 768, 2048, 4096, 14336)
+
+
+@pytest.mark.parametrize("qtype", quantized.MATVEC_TYPES)
+@pytest.mark.parametrize("k", MATVEC_KS)
+def test_matvec_matches_float64_at_model_row_lengths(qtype, k, rng, gpu_device, subgroups,
+                                                     product_entries):
+    # Decoding's products (`matvec`, forced in a few shapes: on lavapipe it is not
+    # chosen by itself) for one and for three rows of x; N = 19 is not a whole number of
+    # any shape's rows.
+    if k % quant_type(qtype).block_values:
+        pytest.skip(f"{qtype} rows are whole super-blocks")
+    n = 19
+    w = _weight(qtype, n, k, rng)
+    for m in (1, 3):
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        expected = x.astype(np.float64) @ dequantize(w, qtype, k).astype(np.float64).T
+        for shape in ((32, 1), (64, 4), (256, 8)):
+            product_entries.clear()
+            with tuning.forcing(quantized.MATVEC_TUNED, shape):
+                got = pxvm.ops.matmul_quant(x, w, qtype=qtype, k=k, backend="gpu").numpy()
+            assert product_entries == ["matvec"]
+            assert got.shape == (m, n)
+            assert nmse(got, expected) <= NMSE_LONG / 50, (m, shape)
+
+
+def test_matvec_shape_rule_spreads_a_row_over_its_tasks():
+    # Untuned: a thread per 32-value task of a row, 32 to 256 threads; the type's rows,
+    # half for GLUs.
+    class Untuned:
+        backend = pxvm.get_backend("numpy")
+    rows = quantized.MATVEC_ROWS
+    assert quantized.matvec_shape(Untuned, "Q8_0", 4096, 576, False) == (32, rows["Q8_0"])
+    assert quantized.matvec_shape(Untuned, "Q4_K", 4096, 2048, False) == (64, rows["Q4_K"])
+    assert quantized.matvec_shape(Untuned, "Q4_K", 4096, 4096, True) == (128, rows["Q4_K"] // 2)
+    assert quantized.matvec_shape(Untuned, "Q6_K", 4096, 14336, False) == (256, rows["Q6_K"])
 
 
 @pytest.mark.parametrize("qtype", TYPES)

@@ -60,7 +60,12 @@ struct Params {
 @group(0) @binding(3) var<storage, read> ids: array<i32>;
 @group(0) @binding(4) var<storage, read> gain: array<f32>;
 @group(0) @binding(5) var<storage, read> res: array<f32>;
-@group(0) @binding(6) var<uniform> p: Params;
+// `matvec`'s views of x and W (the buffers of bindings 0 and 1) for loads of 16 bytes:
+// WGSL cannot load a vec4 from an array<f32>. (Eight storage buffers: WebGPU's default
+// limit a shader stage.)
+@group(0) @binding(6) var<storage, read> x_vec: array<vec4<f32>>;
+@group(0) @binding(7) var<storage, read> w_vec: array<vec4<u32>>;
+@group(0) @binding(8) var<uniform> p: Params;
 
 var<workgroup> partial: array<f32, WG>;
 var<workgroup> partial_up: array<f32, WG>;
@@ -341,36 +346,41 @@ fn lane_dot(m: u32, n: u32, lane: u32) -> vec3<f32> {
 // elements itself (no barriers), four ranges per trip (twelve loads in flight), with an
 // online max; ranges beyond the token's last are clamped to it and weigh nothing. A
 // token beyond the ranges' keys gets NaN, as attention_cached.wgsl's `combine` does.
-fn merge_attention(m: u32, lid: u32) {
+fn merge_attention(m: u32, lid: u32, threads: u32) {
+    for (var o = lid; o < p.K; o = o + threads) {
+        merged[o] = merged_value(m, o);
+    }
+}
+
+// Element o of token m's attention output, merged from its ranges' partial results.
+fn merged_value(m: u32, o: u32) -> f32 {
     let at = u32(ids[1]) + m;
     let used = min(at / p.range_len + 1u, p.n_ranges);
     let unseen = at >= p.max_keys;
     let nan = bitcast<f32>(0x7fc00000u | (p.M & 0u));
     let heads = p.K / p.head_dim;
-    for (var o = lid; o < p.K; o = o + WG) {
-        let first = (m * heads + o / p.head_dim) * p.n_ranges;
-        let c = o % p.head_dim;
-        var mx = -3.0e38;
-        var total = 0.0;
-        var sum = 0.0;
-        for (var r = 0u; r < used; r = r + 4u) {
-            let live = vec4<bool>(true, r + 1u < used, r + 2u < used, r + 3u < used);
-            let b = (first + vec4<u32>(r, min(r + 1u, used - 1u), min(r + 2u, used - 1u),
-                                       min(r + 3u, used - 1u))) * PART_STRIDE;
-            let ms = select(vec4<f32>(-3.0e38), vec4<f32>(x[b.x + PART_MAX], x[b.y + PART_MAX],
-                                                           x[b.z + PART_MAX], x[b.w + PART_MAX]), live);
-            let ls = vec4<f32>(x[b.x + PART_SUM], x[b.y + PART_SUM], x[b.z + PART_SUM],
-                               x[b.w + PART_SUM]);
-            let os = vec4<f32>(x[b.x + c], x[b.y + c], x[b.z + c], x[b.w + c]);
-            let new_mx = max(mx, max(max(ms.x, ms.y), max(ms.z, ms.w)));
-            let rescale = exp(mx - new_mx);
-            let e = exp(ms - vec4<f32>(new_mx));
-            total = total * rescale + dot(e, ls);
-            sum = sum * rescale + dot(e, os);
-            mx = new_mx;
-        }
-        merged[o] = select(sum / total, nan, unseen);
+    let first = (m * heads + o / p.head_dim) * p.n_ranges;
+    let c = o % p.head_dim;
+    var mx = -3.0e38;
+    var total = 0.0;
+    var sum = 0.0;
+    for (var r = 0u; r < used; r = r + 4u) {
+        let live = vec4<bool>(true, r + 1u < used, r + 2u < used, r + 3u < used);
+        let b = (first + vec4<u32>(r, min(r + 1u, used - 1u), min(r + 2u, used - 1u),
+                                   min(r + 3u, used - 1u))) * PART_STRIDE;
+        let ms = select(vec4<f32>(-3.0e38), vec4<f32>(x[b.x + PART_MAX], x[b.y + PART_MAX],
+                                                       x[b.z + PART_MAX], x[b.w + PART_MAX]), live);
+        let ls = vec4<f32>(x[b.x + PART_SUM], x[b.y + PART_SUM], x[b.z + PART_SUM],
+                           x[b.w + PART_SUM]);
+        let os = vec4<f32>(x[b.x + c], x[b.y + c], x[b.z + c], x[b.w + c]);
+        let new_mx = max(mx, max(max(ms.x, ms.y), max(ms.z, ms.w)));
+        let rescale = exp(mx - new_mx);
+        let e = exp(ms - vec4<f32>(new_mx));
+        total = total * rescale + dot(e, ls);
+        sum = sum * rescale + dot(e, os);
+        mx = new_mx;
     }
+    return select(sum / total, nan, unseen);
 }
 
 @compute @workgroup_size(WG)
@@ -381,7 +391,7 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l
     let n = wid.x * ROWS_PER_WG + col;
     let m = wid.y;
     if (ATTENTION_PARTS) {
-        merge_attention(m, lid);
+        merge_attention(m, lid, WG);
         workgroupBarrier();
     }
     // NORM: each column's lanes sum the squares of the x values they multiply (together
@@ -442,6 +452,274 @@ fn embed(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) li
     let per_block = BLOCK_VALUES;
     let b = n * p.row_bytes + (k / per_block) * BLOCK_BYTES;
     y[s * p.K + k] = dequant(b, k % per_block, scale_d(b), scale_m(b));
+}
+
+// ---- matvec: products of a few rows (decoding) at the memory's speed ---------------------
+// For Q4_K, Q6_K and Q8_0 weights (MATVEC_TYPES in ops/quantized.py). A row of W is
+// cut into tasks of 32 values: a Q8_0 block, a 16-byte quarter of a Q4_K group (16 values
+// of each of two sub-blocks), or 8 values of each of a Q6_K half's four parts. A workgroup
+// takes MV_ROWS rows of W and one row m of x; its MV_THREADS threads split the row's tasks,
+// and each thread loads x's 32 values of a task once and multiplies them with all
+// MV_ROWS rows (the GLU's up rows too), so that x's loads, several times the weight's
+// bytes a row, are shared. (Staging x's tiles in workgroup memory, in the order threads
+// read them, made every type slower on the H200: docs/benchmarks-log.md.) Quant words become floats by their bits (a byte b or'ed into the
+// mantissa of 2^23, minus 2^23), not by conversions, which run at a quarter of the rate.
+// Q4_K's 144-byte blocks are 16-byte aligned, so a task's quants and its block's scales
+// are two 16-byte loads; Q6_K's 210-byte and Q8_0's 34-byte ones only 2-byte, read as
+// words joined across alignment. Fusions as `matmul`'s: NORM, EPILOGUE, ATTENTION_PARTS.
+// x's values and the sums live in unrolled variables (vec4s, module-scope privates): private
+// arrays indexed in loops may live in memory instead of registers.
+
+override MV_THREADS: u32 = 128u;   // a power of two, 32..256
+override MV_ROWS: u32 = 4u;        // rows of W a workgroup, 1..MV_MAX_ROWS
+const MV_MAX_ROWS: u32 = 8u;
+// the sums a workgroup reduces: MV_ROWS products, as many up rows, the squares of x
+const MV_MAX_SUMS: u32 = 2u * MV_MAX_ROWS + 1u;
+const MAGIC: f32 = 8388608.0;      // 2^23: bitcast<f32>(0x4b000000u | b) - MAGIC == b
+
+var<workgroup> mv_sums: array<f32, MV_MAX_SUMS>;
+var<workgroup> mv_tree: array<f32, 256>;
+// x's 32 values of the thread's current task, in the order mv_k gives (times gain for NORM)
+var<private> xs0: vec4<f32>;
+var<private> xs1: vec4<f32>;
+var<private> xs2: vec4<f32>;
+var<private> xs3: vec4<f32>;
+var<private> xs4: vec4<f32>;
+var<private> xs5: vec4<f32>;
+var<private> xs6: vec4<f32>;
+var<private> xs7: vec4<f32>;
+
+// The four bytes of `word` as floats, each minus `offset`.
+fn bytes_minus(word: u32, offset: f32) -> vec4<f32> {
+    let b = (vec4<u32>(word) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(255u);
+    return bitcast<vec4<f32>>(b | vec4<u32>(0x4b000000u)) - vec4<f32>(MAGIC + offset);
+}
+
+// The float16 at 2-byte aligned byte i.
+fn half_at2(i: u32) -> f32 {
+    return unpack2x16float(w[i >> 2u] >> ((i & 2u) * 8u)).x;
+}
+
+// The 16 bytes at 2-byte aligned byte i as four words: five words loaded whatever the
+// alignment (the fifth clamped to the buffer), so that a subgroup's lanes, whose blocks
+// alternate in alignment, take one path.
+fn words4_at2(i: u32) -> vec4<u32> {
+    let a = i >> 2u;
+    let v = vec4<u32>(w[a], w[a + 1u], w[a + 2u], w[a + 3u]);
+    let next = vec4<u32>(v.yzw, w[min(a + 4u, arrayLength(&w) - 1u)]);
+    return select(v, (v >> vec4<u32>(16u)) | (next << vec4<u32>(16u)), (i & 2u) != 0u);
+}
+
+// The 8 bytes at 2-byte aligned byte i as two words (as words4_at2).
+fn words2_at2(i: u32) -> vec2<u32> {
+    let a = i >> 2u;
+    let v = vec3<u32>(w[a], w[a + 1u], w[min(a + 2u, arrayLength(&w) - 1u)]);
+    return select(v.xy, (v.xy >> vec2<u32>(16u)) | (v.yz << vec2<u32>(16u)), (i & 2u) != 0u);
+}
+
+// k of x's value 4 g (g = 0..7: its quads in the task's order) of task t.
+fn mv_k(t: u32, g: u32) -> u32 {
+    switch FORMAT {
+        case 12u: {
+            // Q4_K: group (t % 8) / 2 of 64 values, its 16-value half t % 2: quads 0..3 the
+            // low nibbles' values, 4..7 the high ones' (32 further)
+            let base = (t >> 3u) * 256u + ((t & 7u) >> 1u) * 64u + (t & 1u) * 16u;
+            return base + (g & 3u) * 4u + (g >> 2u) * 32u;
+        }
+        case 14u: {
+            // Q6_K: half (t % 8) / 4, its 8 values from l0 = 8 (t % 4) of each of its four
+            // 32-value parts: quads 2 part, 2 part + 1
+            let base = (t >> 3u) * 256u + ((t & 7u) >> 2u) * 128u + (t & 3u) * 8u;
+            return base + (g >> 1u) * 32u + (g & 1u) * 4u;
+        }
+        default: { return t * 32u + g * 4u; }   // Q8_0: block t
+    }
+}
+
+// x's 4 values at k of row m (the merged attention output for ATTENTION_PARTS).
+fn mv_x4(m: u32, k: u32) -> vec4<f32> {
+    if (ATTENTION_PARTS) { return vec4<f32>(merged[k], merged[k + 1u], merged[k + 2u], merged[k + 3u]); }
+    return x_vec[(m * p.K + k) >> 2u];
+}
+
+// x's 4 values of quad g of task t, times gain for NORM; `squares` gains theirs.
+fn mv_quad(m: u32, t: u32, g: u32, squares: ptr<function, f32>) -> vec4<f32> {
+    let k = mv_k(t, g);
+    let v = mv_x4(m, k);
+    *squares = *squares + dot(v, v);
+    return v * gain4(k);
+}
+
+// xs0..xs7 for task t of x's row m; the sum of their squares (before gain).
+fn mv_load_x(m: u32, t: u32) -> f32 {
+    var squares = 0.0;
+    xs0 = mv_quad(m, t, 0u, &squares);
+    xs1 = mv_quad(m, t, 1u, &squares);
+    xs2 = mv_quad(m, t, 2u, &squares);
+    xs3 = mv_quad(m, t, 3u, &squares);
+    xs4 = mv_quad(m, t, 4u, &squares);
+    xs5 = mv_quad(m, t, 5u, &squares);
+    xs6 = mv_quad(m, t, 6u, &squares);
+    xs7 = mv_quad(m, t, 7u, &squares);
+    return squares;
+}
+
+// Q6_K's part of a task: 8 values (words `low`'s nibbles at `shift` and 2-bit `high`
+// parts at 2 part) times the scale, with x's quads xa, xb.
+fn q6_part(low: vec2<u32>, shift: u32, qh: vec2<u32>, part: u32, scale: f32, xa: vec4<f32>,
+           xb: vec4<f32>) -> f32 {
+    let q = ((low >> vec2<u32>(shift)) & vec2<u32>(0x0f0f0f0fu))
+        | (((qh >> vec2<u32>(2u * part)) & vec2<u32>(0x03030303u)) << vec2<u32>(4u));
+    return scale * (dot(bytes_minus(q.x, 32.0), xa) + dot(bytes_minus(q.y, 32.0), xb));
+}
+
+// Int8 i of the 8 bytes in `pair` as a float.
+fn int8_of(pair: vec2<u32>, i: u32) -> f32 {
+    let word = select(pair.x, pair.y, i >= 4u);
+    return f32(i32(word << (24u - 8u * (i & 3u))) >> 24u);
+}
+
+// Task t of W's row at byte row_base: the sum of its 32 values times xs0..xs7.
+fn mv_task(row_base: u32, t: u32) -> f32 {
+    switch FORMAT {
+        case 12u: {
+            // Q4_K: head = (d, dmin), 12 bytes of 6-bit (scale, min) pairs; quarter t % 8
+            // of the 128 quant bytes: the low nibbles of sub-block 2 j, the high of 2 j + 1
+            let b = (row_base + (t >> 3u) * 144u) >> 4u;
+            let head = w_vec[b];
+            let q = w_vec[b + 1u + (t & 7u)];
+            let j = (t & 7u) >> 1u;
+            // (scale, min) of sub-blocks 2j and 2j + 1: bytes 2j, 2j+1 and 2j+4, 2j+5 of
+            // the 12 for j < 2; else bits spread as k_scale_min says
+            let sc = array<u32, 3>(head.y, head.z, head.w);
+            var s_lo: u32; var m_lo: u32; var s_hi: u32; var m_hi: u32;
+            if (j < 2u) {
+                let s = sc[0] >> (16u * j);
+                let mn = sc[1] >> (16u * j);
+                s_lo = s & 63u; s_hi = (s >> 8u) & 63u;
+                m_lo = mn & 63u; m_hi = (mn >> 8u) & 63u;
+            } else {
+                let top_s = sc[0] >> (16u * (j - 2u) + 6u);   // bits 6, 7 of bytes 2j-4, 2j-3
+                let top_m = sc[1] >> (16u * (j - 2u) + 6u);
+                let lowb = sc[2] >> (16u * (j - 2u));         // bytes 2j+4, 2j+5 = 8 + ..
+                s_lo = (lowb & 15u) | ((top_s & 3u) << 4u);
+                m_lo = ((lowb >> 4u) & 15u) | ((top_m & 3u) << 4u);
+                s_hi = ((lowb >> 8u) & 15u) | (((top_s >> 8u) & 3u) << 4u);
+                m_hi = ((lowb >> 12u) & 15u) | (((top_m >> 8u) & 3u) << 4u);
+            }
+            let dm = unpack2x16float(head.x);
+            let lo = dot(bytes_minus(q.x & 0x0f0f0f0fu, 0.0), xs0)
+                + dot(bytes_minus(q.y & 0x0f0f0f0fu, 0.0), xs1)
+                + dot(bytes_minus(q.z & 0x0f0f0f0fu, 0.0), xs2)
+                + dot(bytes_minus(q.w & 0x0f0f0f0fu, 0.0), xs3);
+            let hi = dot(bytes_minus((q.x >> 4u) & 0x0f0f0f0fu, 0.0), xs4)
+                + dot(bytes_minus((q.y >> 4u) & 0x0f0f0f0fu, 0.0), xs5)
+                + dot(bytes_minus((q.z >> 4u) & 0x0f0f0f0fu, 0.0), xs6)
+                + dot(bytes_minus((q.w >> 4u) & 0x0f0f0f0fu, 0.0), xs7);
+            let one = vec4<f32>(1.0);
+            let sum_lo = dot(xs0 + xs1 + xs2 + xs3, one);
+            let sum_hi = dot(xs4 + xs5 + xs6 + xs7, one);
+            return dm.x * (f32(s_lo) * lo + f32(s_hi) * hi)
+                - dm.y * (f32(m_lo) * sum_lo + f32(m_hi) * sum_hi);
+        }
+        case 14u: {
+            // Q6_K: 128 bytes of low nibbles (half h: bytes 64 h + l, parts 0 and 2; 64 h +
+            // 32 + l, parts 1 and 3), 64 of 2-bit high parts (32 h + l: bits 2 part), 16
+            // int8 scales (8 h + 2 part + l / 16), f16 d; w = d * scale * (q - 32)
+            let b = row_base + (t >> 3u) * 210u;
+            let h = (t & 7u) >> 2u;
+            let l0 = (t & 3u) * 8u;
+            let ql_a = words2_at2(b + h * 64u + l0);
+            let ql_b = words2_at2(b + h * 64u + 32u + l0);
+            let qh = words2_at2(b + 128u + h * 32u + l0);
+            let scales = words2_at2(b + 192u + h * 8u);
+            let d = half_at2(b + 208u);
+            let at = l0 >> 4u;   // the parts' scales: bytes 2 part + at
+            let total = q6_part(ql_a, 0u, qh, 0u, int8_of(scales, at), xs0, xs1)
+                + q6_part(ql_b, 0u, qh, 1u, int8_of(scales, 2u + at), xs2, xs3)
+                + q6_part(ql_a, 4u, qh, 2u, int8_of(scales, 4u + at), xs4, xs5)
+                + q6_part(ql_b, 4u, qh, 3u, int8_of(scales, 6u + at), xs6, xs7);
+            return d * total;
+        }
+        default: {
+            // Q8_0: f16 d, 32 int8 (their bytes xor 128 are q + 128)
+            let b = row_base + t * 34u;
+            let d = half_at2(b);
+            let q0 = words4_at2(b + 2u) ^ vec4<u32>(0x80808080u);
+            let q1 = words4_at2(b + 18u) ^ vec4<u32>(0x80808080u);
+            let s = dot(bytes_minus(q0.x, 128.0), xs0) + dot(bytes_minus(q0.y, 128.0), xs1)
+                + dot(bytes_minus(q0.z, 128.0), xs2) + dot(bytes_minus(q0.w, 128.0), xs3)
+                + dot(bytes_minus(q1.x, 128.0), xs4) + dot(bytes_minus(q1.y, 128.0), xs5)
+                + dot(bytes_minus(q1.z, 128.0), xs6) + dot(bytes_minus(q1.w, 128.0), xs7);
+            return d * s;
+        }
+    }
+}
+
+// `v` summed over the workgroup's threads into mv_sums[i], with a tree of barriers
+// (matmul_quant_subgroups.wgsl sums within subgroups first). Every thread calls it with
+// the same i; the sum is there after mv_sums_ready.
+fn mv_sum(lid: u32, v: f32, i: u32) {
+    mv_tree[lid] = v;
+    for (var s = MV_THREADS / 2u; s > 0u; s = s / 2u) {
+        workgroupBarrier();
+        if (lid < s) { mv_tree[lid] = mv_tree[lid] + mv_tree[lid + s]; }
+    }
+    workgroupBarrier();
+    if (lid == 0u) { mv_sums[i] = mv_tree[0]; }
+    workgroupBarrier();
+}
+
+fn mv_sums_ready(lid: u32) {}
+
+// Task t of rows n0 + first .. n0 + first + 3 of W (of its up rows: `up`), those below
+// MV_ROWS: four sums. Rows past W repeat its last (not stored).
+fn mv_rows4(n0: u32, first: u32, t: u32, up: bool) -> vec4<f32> {
+    let offset = select(0u, p.N, up);
+    var sums = vec4<f32>(0.0);
+    sums.x = mv_task((min(n0 + first, p.N - 1u) + offset) * p.row_bytes, t);
+    if (first + 1u < MV_ROWS) { sums.y = mv_task((min(n0 + first + 1u, p.N - 1u) + offset) * p.row_bytes, t); }
+    if (first + 2u < MV_ROWS) { sums.z = mv_task((min(n0 + first + 2u, p.N - 1u) + offset) * p.row_bytes, t); }
+    if (first + 3u < MV_ROWS) { sums.w = mv_task((min(n0 + first + 3u, p.N - 1u) + offset) * p.row_bytes, t); }
+    return sums;
+}
+
+@compute @workgroup_size(MV_THREADS)
+fn matvec(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid3: vec3<u32>) {
+    let lid = lid3.x;
+    let m = wid.y;
+    let n0 = wid.x * MV_ROWS;
+    if (ATTENTION_PARTS) {
+        merge_attention(m, lid, MV_THREADS);
+        workgroupBarrier();
+    }
+    let glu = EPILOGUE >= 2u;
+    // rows 0..3 and 4..7: the products, the GLU's up rows
+    var acc_a = vec4<f32>(0.0);
+    var acc_b = vec4<f32>(0.0);
+    var up_a = vec4<f32>(0.0);
+    var up_b = vec4<f32>(0.0);
+    var squares = 0.0;
+    for (var t = lid; t < p.K / 32u; t = t + MV_THREADS) {
+        squares = squares + mv_load_x(m, t);
+        acc_a = acc_a + mv_rows4(n0, 0u, t, false);
+        if (MV_ROWS > 4u) { acc_b = acc_b + mv_rows4(n0, 4u, t, false); }
+        if (glu) {
+            up_a = up_a + mv_rows4(n0, 0u, t, true);
+            if (MV_ROWS > 4u) { up_b = up_b + mv_rows4(n0, 4u, t, true); }
+        }
+    }
+    for (var r = 0u; r < MV_ROWS; r = r + 1u) {
+        mv_sum(lid, select(acc_b[r & 3u], acc_a[r & 3u], r < 4u), r);
+        if (glu) { mv_sum(lid, select(up_b[r & 3u], up_a[r & 3u], r < 4u), MV_MAX_ROWS + r); }
+    }
+    if (NORM) { mv_sum(lid, squares, 2u * MV_MAX_ROWS); }
+    mv_sums_ready(lid);
+    if (lid < MV_ROWS && n0 + lid < p.N) {
+        var scale = 1.0;
+        if (NORM) { scale = inverseSqrt(mv_sums[2u * MV_MAX_ROWS] / f32(p.K) + p.eps); }
+        store_output(m * p.N + n0 + lid, mv_sums[lid] * scale, mv_sums[MV_MAX_ROWS + lid], scale);
+    }
 }
 
 // ---- matmul_tiled: products of many rows (prompts) ---------------------------------------

@@ -37,3 +37,26 @@ fn subgroup_width() -> u32 {
     let ballot = countOneBits(subgroupBallot(true));
     return ballot.x + ballot.y + ballot.z + ballot.w;
 }
+
+// matmul_quant.wgsl's `mv_sum` by subgroup sums: each subgroup's total into mv_parts,
+// added up by mv_sums_ready after one barrier for all of a workgroup's sums.
+// sum i of subgroup s at MV_PARTS i + s: MV_THREADS <= 256 in subgroups of at least 4
+const MV_PARTS: u32 = 64u;
+var<workgroup> mv_parts: array<f32, MV_MAX_SUMS * MV_PARTS>;
+
+fn mv_sum(lid: u32, v: f32, i: u32) {
+    let total = subgroupAdd(v);
+    let width = subgroup_width();
+    if ((lid & (width - 1u)) == 0u) { mv_parts[i * MV_PARTS + lid / width] = total; }
+}
+
+fn mv_sums_ready(lid: u32) {
+    let subgroups = max(MV_THREADS / subgroup_width(), 1u);
+    workgroupBarrier();
+    if (lid < MV_MAX_SUMS) {
+        var total = 0.0;
+        for (var s = 0u; s < subgroups; s = s + 1u) { total = total + mv_parts[lid * MV_PARTS + s]; }
+        mv_sums[lid] = total;
+    }
+    workgroupBarrier();
+}

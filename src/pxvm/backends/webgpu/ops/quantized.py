@@ -100,6 +100,41 @@ def takes_tiled(m: int, merge=None) -> bool:
     return merge is None and m >= TILED_MIN_ROWS and tuning.forced(LANES_TUNED) is None
 
 
+#: The types `matvec` multiplies (its tasks know their blocks' layouts); products of a
+#: few rows of the others take `matmul`.
+MATVEC_TYPES = ("Q4_K", "Q6_K", "Q8_0")
+#: (threads, rows) of `matvec`, as `pxvm tune` chose them for the device; forced, every
+#: product of a few rows of MATVEC_TYPES takes `matvec` with them (its tests on lavapipe).
+MATVEC_TUNED = "matmul_quant.webgpu.matvec_shape"
+MATVEC_SHAPES = tuple((t, r) for t in (32, 64, 128, 256) for r in (1, 2, 4, 8))
+#: Rows of W a `matvec` workgroup takes where untuned (half for a GLU's, which reads an
+#: up row with each): the fastest of 1, 2, 4 and 8 on the H200 at Llama 3's shapes
+#: (Q6_K's and Q8_0's unaligned blocks gain from sharing x among more rows).
+MATVEC_ROWS = {"Q4_K": 4, "Q6_K": 8, "Q8_0": 8}
+
+
+def takes_matvec(ctx, m: int, qtype: str, merge=None) -> bool:
+    """Whether `product` multiplies x of m rows with `matvec`: a few rows (not a prompt's)
+    of a type it knows, on a GPU (CPU drivers take `matmul` with one lane a column,
+    which needs no barriers), or wherever its shape is forced; not when `matmul`'s lanes
+    are forced."""
+    if qtype not in MATVEC_TYPES or m >= TILED_MIN_ROWS or tuning.forced(LANES_TUNED):
+        return False
+    return tuning.forced(MATVEC_TUNED) is not None or not ctx.is_software
+
+
+def matvec_shape(ctx, qtype: str, n: int, k: int, glu: bool) -> tuple[int, int]:
+    """(threads, rows of W) of a `matvec` workgroup: as tuned, else threads enough for
+    one task (32 values) each of a row, 32 to 256, and the type's MATVEC_ROWS (half for
+    GLUs)."""
+    tuned = tuning.choice(ctx.backend, MATVEC_TUNED)
+    if tuned is not None:
+        return tuned
+    threads = min(256, max(32, 1 << (max(1, k // 32) - 1).bit_length()))
+    rows = MATVEC_ROWS[qtype]
+    return threads, rows // 2 if glu else rows
+
+
 def product(ctx, x, w, n, qtype, k, *, gain=None, residual=None, eps=0.0, epilogue=0,
             rows=None, merge: tuple | None = None):
     """Record matmul_quant.wgsl's `matmul` (or `matmul_tiled` for many rows: takes_tiled):
@@ -116,7 +151,18 @@ def product(ctx, x, w, n, qtype, k, *, gain=None, residual=None, eps=0.0, epilog
     constants = {"FORMAT": t.code, "BLOCK_VALUES": t.block_values,
                  "BLOCK_BYTES": t.block_bytes, "NORM": int(gain is not None),
                  "EPILOGUE": epilogue}
-    tensors = [x, w, out, state, x if gain is None else gain, x if residual is None else residual]
+    # bindings 6 and 7 view x and W again, as vec4s (matvec's loads)
+    tensors = [x, w, out, state, x if gain is None else gain, x if residual is None else residual,
+               x, w]
+    if takes_matvec(ctx, m, qtype, merge):
+        threads, rows = matvec_shape(ctx, qtype, n, k, epilogue >= 2)
+        constants.update(MV_THREADS=threads, MV_ROWS=rows,
+                         ATTENTION_PARTS=int(merge is not None))
+        if merge is not None:
+            constants.update(partials.constants())
+        kernel = subgroup_variant(ctx, KERNEL, SUBGROUP_KERNEL)
+        ctx.dispatch(kernel, "matvec", tensors, params, (-(-n // rows), m, 1), constants)
+        return out
     if takes_tiled(m, merge):
         tile_m, tile_n = tiled_shape(ctx)
         outputs = tile_n // 2 if epilogue >= 2 else tile_n  # columns of y a workgroup
@@ -145,7 +191,7 @@ def embedding_quant(ctx, ids, w, *, qtype, k, first_row=0):
     s = ids.shape[0]
     out = ctx.empty((s, k), np.float32)
     t = quant_type(qtype)
-    ctx.dispatch(KERNEL, "embed", [w, w, out, ids, w, w],
+    ctx.dispatch(KERNEL, "embed", [w, w, out, ids, w, w, w, w],
                  MatmulQuantParams(s, w.shape[0], k, t.row_bytes(k), 0.0, 0, 0, 0, 0,
                                    int(first_row)),
                  ((k + 255) // 256, s, 1),
@@ -163,3 +209,9 @@ tuning.tunable(LANES_TUNED, "threads per output column, products of a few rows",
 tuning.tunable(TILED_TUNED, "rows of x by rows of W a workgroup of a prompt's product "
                "multiplies (matmul_tiled)", TILE_SHAPES, ("webgpu",),
                quantized.product_cases(((512, 960, 576), (512, 3072, 576), (512, 576, 1536))))
+# Cases: decoding's products of an 8B model (Llama 3: dim 4096, FFN 14,336) and a 1B's
+# (dim 2048), in the types of its Q4_K_M file.
+tuning.tunable(MATVEC_TUNED, "threads and rows of W a workgroup of a decoding product "
+               "(matvec) takes", MATVEC_SHAPES, ("webgpu",),
+               quantized.product_cases(((1, 4096, 4096), (1, 4096, 14336), (1, 2048, 2048)),
+                                       ("Q4_K", "Q6_K")))

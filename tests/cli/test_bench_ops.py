@@ -211,7 +211,8 @@ def test_sizes_read_as_each_case_says(tmp_path):
     assert shapes == {("matmul", (64, 64, 64)), ("matmul", (512, 512, 512)),
                       ("softmax", (64, bench_ops.ROW)), ("softmax", (512, bench_ops.ROW)),
                       ("matmul_quant_q8_0", (64, 64)), ("matmul_quant_q8_0", (512, 512)),
-                      ("matmul_quant_q4_k", (64, 64)), ("matmul_quant_q4_k", (512, 512))}
+                      ("matmul_quant_q4_k", (64, 64)), ("matmul_quant_q4_k", (512, 512)),
+                      ("matmul_quant_q6_k", (64, 64)), ("matmul_quant_q6_k", (512, 512))}
     out = tmp_path / "ops.json"
     result = runner.invoke(app, ["bench", "ops", "--backend", "numpy", "--no-torch", "--ops",
                                  "matmul_quant", "--sizes", "2^6,1k", "--repeats", "1",
@@ -220,6 +221,7 @@ def test_sizes_read_as_each_case_says(tmp_path):
     rows = {(r["case"], r["shape"]): r for r in json.loads(out.read_text())["rows"]}
     assert rows["matmul_quant_q8_0", "Q8_0 W 64x64, 1 row"]["status"] == "ok"
     assert rows["matmul_quant_q4_k", "Q4_K W 1024x1024, 1 row"]["status"] == "ok"
+    assert rows["matmul_quant_q6_k", "Q6_K W 1024x1024, 1 row"]["status"] == "ok"
     small = rows["matmul_quant_q4_k", "Q4_K W 64x64, 1 row"]  # Q4_K blocks hold 256 values
     assert small["status"] == "skipped" and "divisible by 256" in small["note"]
 

@@ -326,6 +326,13 @@ def _torch_rmsnorm(peer, arrays, params):
 
 
 # quantized matrix-vector products: shape (N, K), x (1, K)
+#: Weight shapes (N rows, K) the quantized products time by default: Llama-3-8B's, whose
+#: decoding steps are such products (issue 36 names 4096 x 4096 and 14,336 x 4,096)
+QUANT_PROJECTIONS = {(4096, 4096): "Llama-3-8B attention q/o",
+                     (14336, 4096): "Llama-3-8B FFN gate/up",
+                     (4096, 14336): "Llama-3-8B FFN down"}
+
+
 def quantized_weight(n: int, k: int, qtype: str, rng: np.random.Generator) -> np.ndarray:
     """Raw GGUF rows (N, row_bytes) of a random (N, K) weight: the `gguf` package's
     quantizer where it has one, else (K-quants) random bytes with sane scales."""
@@ -337,9 +344,19 @@ def quantized_weight(n: int, k: int, qtype: str, rng: np.random.Generator) -> np
         return np.ascontiguousarray(raw).view(np.uint8).reshape(n, t.row_bytes(k))
     except NotImplementedError:
         pass
-    if t.ggml not in (GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K):
+    if t.ggml not in (GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K,
+                      GGMLQuantizationType.Q6_K):
         raise Skip(f"no quantizer for {t.name} here")
     raw = rng.integers(0, 256, (n * k // t.block_values, t.block_bytes), dtype=np.uint8)
+    if t.ggml == GGMLQuantizationType.Q6_K:
+        # 128 bytes of low 4 bits and 64 of high 2 bits of the quants q (0..63, centred on
+        # 32), 16 int8 scales (one per 16 values), float16 d at byte 208: a value is
+        # d * scale * (q - 32). |scale| averages 64 and |q - 32| 16, so d about 1/1024
+        # makes values about 1 in size
+        raw[:, 192:208] = rng.integers(-128, 128, (len(raw), 16)).astype(np.int8).view(np.uint8)
+        d = rng.uniform(0.5, 1.5, (len(raw), 1)) / 1024
+        raw[:, 208:210] = d.astype(np.float16).view(np.uint8)
+        return raw.reshape(n, t.row_bytes(k))
     # d and dmin, the block's float16 scales (6-bit sub-scales and quants times them):
     # values about 1 in size, as a real weight's are
     levels = 15 if t.ggml == GGMLQuantizationType.Q4_K else 31
@@ -358,7 +375,8 @@ def _quant_case_parts(qtype: str):
 
     def label(shape) -> str:
         n, k = shape
-        return f"{t.name} W {n}x{k}, 1 row"
+        named = QUANT_PROJECTIONS.get(tuple(shape))
+        return f"{t.name} W {n}x{k}, 1 row" + (f" ({named})" if named else "")
 
     def weight_bytes(shape) -> float:
         n, k = shape
@@ -468,7 +486,7 @@ def _quant_case(name: str, qtype: str) -> BenchCase:
     return BenchCase(
         name=name, op="matmul_quant", size_means="N = K of a square weight",
         from_size=lambda n: (n, n),
-        default=((4096, 4096), (11008, 4096), (4096, 11008)), quick=((512, 512),),
+        default=tuple(QUANT_PROJECTIONS), quick=((512, 512),),
         label=label, make=make, work=weight_bytes, unit="B",
         numpy_peer=numpy_peer, torch_peer=torch_peer_fn,
         peer_note="rate: the quantized weight's bytes over the time; numpy and torch "
@@ -513,6 +531,7 @@ CASES: dict[str, BenchCase] = {c.name: c for c in (
               unit="B", numpy_peer=_numpy_rmsnorm, torch_peer=_torch_rmsnorm),
     _quant_case("matmul_quant_q8_0", "Q8_0"),
     _quant_case("matmul_quant_q4_k", "Q4_K"),
+    _quant_case("matmul_quant_q6_k", "Q6_K"),
     _attention_case("attention", "attention", prompt=False, dtype=np.float32,
                     default=tuple((s, *ATTENTION_HEADS) for s in (1024, 4096, 16384)),
                     quick=((64, *QUICK_ATTENTION_HEADS),)),

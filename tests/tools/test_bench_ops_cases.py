@@ -1,12 +1,13 @@
 """pxvm.tools.bench_ops, the cases behind `pxvm bench ops` (tests/cli/test_bench_ops.py
 runs the command): the quantized products' weights and shapes, each case's result
-against its numpy reference."""
+against its numpy reference, the copy case and the percentages of its rate."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+import pxvm
 from pxvm.core import get_backend
 from pxvm.ops.quant_types import dequantize
 from pxvm.tools import bench_ops
@@ -51,3 +52,80 @@ def test_quantized_products_check_out_against_numpy_at_a_quick_shape(name, backe
     n, k = shape  # the rate counts the weight's GGUF bytes
     values, nbytes = BLOCKS[name]
     assert row.work == n * k // values * nbytes
+
+
+# ---- the copy: the run's bandwidth reference ----------------------------------------------
+
+@pytest.mark.parametrize("backend_name", ["numpy", "cpu", "webgpu"])
+def test_the_copy_case_copies_every_byte_of_its_input(backend_name, rng, request):
+    if backend_name == "webgpu":
+        request.getfixturevalue("gpu_device")
+    case = bench_ops.CASES[bench_ops.COPY]
+    shape, = case.quick
+    (x,), params = case.make(shape, rng)
+    assert case.work(shape) == 2 * x.nbytes  # each byte read once and written once
+    backend = get_backend(backend_name)
+    tx = backend.from_numpy(x)
+    op = pxvm.ops.REGISTRY[case.op]
+    _, _, got = bench_ops.time_pxvm(backend, lambda: op(tx, **params), 1)
+    assert got.dtype == x.dtype and np.array_equal(got, x)  # bit for bit (new buffers: NaN)
+    row = bench_ops.run_case(case, shape, backend, 1, rng)
+    assert row.status == "ok" and row.nmse == 0.0 and row.pxvm_seconds > 0
+
+
+def _one_ulp_high(ctx, x, start=0, stop=None):
+    out = ctx.empty(x.shape, x.dtype)
+    ctx.record_host("not quite a copy", lambda: out.storage.__setitem__(
+        ..., np.nextafter(x.storage, np.float32(np.inf))))
+    return out
+
+
+def test_a_copy_off_by_one_ulp_fails_its_row(monkeypatch, rng):
+    monkeypatch.setitem(pxvm.ops.slice_rows.kernels, "cpu", _one_ulp_high)
+    case = bench_ops.CASES[bench_ops.COPY]
+    row = bench_ops.run_case(case, case.quick[0], get_backend("cpu"), 1, rng)
+    assert row.status == "FAIL" and 0 < row.nmse < 1e-12
+
+
+def _row(case: str, unit: str, work: float, seconds: float | None, status: str = "ok"):
+    return bench_ops.Row(case, "op", "shape", work, unit, status=status, pxvm_seconds=seconds)
+
+
+def test_percentages_are_of_the_fastest_copy_that_checked_out_in_the_same_rows():
+    copy_256, copy_1g = _row("copy", "B", 8e9, 1.0), _row("copy", "B", 16e9, 1.0)
+    wrong_copy = _row("copy", "B", 32e9, 1.0, status="FAIL")  # fast, but not a copy
+    product = _row("matmul_quant_q6_k", "B", 12e9, 1.0)
+    failed = _row("matmul_quant_q4_k", "B", 12e9, 1.0, status="FAIL")
+    skipped = _row("dot", "B", 1e9, None, status="skipped")
+    flops = _row("matmul", "FLOP", 1e12, 1.0)
+    rows = [copy_256, copy_1g, wrong_copy, product, failed, skipped, flops]
+    assert bench_ops.add_percent_of_copy(rows) is copy_1g
+    assert product.pxvm_percent_of_copy == pytest.approx(75.0)  # 12 GB/s of 16 GB/s
+    assert copy_256.pxvm_percent_of_copy == pytest.approx(50.0)
+    assert copy_1g.pxvm_percent_of_copy == pytest.approx(100.0)
+    for r in (wrong_copy, failed, skipped, flops):
+        assert r.pxvm_percent_of_copy is None
+    assert product.as_dict()["pxvm_percent_of_copy"] == pytest.approx(75.0)
+
+
+def test_without_a_copy_that_ran_there_are_no_percentages():
+    product = _row("matmul_quant_q6_k", "B", 12e9, 1.0)
+    rows = [_row("copy", "B", 8e9, None, status="skipped"), product]
+    assert bench_ops.add_percent_of_copy(rows) is None
+    assert product.pxvm_percent_of_copy is None
+
+
+def test_a_case_in_bytes_brings_the_copy_first_at_its_own_shapes():
+    copy = bench_ops.CASES[bench_ops.COPY]
+    assert next(iter(bench_ops.CASES)) == bench_ops.COPY  # all cases: the copy first
+    assert {4 * rows * row for rows, row in copy.default} == {256 << 20, 1 << 30}
+    chosen = bench_ops.select(["matmul_quant_q6_k"])
+    assert [(c.name, s) for c, s in bench_ops.plan(chosen, [1024])] == [
+        ("copy", copy.default[0]), ("copy", copy.default[1]),
+        ("matmul_quant_q6_k", (1024, 1024))]
+    assert [(c.name, s) for c, s in bench_ops.plan(chosen, quick=True)] == [
+        ("copy", copy.quick[0]), ("matmul_quant_q6_k", (512, 512))]
+    # named, the copy takes --sizes as its rows; FLOP-rated cases run without it
+    assert [(c.name, s) for c, s in bench_ops.plan(bench_ops.select(["dot", "copy"]), [64])] \
+        == [("copy", (64, bench_ops.ROW)), ("dot", (64,))]
+    assert [c.name for c, _ in bench_ops.plan(bench_ops.select(["matmul"]))] == ["matmul"] * 4

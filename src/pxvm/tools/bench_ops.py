@@ -6,7 +6,13 @@ A `BenchCase` says how to benchmark one op at a shape: its inputs, the work one 
 (FLOPs, or bytes moved for memory-bound ops), the numpy and torch code that does the
 same work, and the NMSE a correct kernel stays under. `CASES` is the table of them;
 `plan` picks cases and shapes, `run_case` times one, `environment` describes the
-machine, `write_plot` draws throughput against size.
+machine, `add_percent_of_copy` relates the rates in bytes to the copy's, `write_plot`
+draws throughput against size.
+
+Rates in bytes (memory-bound ops, quantized products) are also given as a percentage of
+the copy bandwidth measured in the same run on the same backend: the `copy` case, bytes
+read plus written per second by pxvm's slice_rows of a whole float32 tensor (pxvm's ops
+have no copy op; that one copies every value once), 256 MiB and 1 GiB.
 
 Times are medians of `repeats` runs after a warm-up, inputs already on the device.
 pxvm's: the GPU's own clock where the backend has one (WebGPU timestamp queries, CUDA
@@ -288,6 +294,31 @@ def _torch_silu(peer, arrays, params):
     return lambda: peer.torch.nn.functional.silu(x)
 
 
+# the device copy, the run's bandwidth reference: shape (rows, ROW) of float32
+#: The case whose rate is the run's copy bandwidth (copy_bandwidth): every rate in bytes
+#: is also given as a percentage of it
+COPY = "copy"
+
+
+def _copy_label(shape) -> str:
+    rows, row = shape
+    nbytes = 4 * rows * row
+    size = (f"{nbytes >> 30} GiB" if nbytes % (1 << 30) == 0 else f"{nbytes / 2**20:,.4g} MiB")
+    return f"{size} ({rows:,} rows of {row})"
+
+
+def _numpy_copy(arrays, params):
+    x, = arrays
+    out = np.empty_like(x)  # made once: the copy is timed, not the allocation
+    return lambda: np.copyto(out, x)
+
+
+def _torch_copy(peer, arrays, params):
+    x = peer.tensor(arrays[0])
+    out = peer.torch.empty_like(x)
+    return lambda: out.copy_(x)
+
+
 # rows of ROW values: shape (rows, ROW)
 def _rows_label(shape) -> str:
     return f"{shape[0]:,} rows of {shape[1]}"
@@ -494,6 +525,16 @@ def _quant_case(name: str, qtype: str) -> BenchCase:
 
 
 CASES: dict[str, BenchCase] = {c.name: c for c in (
+    # first: the reference of the rates in bytes. pxvm's ops have no copy op; slice_rows of
+    # every row is one: its kernel reads each value once and writes it once
+    BenchCase(COPY, "slice_rows", f"rows of {ROW} float32 values", lambda n: (n, ROW),
+              default=((1 << 14, ROW), (1 << 16, ROW)), quick=((256, ROW),),
+              label=_copy_label, make=_one_input, work=lambda s: 8.0 * s[0] * s[1], unit="B",
+              numpy_peer=_numpy_copy, torch_peer=_torch_copy,
+              peer_note="rate: bytes read plus bytes written; pxvm: slice_rows of every row "
+                        "into a new tensor; numpy: np.copyto, torch: Tensor.copy_, into an "
+                        "array made once",
+              nmse_limit=0.0),  # a copy is exact
     BenchCase("matmul", "matmul", "n of an n x n x n product", _square,
               default=(_square(1024), _square(2048), _square(4096), (4096, 11008, 4096)),
               quick=(_square(128), _square(256), (32, 576, 1536)),
@@ -556,10 +597,16 @@ def select(names: list[str] | None) -> list[BenchCase]:
 def plan(cases: list[BenchCase], sizes: list[int] | None = None,
          quick: bool = False) -> list[tuple[BenchCase, tuple]]:
     """(case, shape) pairs to run: each case at `sizes` (each a number the case reads as
-    `size_means`), else at its quick or default shapes."""
-    return [(c, shape) for c in cases
-            for shape in ([c.from_size(s) for s in sizes] if sizes
-                          else c.quick if quick else c.default)]
+    `size_means`), else at its quick or default shapes. Where a case measured in bytes is
+    chosen without the copy case, the copy case runs first at its own quick or default
+    shapes: the reference of their percentages (add_percent_of_copy)."""
+    pairs = [(c, shape) for c in cases
+             for shape in ([c.from_size(s) for s in sizes] if sizes
+                           else c.quick if quick else c.default)]
+    if any(c.unit == "B" for c in cases) and all(c.name != COPY for c in cases):
+        copy = CASES[COPY]
+        pairs = [(copy, shape) for shape in (copy.quick if quick else copy.default)] + pairs
+    return pairs
 
 
 # ---- one row --------------------------------------------------------------------------------
@@ -584,6 +631,8 @@ class Row:
     nmse: float | None = None
     nmse_limit: float = NMSE_LIMIT
     peer_notes: list[str] = field(default_factory=list)
+    # pxvm's rate over the copy bandwidth of the same run, in percent (add_percent_of_copy)
+    pxvm_percent_of_copy: float | None = None
 
     def rate(self, seconds: float | None) -> float | None:
         """Work per second (FLOP/s or B/s)."""
@@ -609,6 +658,27 @@ class Row:
         if out["nmse"] is not None and not math.isfinite(out["nmse"]):
             out["nmse"] = str(out["nmse"])  # JSON has no inf
         return out
+
+
+def copy_bandwidth(rows: list[Row]) -> Row | None:
+    """The row whose pxvm rate is the copy bandwidth of the run `rows` are from: the
+    fastest copy that ran and checked out; None where none did."""
+    copies = [r for r in rows if r.case == COPY and r.status == "ok" and r.pxvm_seconds]
+    return max(copies, key=lambda r: r.rate(r.pxvm_seconds), default=None)
+
+
+def add_percent_of_copy(rows: list[Row]) -> Row | None:
+    """Set pxvm_percent_of_copy, pxvm's rate over the run's copy bandwidth (copy_bandwidth)
+    in percent, on each row measured in bytes that ran and checked out. Returns the copy
+    row the percentages are of; None (and no percentages) where no copy ran."""
+    reference = copy_bandwidth(rows)
+    if reference is None:
+        return None
+    copy_rate = reference.rate(reference.pxvm_seconds)
+    for r in rows:
+        if r.unit == "B" and r.status == "ok" and r.pxvm_seconds:
+            r.pxvm_percent_of_copy = 100.0 * r.rate(r.pxvm_seconds) / copy_rate
+    return reference
 
 
 def nmse(got, expected) -> float:

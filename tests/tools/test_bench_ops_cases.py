@@ -129,3 +129,33 @@ def test_a_case_in_bytes_brings_the_copy_first_at_its_own_shapes():
     assert [(c.name, s) for c, s in bench_ops.plan(bench_ops.select(["dot", "copy"]), [64])] \
         == [("copy", (64, bench_ops.ROW)), ("dot", (64,))]
     assert [c.name for c, _ in bench_ops.plan(bench_ops.select(["matmul"]))] == ["matmul"] * 4
+
+
+# ---- a weight is read from memory, not from the cache the run before filled ----------
+
+def test_each_run_of_a_quantized_product_reads_another_copy_of_the_weight(monkeypatch, rng):
+    matmul_quant = pxvm.ops.matmul_quant
+    real_kernel = matmul_quant.kernels["cpu"]
+    weights_read = []
+
+    def spy(ctx, x, w, **params):
+        weights_read.append(id(w.storage))
+        return real_kernel(ctx, x, w, **params)
+
+    monkeypatch.setitem(matmul_quant.kernels, "cpu", spy)
+    case = bench_ops.CASES["matmul_quant_q4_k"]
+    row = bench_ops.run_case(case, case.quick[0], get_backend("cpu"), 4, rng)
+    assert row.status == "ok", row.note
+    assert len(weights_read) == 5 and len(set(weights_read)) == 5  # warm-up and 4 timed
+
+
+def test_copies_of_the_inputs_stop_at_cold_bytes_and_hold_the_same_values(rng):
+    backend = get_backend("numpy")
+    small = [rng.standard_normal(1024).astype(np.float32)]  # 4 KiB
+    assert len(bench_ops.input_copies(backend, small, cold=False, runs=11)) == 1
+    copies = bench_ops.input_copies(backend, small, cold=True, runs=11)
+    assert len(copies) == 11  # fewer runs than COLD_BYTES of copies: one a run
+    assert len({id(c[0].storage) for c in copies}) == 11
+    assert all(np.array_equal(c[0].numpy(), small[0]) for c in copies)
+    big = [np.zeros(bench_ops.COLD_BYTES // 4 // 3 + 1, np.float32)]  # a third of COLD_BYTES
+    assert len(bench_ops.input_copies(backend, big, cold=True, runs=11)) == 3

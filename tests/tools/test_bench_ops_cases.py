@@ -159,3 +159,14 @@ def test_copies_of_the_inputs_stop_at_cold_bytes_and_hold_the_same_values(rng):
     assert all(np.array_equal(c[0].numpy(), small[0]) for c in copies)
     big = [np.zeros(bench_ops.COLD_BYTES // 4 // 3 + 1, np.float32)]  # a third of COLD_BYTES
     assert len(bench_ops.input_copies(backend, big, cold=True, runs=11)) == 3
+
+
+def test_copies_are_cut_to_what_the_device_holds_in_a_tensor():
+    chosen = bench_ops.select(["matmul_quant_q4_k"])
+    copies = [s for c, s in bench_ops.plan(chosen, max_tensor_bytes=128 << 20) if c.name == "copy"]
+    assert copies == [(8192, bench_ops.ROW)]  # 256 MiB and 1 GiB, both cut to 128 MiB
+    copies = [s for c, s in bench_ops.plan(chosen, max_tensor_bytes=512 << 20) if c.name == "copy"]
+    assert copies == [(16384, bench_ops.ROW), (32768, bench_ops.ROW)]
+    # sizes asked for are run as asked (and skipped where they do not fit)
+    named = bench_ops.plan(bench_ops.select(["copy"]), [1 << 16], max_tensor_bytes=128 << 20)
+    assert [s for _, s in named] == [(1 << 16, bench_ops.ROW)]

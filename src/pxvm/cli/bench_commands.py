@@ -191,7 +191,8 @@ OPS_HELP = (
     "Each pxvm rate in GB/s is also shown as a percentage of the copy bandwidth measured in "
     "the same run on the same backend ('of copy'): the fastest row of the `copy` case, bytes "
     "read plus written per second by pxvm's slice_rows of a whole float32 tensor (pxvm has "
-    "no copy op; that one copies every value once), 256 MiB and 1 GiB. So the copy case "
+    "no copy op; that one copies every value once), 256 MiB and 1 GiB (or as much as the "
+    "device's tensors hold, where less). So the copy case "
     "runs first, at those shapes (4 MiB with --quick; --sizes apply to it only where --ops "
     "names it), whenever a case in GB/s is chosen without it, e.g. --ops matmul_quant.\n\n"
     "Every pxvm result is checked against the op's numpy reference: one off it (NMSE over "
@@ -256,7 +257,7 @@ def ops(
                       + f"; {env['torch']}", style="dim", soft_wrap=True)
 
     rng = np.random.default_rng(0)
-    work = bench_ops.plan(cases, size_list, quick)
+    work = bench_ops.plan(cases, size_list, quick, chosen.max_tensor_bytes)
     rows = []
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=err_console, transient=True) as progress:

@@ -606,19 +606,30 @@ def select(names: list[str] | None) -> list[BenchCase]:
     return [c for c in CASES.values() if c.name in names or c.op in names]
 
 
-def plan(cases: list[BenchCase], sizes: list[int] | None = None,
-         quick: bool = False) -> list[tuple[BenchCase, tuple]]:
+def plan(cases: list[BenchCase], sizes: list[int] | None = None, quick: bool = False,
+         max_tensor_bytes: int | None = None) -> list[tuple[BenchCase, tuple]]:
     """(case, shape) pairs to run: each case at `sizes` (each a number the case reads as
     `size_means`), else at its quick or default shapes. Where a case measured in bytes is
     chosen without the copy case, the copy case runs first at its own quick or default
-    shapes: the reference of their percentages (add_percent_of_copy)."""
+    shapes: the reference of their percentages (add_percent_of_copy). Those copies are cut
+    to `max_tensor_bytes` where a device's tensors hold less, so that one still runs."""
     pairs = [(c, shape) for c in cases
              for shape in ([c.from_size(s) for s in sizes] if sizes
+                           else _copy_shapes(quick, max_tensor_bytes) if c.name == COPY
                            else c.quick if quick else c.default)]
     if any(c.unit == "B" for c in cases) and all(c.name != COPY for c in cases):
-        copy = CASES[COPY]
-        pairs = [(copy, shape) for shape in (copy.quick if quick else copy.default)] + pairs
+        pairs = [(CASES[COPY], shape) for shape in _copy_shapes(quick, max_tensor_bytes)] + pairs
     return pairs
+
+
+def _copy_shapes(quick: bool, max_tensor_bytes: int | None) -> tuple:
+    """The copy case's quick or default shapes, each cut to at most `max_tensor_bytes`."""
+    copy = CASES[COPY]
+    shapes = copy.quick if quick else copy.default
+    if max_tensor_bytes is None:
+        return shapes
+    most = max(1, max_tensor_bytes // (4 * ROW))
+    return tuple(dict.fromkeys((min(rows, most), row) for rows, row in shapes))
 
 
 # ---- one row --------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ VERSION_KEYS = {"pxvm", "numpy", "torch", "wgpu", "cuda-bindings", "python"}
 ROW_KEYS = {"case", "op", "shape", "work", "unit", "status", "note", "pxvm_seconds",
             "pxvm_clock", "pxvm_runs", "numpy_seconds", "torch_seconds", "nmse", "nmse_limit",
             "pxvm_per_second", "numpy_per_second", "torch_per_second", "pxvm_vs_numpy",
-            "pxvm_vs_torch"}
+            "pxvm_vs_torch", "pxvm_percent_of_copy"}
 
 
 def run_pxvm(*args):
@@ -55,6 +55,26 @@ def check_rows_ran(data, backend: str, cases: list[str]) -> None:
         assert row["pxvm_seconds"] > 0 and row["numpy_seconds"] > 0
         assert 0 <= row["nmse"] <= row["nmse_limit"]
         assert row["pxvm_per_second"] == pytest.approx(row["work"] / row["pxvm_seconds"])
+    check_percent_of_copy(data)
+
+
+def check_percent_of_copy(data) -> None:
+    """Every rate in bytes is a percentage of the fastest copy of the same run."""
+    copies = [r for r in data["rows"] if r["case"] == "copy" and r["status"] == "ok"]
+    if not copies:
+        assert data["copy_bandwidth"] is None
+        assert all(r["pxvm_percent_of_copy"] is None for r in data["rows"])
+        return
+    assert data["rows"][0]["case"] == "copy"  # it ran first
+    fastest = max(copies, key=lambda r: r["pxvm_per_second"])
+    assert data["copy_bandwidth"] == {"shape": fastest["shape"],
+                                      "per_second": fastest["pxvm_per_second"]}
+    for row in data["rows"]:
+        if row["unit"] == "B" and row["status"] == "ok":
+            assert row["pxvm_percent_of_copy"] == pytest.approx(
+                100 * row["pxvm_per_second"] / fastest["pxvm_per_second"])
+        else:
+            assert row["pxvm_percent_of_copy"] is None
 
 
 def check_png(path) -> None:
@@ -66,7 +86,7 @@ def test_quick_run_on_the_numpy_backend_checks_every_case(tmp_path):
     assert proc.returncode == 0, proc.stderr
     check_rows_ran(data, "numpy", list(bench_ops.CASES))
     assert all(r["pxvm_runs"] == "reference" for r in data["rows"] if r["status"] == "ok")
-    for name in ("matmul", "softmax", "matmul_quant_q4_k", "NMSE", "pxvm/torch"):
+    for name in ("matmul", "softmax", "matmul_quant_q6_k", "NMSE", "pxvm/torch", "of copy"):
         assert name in proc.stdout
     check_png(png)
 
@@ -75,10 +95,14 @@ def test_cpu_backend_against_numpy_and_torch(tmp_path):
     proc, data, png = bench(tmp_path, "--quick", "--backend", "cpu", "--ops",
                             "rmsnorm,matmul_quant_q4_k", "--repeats", "2")
     assert proc.returncode == 0, proc.stderr
-    check_rows_ran(data, "cpu", ["rmsnorm", "matmul_quant_q4_k"])
+    # the copy came along: the reference of the rates in bytes
+    check_rows_ran(data, "cpu", ["copy", "rmsnorm", "matmul_quant_q4_k"])
     assert data["settings"]["repeats"] == 2
+    assert data["settings"]["ops"] == ["rmsnorm", "matmul_quant_q4_k"]
     runs = {r["case"]: r["pxvm_runs"] for r in data["rows"]}
-    assert runs == {"matmul_quant_q4_k": "kernel", "rmsnorm": "reference"}
+    assert runs == {"copy": "reference", "matmul_quant_q4_k": "kernel", "rmsnorm": "reference"}
+    assert all(r["pxvm_percent_of_copy"] > 0 for r in data["rows"])
+    assert "of copy" in proc.stdout and "this run's copy bandwidth" in proc.stdout
     if HAS_TORCH:  # torch on its GPU where it has one (CUDA events), else on the host
         assert all(r["torch_seconds"] > 0 for r in data["rows"])
         import torch
@@ -148,7 +172,7 @@ def test_a_kernel_with_wrong_results_fails_its_row_and_the_run(wrong, monkeypatc
     rows = {r["case"]: r for r in json.loads(out.read_text())["rows"]}
     assert rows["silu"]["status"] == "FAIL" and rows["silu"]["nmse"] > rows["silu"]["nmse_limit"]
     assert rows["add"]["status"] == "ok"
-    assert "FAIL" in result.output and "1 of 2 rows failed" in result.output
+    assert "FAIL" in result.output and "1 of 3 rows failed" in result.output  # and the copy
 
 
 def test_a_wrong_webgpu_kernel_fails_its_row(gpu_device, monkeypatch, tmp_path):
@@ -158,8 +182,9 @@ def test_a_wrong_webgpu_kernel_fails_its_row(gpu_device, monkeypatch, tmp_path):
     result = runner.invoke(app, ["bench", "ops", "--quick", "--backend", "webgpu", "--no-torch",
                                  "--ops", "silu", "--repeats", "1", "--json", str(out)])
     assert result.exit_code == 1, result.output
-    row, = json.loads(out.read_text())["rows"]
-    assert row["status"] == "FAIL" and row["nmse"] > 1e-3
+    rows = {r["case"]: r for r in json.loads(out.read_text())["rows"]}
+    assert rows.keys() == {"copy", "silu"} and rows["copy"]["status"] == "ok"
+    assert rows["silu"]["status"] == "FAIL" and rows["silu"]["nmse"] > 1e-3
 
 
 def _no_kernel(ctx, x, **params):
@@ -172,8 +197,10 @@ def test_a_missing_kernel_is_a_skipped_row_with_the_reason(monkeypatch, tmp_path
     result = runner.invoke(app, ["bench", "ops", "--quick", "--backend", "cpu", "--no-torch",
                                  "--ops", "silu", "--repeats", "1", "--json", str(out)])
     assert result.exit_code == 0, result.output
-    row, = json.loads(out.read_text())["rows"]
+    copy, row = json.loads(out.read_text())["rows"]
+    assert copy["case"] == "copy" and row["case"] == "silu"
     assert row["status"] == "skipped" and "has no cpu kernel for this (test)" in row["note"]
+    assert row["pxvm_percent_of_copy"] is None
     assert row["pxvm_seconds"] is None and row["numpy_seconds"] > 0  # the peers still ran
     assert "skipped" in result.output
 
@@ -184,7 +211,9 @@ def test_without_matplotlib_the_json_is_still_written(monkeypatch, tmp_path):
     result = runner.invoke(app, ["bench", "ops", "--quick", "--backend", "numpy", "--no-torch",
                                  "--ops", "dot", "--json", str(out), "--plot", str(png)])
     assert result.exit_code == 0, result.output
-    assert json.loads(out.read_text())["rows"][0]["status"] == "ok" and not png.exists()
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["case"] for r in rows] == ["copy", "dot"] and not png.exists()
+    assert all(r["status"] == "ok" for r in rows)
     assert "pip install 'pxvm[plots]'" in result.output
 
 
@@ -208,18 +237,22 @@ def test_bad_flags_are_one_usage_error(args, message):
 def test_sizes_read_as_each_case_says(tmp_path):
     cases = bench_ops.select(["matmul", "softmax", "matmul_quant"])
     shapes = {(c.name, s) for c, s in bench_ops.plan(cases, [64, 512])}
-    assert shapes == {("matmul", (64, 64, 64)), ("matmul", (512, 512, 512)),
+    copy = bench_ops.CASES["copy"]  # not named: at its own shapes
+    assert shapes == {*(("copy", s) for s in copy.default),
+                      ("matmul", (64, 64, 64)), ("matmul", (512, 512, 512)),
                       ("softmax", (64, bench_ops.ROW)), ("softmax", (512, bench_ops.ROW)),
                       ("matmul_quant_q8_0", (64, 64)), ("matmul_quant_q8_0", (512, 512)),
-                      ("matmul_quant_q4_k", (64, 64)), ("matmul_quant_q4_k", (512, 512))}
-    out = tmp_path / "ops.json"
+                      ("matmul_quant_q4_k", (64, 64)), ("matmul_quant_q4_k", (512, 512)),
+                      ("matmul_quant_q6_k", (64, 64)), ("matmul_quant_q6_k", (512, 512))}
+    out = tmp_path / "ops.json"  # --quick: the copy that comes along at its quick shape
     result = runner.invoke(app, ["bench", "ops", "--backend", "numpy", "--no-torch", "--ops",
                                  "matmul_quant", "--sizes", "2^6,1k", "--repeats", "1",
-                                 "--json", str(out)])
+                                 "--quick", "--json", str(out)])
     assert result.exit_code == 0, result.output
     rows = {(r["case"], r["shape"]): r for r in json.loads(out.read_text())["rows"]}
     assert rows["matmul_quant_q8_0", "Q8_0 W 64x64, 1 row"]["status"] == "ok"
     assert rows["matmul_quant_q4_k", "Q4_K W 1024x1024, 1 row"]["status"] == "ok"
+    assert rows["matmul_quant_q6_k", "Q6_K W 1024x1024, 1 row"]["status"] == "ok"
     small = rows["matmul_quant_q4_k", "Q4_K W 64x64, 1 row"]  # Q4_K blocks hold 256 values
     assert small["status"] == "skipped" and "divisible by 256" in small["note"]
 
@@ -239,3 +272,17 @@ def test_bench_lists_both_benchmarks_and_ops_lists_its_cases():
     assert result.exit_code == 0
     for name in bench_ops.CASES:
         assert name in result.output
+    help_text = " ".join(runner.invoke(app, ["bench", "ops", "--help"]).output.split())
+    for words in ("percentage of the copy bandwidth", "slice_rows", "the copy case runs first",
+                  "Q6_K"):
+        assert words.lower() in help_text.lower(), words
+
+
+def test_products_in_flops_alone_run_without_the_copy(tmp_path):
+    out = tmp_path / "ops.json"
+    result = runner.invoke(app, ["bench", "ops", "--quick", "--backend", "numpy", "--no-torch",
+                                 "--ops", "matmul", "--repeats", "1", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    assert {r["case"] for r in data["rows"]} == {"matmul"} and data["copy_bandwidth"] is None
+    assert "no copy ran" in " ".join(result.output.split())

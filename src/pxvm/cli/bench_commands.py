@@ -93,6 +93,19 @@ def _ratio(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}x"
 
 
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}%"
+
+
+def _copy_note(reference: bench_ops.Row | None) -> str:
+    """What the "of copy" column is a percentage of."""
+    if reference is None:
+        return "of copy: - (no copy ran)"
+    rate = bench_ops.format_rate(reference.rate(reference.pxvm_seconds), reference.unit)
+    return (f"of copy: pxvm's GB/s as a percentage of this run's copy bandwidth, {rate} "
+            f"(pxvm's copy of {reference.shape})")
+
+
 def _check(row: bench_ops.Row) -> str:
     if row.status == "ok":
         return "[green]ok[/]" + ("" if row.pxvm_runs == "kernel" else f" [dim]({row.pxvm_runs})[/]")
@@ -103,21 +116,25 @@ def _check(row: bench_ops.Row) -> str:
     return f"[yellow]skipped[/]: {escape(row.note)}"
 
 
-def _table(rows: list[bench_ops.Row], env: dict, repeats: int) -> Table:
+def _table(rows: list[bench_ops.Row], env: dict, repeats: int,
+           reference: bench_ops.Row | None) -> Table:
     clocks = sorted({r.pxvm_clock for r in rows if r.pxvm_clock})
     table = Table(title=f"pxvm bench ops: {env['device']}", title_justify="left",
                   caption=(f"median of {repeats} runs after a warm-up; pxvm timed by "
                            f"{', '.join(clocks) or '-'}; numpy by the host clock; "
                            f"{env['torch']}. pxvm/torch, pxvm/numpy: pxvm's throughput over the "
                            "peer's (above 1: pxvm is faster). Check: NMSE of pxvm's result "
-                           "against the op's numpy reference."),
+                           "against the op's numpy reference. " + _copy_note(reference)
+                           + "."),
                   caption_justify="left")
     for name, justify in (("op", "left"), ("shape", "left"), ("pxvm", "right"),
-                          ("numpy", "right"), ("torch", "right"), ("pxvm/torch", "right"),
-                          ("pxvm/numpy", "right"), ("NMSE", "right"), ("check", "left")):
+                          ("of copy", "right"), ("numpy", "right"), ("torch", "right"),
+                          ("pxvm/torch", "right"), ("pxvm/numpy", "right"), ("NMSE", "right"),
+                          ("check", "left")):
         table.add_column(name, justify=justify, overflow="fold")
     for r in rows:
-        table.add_row(r.case, r.shape, _cell(r, r.pxvm_seconds), _cell(r, r.numpy_seconds),
+        table.add_row(r.case, r.shape, _cell(r, r.pxvm_seconds),
+                      _percent(r.pxvm_percent_of_copy), _cell(r, r.numpy_seconds),
                       _cell(r, r.torch_seconds), _ratio(r.speedup(r.torch_seconds)),
                       _ratio(r.speedup(r.numpy_seconds)),
                       "-" if r.nmse is None else f"{r.nmse:.1e}", _check(r))
@@ -125,14 +142,15 @@ def _table(rows: list[bench_ops.Row], env: dict, repeats: int) -> Table:
 
 
 def _markdown(rows: list[bench_ops.Row]) -> str:
-    lines = ["| op | shape | pxvm | numpy | torch | pxvm/torch | pxvm/numpy | NMSE |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| op | shape | pxvm | of copy | numpy | torch | pxvm/torch | pxvm/numpy | NMSE |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         cells = [_cell(r, t).replace("\n", " (") + (")" if t else "")
                  for t in (r.pxvm_seconds, r.numpy_seconds, r.torch_seconds)]
         nmse = "-" if r.nmse is None else f"{r.nmse:.1e}"
         if r.status != "ok":
             nmse += f" {r.status}"
+        cells.insert(1, _percent(r.pxvm_percent_of_copy))
         lines.append(f"| {r.case} | {r.shape} | {' | '.join(cells)} | "
                      f"{_ratio(r.speedup(r.torch_seconds))} | "
                      f"{_ratio(r.speedup(r.numpy_seconds))} | {nmse} |")
@@ -166,19 +184,32 @@ OPS_HELP = (
     "Time pxvm's kernels for each op and size against numpy and PyTorch, in one run.\n\n"
     "pxvm's time is the GPU's own (WebGPU timestamp queries, CUDA events; the host clock on "
     "the CPU backends), taken with the inputs already on the device; numpy and torch run the "
-    "same work on the same inputs. Rates are TFLOP/s, or GB/s for memory-bound ops.\n\n"
+    "same work on the same inputs. Rates are TFLOP/s, or GB/s for memory-bound ops and "
+    "quantized products (their weight's bytes). The quantized products' runs each take "
+    "another copy of the weight on the device (up to 256 MiB of copies, in turn), so that "
+    "it comes from memory, as in decoding, not from the GPU's cache.\n\n"
+    "Each pxvm rate in GB/s is also shown as a percentage of the copy bandwidth measured in "
+    "the same run on the same backend ('of copy'): the fastest row of the `copy` case, bytes "
+    "read plus written per second by pxvm's slice_rows of a whole float32 tensor (pxvm has "
+    "no copy op; that one copies every value once), 256 MiB and 1 GiB (or as much as the "
+    "device's tensors hold, where less). So the copy case "
+    "runs first, at those shapes (4 MiB with --quick; --sizes apply to it only where --ops "
+    "names it), whenever a case in GB/s is chosen without it, e.g. --ops matmul_quant.\n\n"
     "Every pxvm result is checked against the op's numpy reference: one off it (NMSE over "
     "the case's limit) is marked FAIL and the command exits 1. Cases the backend has no "
     "kernel for are listed as skipped, with the reason.\n\n"
     "Examples: pxvm bench ops --backend cuda --json ops.json --plot ops.png; "
-    "pxvm bench ops --quick --ops matmul,softmax; pxvm bench ops --ops dot --sizes 1e6,2^26")
+    "pxvm bench ops --quick --ops matmul,softmax; pxvm bench ops --ops dot --sizes 1e6,2^26; "
+    "pxvm bench ops --backend webgpu --ops matmul_quant (Q8_0, Q4_K and Q6_K products at "
+    "Llama-3-8B's weight shapes, as percentages of the copy)")
 
 
 def ops(
     backend: str = typer.Option("auto", help="Where pxvm runs: webgpu, cuda, cpu, numpy or "
                                 "auto (pxvm's choice: WebGPU on a hardware GPU, else cpu)."),
     op_names: str = typer.Option(None, "--ops", help="Comma-separated cases or op names "
-                                 "(default: all; --list names them), e.g. matmul,softmax."),
+                                 "(default: all, the copy first; --list names them), e.g. "
+                                 "matmul,softmax. A case in GB/s brings the copy case along."),
     sizes: str = typer.Option(None, "--sizes", help="Comma-separated sizes for every chosen "
                               "case instead of its defaults, each read as the case says "
                               "(--list): n of n x n x n for matmul, elements, rows of 4096, "
@@ -226,7 +257,7 @@ def ops(
                       + f"; {env['torch']}", style="dim", soft_wrap=True)
 
     rng = np.random.default_rng(0)
-    work = bench_ops.plan(cases, size_list, quick)
+    work = bench_ops.plan(cases, size_list, quick, chosen.max_tensor_bytes)
     rows = []
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=err_console, transient=True) as progress:
@@ -236,7 +267,8 @@ def ops(
             rows.append(bench_ops.run_case(case, shape, chosen, repeats, rng, peer))
             progress.advance(task)
 
-    console.print(_table(rows, env, repeats))
+    reference = bench_ops.add_percent_of_copy(rows)
+    console.print(_table(rows, env, repeats, reference))
     if markdown:
         console.print(_markdown(rows), markup=False, soft_wrap=True)
     if json_path is not None:
@@ -244,6 +276,9 @@ def ops(
                   "settings": {"backend": chosen.name, "repeats": repeats, "quick": quick,
                                "ops": [c.name for c in cases], "sizes": size_list,
                                "torch": use_torch},
+                  "copy_bandwidth": None if reference is None else {
+                      "shape": reference.shape,
+                      "per_second": reference.rate(reference.pxvm_seconds)},
                   "rows": [r.as_dict() for r in rows],
                   "failed": sum(r.failed for r in rows)}
         json_path.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")

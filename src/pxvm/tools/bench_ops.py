@@ -6,9 +6,18 @@ A `BenchCase` says how to benchmark one op at a shape: its inputs, the work one 
 (FLOPs, or bytes moved for memory-bound ops), the numpy and torch code that does the
 same work, and the NMSE a correct kernel stays under. `CASES` is the table of them;
 `plan` picks cases and shapes, `run_case` times one, `environment` describes the
-machine, `write_plot` draws throughput against size.
+machine, `add_percent_of_copy` relates the rates in bytes to the copy's, `write_plot`
+draws throughput against size.
 
-Times are medians of `repeats` runs after a warm-up, inputs already on the device.
+Rates in bytes (memory-bound ops, quantized products) are also given as a percentage of
+the copy bandwidth measured in the same run on the same backend: the `copy` case, bytes
+read plus written per second by pxvm's slice_rows of a whole float32 tensor (pxvm's ops
+have no copy op; that one copies every value once), 256 MiB and 1 GiB.
+
+Times are medians of `repeats` runs after a warm-up, inputs already on the device. The
+quantized products' runs each take another copy of their inputs (`cold_inputs`): a
+weight of tens of MB would otherwise stay in a GPU's L2 from one run to the next, and the
+rate would be the cache's, not the memory's that decoding reads weights from.
 pxvm's: the GPU's own clock where the backend has one (WebGPU timestamp queries, CUDA
 events around the batch's launches; readbacks are outside), else the host clock around
 the op (the CPU backends). numpy's: the host clock. torch's: CUDA events on torch's GPU
@@ -20,6 +29,7 @@ best side by side; the machinery around it is short.
 
 from __future__ import annotations
 
+import itertools
 import math
 import platform
 import statistics
@@ -57,6 +67,10 @@ WARM_UP_S = 0.05
 #: heads); the prompt case is issue 17's fused-attention target shape.
 ATTENTION_HEADS = (32, 8, 128)
 QUICK_ATTENTION_HEADS = (4, 1, 64)
+#: Bytes of distinct inputs a case with `cold_inputs` cycles through: more than a GPU's
+#: last-level cache (an H100's or H200's L2 holds 50 MB), so that a run reads its inputs
+#: from memory, not from the cache the runs before it filled
+COLD_BYTES = 256 << 20
 
 
 class Skip(Exception):
@@ -207,6 +221,7 @@ class BenchCase:
     torch_peer: Callable[[TorchPeer, list, dict], Callable[[], object]] | None = None
     peer_note: str = ""                        # what the peers run, where not the same op
     nmse_limit: float = NMSE_LIMIT
+    cold_inputs: bool = False                  # pxvm's runs take turns over copies (COLD_BYTES)
 
 
 def _normal(rng, shape, dtype=np.float32) -> np.ndarray:
@@ -288,6 +303,31 @@ def _torch_silu(peer, arrays, params):
     return lambda: peer.torch.nn.functional.silu(x)
 
 
+# the device copy, the run's bandwidth reference: shape (rows, ROW) of float32
+#: The case whose rate is the run's copy bandwidth (copy_bandwidth): every rate in bytes
+#: is also given as a percentage of it
+COPY = "copy"
+
+
+def _copy_label(shape) -> str:
+    rows, row = shape
+    nbytes = 4 * rows * row
+    size = (f"{nbytes >> 30} GiB" if nbytes % (1 << 30) == 0 else f"{nbytes / 2**20:,.4g} MiB")
+    return f"{size} ({rows:,} rows of {row})"
+
+
+def _numpy_copy(arrays, params):
+    x, = arrays
+    out = np.empty_like(x)  # made once: the copy is timed, not the allocation
+    return lambda: np.copyto(out, x)
+
+
+def _torch_copy(peer, arrays, params):
+    x = peer.tensor(arrays[0])
+    out = peer.torch.empty_like(x)
+    return lambda: out.copy_(x)
+
+
 # rows of ROW values: shape (rows, ROW)
 def _rows_label(shape) -> str:
     return f"{shape[0]:,} rows of {shape[1]}"
@@ -326,6 +366,13 @@ def _torch_rmsnorm(peer, arrays, params):
 
 
 # quantized matrix-vector products: shape (N, K), x (1, K)
+#: Weight shapes (N rows, K) the quantized products time by default: Llama-3-8B's, whose
+#: decoding steps are such products (issue 36 names 4096 x 4096 and 14,336 x 4,096)
+QUANT_PROJECTIONS = {(4096, 4096): "Llama-3-8B attention q/o",
+                     (14336, 4096): "Llama-3-8B FFN gate/up",
+                     (4096, 14336): "Llama-3-8B FFN down"}
+
+
 def quantized_weight(n: int, k: int, qtype: str, rng: np.random.Generator) -> np.ndarray:
     """Raw GGUF rows (N, row_bytes) of a random (N, K) weight: the `gguf` package's
     quantizer where it has one, else (K-quants) random bytes with sane scales."""
@@ -337,9 +384,19 @@ def quantized_weight(n: int, k: int, qtype: str, rng: np.random.Generator) -> np
         return np.ascontiguousarray(raw).view(np.uint8).reshape(n, t.row_bytes(k))
     except NotImplementedError:
         pass
-    if t.ggml not in (GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K):
+    if t.ggml not in (GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q5_K,
+                      GGMLQuantizationType.Q6_K):
         raise Skip(f"no quantizer for {t.name} here")
     raw = rng.integers(0, 256, (n * k // t.block_values, t.block_bytes), dtype=np.uint8)
+    if t.ggml == GGMLQuantizationType.Q6_K:
+        # 128 bytes of low 4 bits and 64 of high 2 bits of the quants q (0..63, centred on
+        # 32), 16 int8 scales (one per 16 values), float16 d at byte 208: a value is
+        # d * scale * (q - 32). |scale| averages 64 and |q - 32| 16, so d about 1/1024
+        # makes values about 1 in size
+        raw[:, 192:208] = rng.integers(-128, 128, (len(raw), 16)).astype(np.int8).view(np.uint8)
+        d = rng.uniform(0.5, 1.5, (len(raw), 1)) / 1024
+        raw[:, 208:210] = d.astype(np.float16).view(np.uint8)
+        return raw.reshape(n, t.row_bytes(k))
     # d and dmin, the block's float16 scales (6-bit sub-scales and quants times them):
     # values about 1 in size, as a real weight's are
     levels = 15 if t.ggml == GGMLQuantizationType.Q4_K else 31
@@ -358,7 +415,8 @@ def _quant_case_parts(qtype: str):
 
     def label(shape) -> str:
         n, k = shape
-        return f"{t.name} W {n}x{k}, 1 row"
+        named = QUANT_PROJECTIONS.get(tuple(shape))
+        return f"{t.name} W {n}x{k}, 1 row" + (f" ({named})" if named else "")
 
     def weight_bytes(shape) -> float:
         n, k = shape
@@ -468,14 +526,27 @@ def _quant_case(name: str, qtype: str) -> BenchCase:
     return BenchCase(
         name=name, op="matmul_quant", size_means="N = K of a square weight",
         from_size=lambda n: (n, n),
-        default=((4096, 4096), (11008, 4096), (4096, 11008)), quick=((512, 512),),
+        default=tuple(QUANT_PROJECTIONS), quick=((512, 512),),
         label=label, make=make, work=weight_bytes, unit="B",
         numpy_peer=numpy_peer, torch_peer=torch_peer_fn,
-        peer_note="rate: the quantized weight's bytes over the time; numpy and torch "
-                  "multiply by the weight dequantized to float32 once")
+        peer_note="rate: the quantized weight's bytes over the time; pxvm's runs each "
+                  "take another device copy of the inputs (up to 256 MiB of copies, in "
+                  "turn), so that the weight comes from memory, not the cache; numpy and "
+                  "torch multiply by the weight dequantized to float32 once",
+        cold_inputs=True)
 
 
 CASES: dict[str, BenchCase] = {c.name: c for c in (
+    # first: the reference of the rates in bytes. pxvm's ops have no copy op; slice_rows of
+    # every row is one: its kernel reads each value once and writes it once
+    BenchCase(COPY, "slice_rows", f"rows of {ROW} float32 values", lambda n: (n, ROW),
+              default=((1 << 14, ROW), (1 << 16, ROW)), quick=((256, ROW),),
+              label=_copy_label, make=_one_input, work=lambda s: 8.0 * s[0] * s[1], unit="B",
+              numpy_peer=_numpy_copy, torch_peer=_torch_copy,
+              peer_note="rate: bytes read plus bytes written; pxvm: slice_rows of every row "
+                        "into a new tensor; numpy: np.copyto, torch: Tensor.copy_, into an "
+                        "array made once",
+              nmse_limit=0.0),  # a copy is exact
     BenchCase("matmul", "matmul", "n of an n x n x n product", _square,
               default=(_square(1024), _square(2048), _square(4096), (4096, 11008, 4096)),
               quick=(_square(128), _square(256), (32, 576, 1536)),
@@ -513,6 +584,7 @@ CASES: dict[str, BenchCase] = {c.name: c for c in (
               unit="B", numpy_peer=_numpy_rmsnorm, torch_peer=_torch_rmsnorm),
     _quant_case("matmul_quant_q8_0", "Q8_0"),
     _quant_case("matmul_quant_q4_k", "Q4_K"),
+    _quant_case("matmul_quant_q6_k", "Q6_K"),
     _attention_case("attention", "attention", prompt=False, dtype=np.float32,
                     default=tuple((s, *ATTENTION_HEADS) for s in (1024, 4096, 16384)),
                     quick=((64, *QUICK_ATTENTION_HEADS),)),
@@ -534,13 +606,30 @@ def select(names: list[str] | None) -> list[BenchCase]:
     return [c for c in CASES.values() if c.name in names or c.op in names]
 
 
-def plan(cases: list[BenchCase], sizes: list[int] | None = None,
-         quick: bool = False) -> list[tuple[BenchCase, tuple]]:
+def plan(cases: list[BenchCase], sizes: list[int] | None = None, quick: bool = False,
+         max_tensor_bytes: int | None = None) -> list[tuple[BenchCase, tuple]]:
     """(case, shape) pairs to run: each case at `sizes` (each a number the case reads as
-    `size_means`), else at its quick or default shapes."""
-    return [(c, shape) for c in cases
-            for shape in ([c.from_size(s) for s in sizes] if sizes
-                          else c.quick if quick else c.default)]
+    `size_means`), else at its quick or default shapes. Where a case measured in bytes is
+    chosen without the copy case, the copy case runs first at its own quick or default
+    shapes: the reference of their percentages (add_percent_of_copy). Those copies are cut
+    to `max_tensor_bytes` where a device's tensors hold less, so that one still runs."""
+    pairs = [(c, shape) for c in cases
+             for shape in ([c.from_size(s) for s in sizes] if sizes
+                           else _copy_shapes(quick, max_tensor_bytes) if c.name == COPY
+                           else c.quick if quick else c.default)]
+    if any(c.unit == "B" for c in cases) and all(c.name != COPY for c in cases):
+        pairs = [(CASES[COPY], shape) for shape in _copy_shapes(quick, max_tensor_bytes)] + pairs
+    return pairs
+
+
+def _copy_shapes(quick: bool, max_tensor_bytes: int | None) -> tuple:
+    """The copy case's quick or default shapes, each cut to at most `max_tensor_bytes`."""
+    copy = CASES[COPY]
+    shapes = copy.quick if quick else copy.default
+    if max_tensor_bytes is None:
+        return shapes
+    most = max(1, max_tensor_bytes // (4 * ROW))
+    return tuple(dict.fromkeys((min(rows, most), row) for rows, row in shapes))
 
 
 # ---- one row --------------------------------------------------------------------------------
@@ -565,6 +654,8 @@ class Row:
     nmse: float | None = None
     nmse_limit: float = NMSE_LIMIT
     peer_notes: list[str] = field(default_factory=list)
+    # pxvm's rate over the copy bandwidth of the same run, in percent (add_percent_of_copy)
+    pxvm_percent_of_copy: float | None = None
 
     def rate(self, seconds: float | None) -> float | None:
         """Work per second (FLOP/s or B/s)."""
@@ -590,6 +681,27 @@ class Row:
         if out["nmse"] is not None and not math.isfinite(out["nmse"]):
             out["nmse"] = str(out["nmse"])  # JSON has no inf
         return out
+
+
+def copy_bandwidth(rows: list[Row]) -> Row | None:
+    """The row whose pxvm rate is the copy bandwidth of the run `rows` are from: the
+    fastest copy that ran and checked out; None where none did."""
+    copies = [r for r in rows if r.case == COPY and r.status == "ok" and r.pxvm_seconds]
+    return max(copies, key=lambda r: r.rate(r.pxvm_seconds), default=None)
+
+
+def add_percent_of_copy(rows: list[Row]) -> Row | None:
+    """Set pxvm_percent_of_copy, pxvm's rate over the run's copy bandwidth (copy_bandwidth)
+    in percent, on each row measured in bytes that ran and checked out. Returns the copy
+    row the percentages are of; None (and no percentages) where no copy ran."""
+    reference = copy_bandwidth(rows)
+    if reference is None:
+        return None
+    copy_rate = reference.rate(reference.pxvm_seconds)
+    for r in rows:
+        if r.unit == "B" and r.status == "ok" and r.pxvm_seconds:
+            r.pxvm_percent_of_copy = 100.0 * r.rate(r.pxvm_seconds) / copy_rate
+    return reference
 
 
 def nmse(got, expected) -> float:
@@ -639,6 +751,16 @@ def run_case(case: BenchCase, shape: tuple, backend: Backend, repeats: int,
     return row
 
 
+def input_copies(backend: Backend, arrays: list[np.ndarray], cold: bool,
+                 runs: int) -> list[list]:
+    """The inputs on the device, once; where `cold`, as many copies as `runs` takes or as
+    add up to COLD_BYTES, whichever is fewer, for the runs to take in turn."""
+    copies = 1
+    if cold:
+        copies = max(1, min(runs, math.ceil(COLD_BYTES / sum(a.nbytes for a in arrays))))
+    return [[backend.from_numpy(a) for a in arrays] for _ in range(copies)]
+
+
 def _time_pxvm_and_check(row: Row, case: BenchCase, arrays, params, backend, repeats) -> None:
     op = REGISTRY.get(case.op)
     try:
@@ -646,9 +768,10 @@ def _time_pxvm_and_check(row: Row, case: BenchCase, arrays, params, backend, rep
             raise Skip(f"this pxvm has no op {case.op}")
         row.pxvm_runs = op.implementation(backend)
         _fits(backend, arrays)
-        tensors = [backend.from_numpy(a) for a in arrays]
+        # every copy holds the same values: any run's result is checked the same
+        turns = itertools.cycle(input_copies(backend, arrays, case.cold_inputs, repeats + 1))
         row.pxvm_seconds, row.pxvm_clock, got = time_pxvm(
-            backend, lambda: op(*tensors, **params), repeats)
+            backend, lambda: op(*next(turns), **params), repeats)
         row.nmse = nmse(got, op.reference(*arrays, **params))
         if not row.nmse <= case.nmse_limit:
             row.status = "FAIL"

@@ -462,8 +462,9 @@ fn embed(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) li
 // and each thread loads x's 32 values of a task once and multiplies them with all
 // MV_ROWS rows (the GLU's up rows too), so that x's loads, several times the weight's
 // bytes a row, are shared. (Staging x's tiles in workgroup memory, in the order threads
-// read them, made every type slower on the H200: docs/benchmarks-log.md.) Quant words become floats by their bits (a byte b or'ed into the
-// mantissa of 2^23, minus 2^23), not by conversions, which run at a quarter of the rate.
+// read them, made every type slower on the H200: docs/benchmarks-log.md.) Quant words
+// become floats by their bits (`fields`), not by conversions, which run at a quarter of
+// the rate.
 // Q4_K's 144-byte blocks are 16-byte aligned, so a task's quants and its block's scales
 // are two 16-byte loads; Q6_K's 210-byte and Q8_0's 34-byte ones only 2-byte, read as
 // words joined across alignment. Fusions as `matmul`'s: NORM, EPILOGUE, ATTENTION_PARTS.
@@ -475,7 +476,6 @@ override MV_ROWS: u32 = 4u;        // rows of W a workgroup, 1..MV_MAX_ROWS
 const MV_MAX_ROWS: u32 = 8u;
 // the sums a workgroup reduces: MV_ROWS products, as many up rows, the squares of x
 const MV_MAX_SUMS: u32 = 2u * MV_MAX_ROWS + 1u;
-const MAGIC: f32 = 8388608.0;      // 2^23: bitcast<f32>(0x4b000000u | b) - MAGIC == b
 
 var<workgroup> mv_sums: array<f32, MV_MAX_SUMS>;
 var<workgroup> mv_tree: array<f32, 256>;
@@ -488,11 +488,16 @@ var<private> xs4: vec4<f32>;
 var<private> xs5: vec4<f32>;
 var<private> xs6: vec4<f32>;
 var<private> xs7: vec4<f32>;
+// the sums of xs0 + xs1, xs2 + xs3, xs4 + xs5 and xs6 + xs7 (the `fields` sums' offsets)
+var<private> xparts: vec4<f32>;
 
-// The four bytes of `word` as floats, each minus `offset`.
-fn bytes_minus(word: u32, offset: f32) -> vec4<f32> {
-    let b = (vec4<u32>(word) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(255u);
-    return bitcast<vec4<f32>>(b | vec4<u32>(0x4b000000u)) - vec4<f32>(MAGIC + offset);
+// Four bit fields as floats 1 + f / 2^n: `shifted` holds each field at bits 23 - n..22
+// (n its width: `mask` covers them), which become the mantissa of 1.0. A sum of such
+// values times x, less the sum of x, is the fields' sum times x over 2^n: one float
+// operation a value (the multiply-add) besides the shift and the mask, where converting
+// a field to a float costs two.
+fn fields(shifted: vec4<u32>, mask: u32) -> vec4<f32> {
+    return bitcast<vec4<f32>>((shifted & vec4<u32>(mask)) | vec4<u32>(0x3f800000u));
 }
 
 // The float16 at 2-byte aligned byte i.
@@ -561,16 +566,38 @@ fn mv_load_x(m: u32, t: u32) -> f32 {
     xs5 = mv_quad(m, t, 5u, &squares);
     xs6 = mv_quad(m, t, 6u, &squares);
     xs7 = mv_quad(m, t, 7u, &squares);
+    let one = vec4<f32>(1.0);
+    xparts = vec4<f32>(dot(xs0 + xs1, one), dot(xs2 + xs3, one), dot(xs4 + xs5, one),
+                       dot(xs6 + xs7, one));
     return squares;
 }
 
-// Q6_K's part of a task: 8 values (words `low`'s nibbles at `shift` and 2-bit `high`
-// parts at 2 part) times the scale, with x's quads xa, xb.
+// Q6_K's part of a task: its 8 values (words `low`'s nibbles at `shift` and `qh`'s 2-bit
+// high parts at 2 part) times x's quads xa, xb (which sum to `x_sum`), times the scale.
 fn q6_part(low: vec2<u32>, shift: u32, qh: vec2<u32>, part: u32, scale: f32, xa: vec4<f32>,
-           xb: vec4<f32>) -> f32 {
+           xb: vec4<f32>, x_sum: f32) -> f32 {
     let q = ((low >> vec2<u32>(shift)) & vec2<u32>(0x0f0f0f0fu))
         | (((qh >> vec2<u32>(2u * part)) & vec2<u32>(0x03030303u)) << vec2<u32>(4u));
-    return scale * (dot(bytes_minus(q.x, 32.0), xa) + dot(bytes_minus(q.y, 32.0), xb));
+    // 6-bit fields at bits 8i.. to bits 17..22: 1 + q / 64; sum((q - 32) x) = 64 (sum of
+    // those times x) - 96 x_sum
+    let fa = fields(vec4<u32>(q.x << 17u, q.x << 9u, q.x << 1u, q.x >> 7u), 0x007e0000u);
+    let fb = fields(vec4<u32>(q.y << 17u, q.y << 9u, q.y << 1u, q.y >> 7u), 0x007e0000u);
+    return scale * (64.0 * (dot(fa, xa) + dot(fb, xb)) - 96.0 * x_sum);
+}
+
+// Q4_K's low (lo) and high nibbles of a quant word as 1 + q / 16 (fields).
+fn nibbles_lo16(word: u32) -> vec4<f32> {
+    return fields(vec4<u32>(word << 19u, word << 11u, word << 3u, word >> 5u), 0x00780000u);
+}
+
+fn nibbles_hi16(word: u32) -> vec4<f32> {
+    return fields(vec4<u32>(word << 15u, word << 7u, word >> 1u, word >> 9u), 0x00780000u);
+}
+
+// Q8_0's bytes xor 128 (q + 128) as 1 + (q + 128) / 256 (fields).
+fn bytes256(word: u32) -> vec4<f32> {
+    let u = word ^ 0x80808080u;
+    return fields(vec4<u32>(u << 15u, u << 7u, u >> 1u, u >> 9u), 0x007f8000u);
 }
 
 // Int8 i of the 8 bytes in `pair` as a float.
@@ -588,39 +615,31 @@ fn mv_task(row_base: u32, t: u32) -> f32 {
             let b = (row_base + (t >> 3u) * 144u) >> 4u;
             let head = w_vec[b];
             let q = w_vec[b + 1u + (t & 7u)];
+            // (scale, min) of sub-blocks 2j and 2j + 1 as byte pairs: bytes 2j, 2j + 1
+            // and 2j + 4, 2j + 5 of the 12 for j < 2; else the low and high nibbles of
+            // bytes 2j + 4, 2j + 5 with the top two bits of bytes 2j - 4, 2j - 3 and 2j,
+            // 2j + 1 (k_scale_min), both made and one selected: a subgroup's lanes take
+            // every j
             let j = (t & 7u) >> 1u;
-            // (scale, min) of sub-blocks 2j and 2j + 1: bytes 2j, 2j+1 and 2j+4, 2j+5 of
-            // the 12 for j < 2; else bits spread as k_scale_min says
-            let sc = array<u32, 3>(head.y, head.z, head.w);
-            var s_lo: u32; var m_lo: u32; var s_hi: u32; var m_hi: u32;
-            if (j < 2u) {
-                let s = sc[0] >> (16u * j);
-                let mn = sc[1] >> (16u * j);
-                s_lo = s & 63u; s_hi = (s >> 8u) & 63u;
-                m_lo = mn & 63u; m_hi = (mn >> 8u) & 63u;
-            } else {
-                let top_s = sc[0] >> (16u * (j - 2u) + 6u);   // bits 6, 7 of bytes 2j-4, 2j-3
-                let top_m = sc[1] >> (16u * (j - 2u) + 6u);
-                let lowb = sc[2] >> (16u * (j - 2u));         // bytes 2j+4, 2j+5 = 8 + ..
-                s_lo = (lowb & 15u) | ((top_s & 3u) << 4u);
-                m_lo = ((lowb >> 4u) & 15u) | ((top_m & 3u) << 4u);
-                s_hi = ((lowb >> 8u) & 15u) | (((top_s >> 8u) & 3u) << 4u);
-                m_hi = ((lowb >> 12u) & 15u) | (((top_m >> 8u) & 3u) << 4u);
-            }
+            let shift = 16u * (j & 1u);
+            let w0 = head.y >> shift;
+            let w1 = head.z >> shift;
+            let w2 = head.w >> shift;
+            let low_j = j < 2u;
+            let scales = select((w2 & 0x0f0fu) | ((w0 >> 2u) & 0x3030u), w0 & 0x3f3fu, low_j);
+            let mins = select(((w2 >> 4u) & 0x0f0fu) | ((w1 >> 2u) & 0x3030u), w1 & 0x3f3fu, low_j);
             let dm = unpack2x16float(head.x);
-            let lo = dot(bytes_minus(q.x & 0x0f0f0f0fu, 0.0), xs0)
-                + dot(bytes_minus(q.y & 0x0f0f0f0fu, 0.0), xs1)
-                + dot(bytes_minus(q.z & 0x0f0f0f0fu, 0.0), xs2)
-                + dot(bytes_minus(q.w & 0x0f0f0f0fu, 0.0), xs3);
-            let hi = dot(bytes_minus((q.x >> 4u) & 0x0f0f0f0fu, 0.0), xs4)
-                + dot(bytes_minus((q.y >> 4u) & 0x0f0f0f0fu, 0.0), xs5)
-                + dot(bytes_minus((q.z >> 4u) & 0x0f0f0f0fu, 0.0), xs6)
-                + dot(bytes_minus((q.w >> 4u) & 0x0f0f0f0fu, 0.0), xs7);
-            let one = vec4<f32>(1.0);
-            let sum_lo = dot(xs0 + xs1 + xs2 + xs3, one);
-            let sum_hi = dot(xs4 + xs5 + xs6 + xs7, one);
-            return dm.x * (f32(s_lo) * lo + f32(s_hi) * hi)
-                - dm.y * (f32(m_lo) * sum_lo + f32(m_hi) * sum_hi);
+            // sums of (1 + q / 16) x: the q x sums are 16 (that - x's sum)
+            let lo = dot(nibbles_lo16(q.x), xs0) + dot(nibbles_lo16(q.y), xs1)
+                + dot(nibbles_lo16(q.z), xs2) + dot(nibbles_lo16(q.w), xs3);
+            let hi = dot(nibbles_hi16(q.x), xs4) + dot(nibbles_hi16(q.y), xs5)
+                + dot(nibbles_hi16(q.z), xs6) + dot(nibbles_hi16(q.w), xs7);
+            let sum_lo = xparts.x + xparts.y;
+            let sum_hi = xparts.z + xparts.w;
+            let sc = vec2<f32>(f32(scales & 255u), f32(scales >> 8u));
+            let mn = vec2<f32>(f32(mins & 255u), f32(mins >> 8u));
+            return dm.x * 16.0 * (sc.x * (lo - sum_lo) + sc.y * (hi - sum_hi))
+                - dm.y * (mn.x * sum_lo + mn.y * sum_hi);
         }
         case 14u: {
             // Q6_K: 128 bytes of low nibbles (half h: bytes 64 h + l, parts 0 and 2; 64 h +
@@ -635,23 +654,24 @@ fn mv_task(row_base: u32, t: u32) -> f32 {
             let scales = words2_at2(b + 192u + h * 8u);
             let d = half_at2(b + 208u);
             let at = l0 >> 4u;   // the parts' scales: bytes 2 part + at
-            let total = q6_part(ql_a, 0u, qh, 0u, int8_of(scales, at), xs0, xs1)
-                + q6_part(ql_b, 0u, qh, 1u, int8_of(scales, 2u + at), xs2, xs3)
-                + q6_part(ql_a, 4u, qh, 2u, int8_of(scales, 4u + at), xs4, xs5)
-                + q6_part(ql_b, 4u, qh, 3u, int8_of(scales, 6u + at), xs6, xs7);
+            let total = q6_part(ql_a, 0u, qh, 0u, int8_of(scales, at), xs0, xs1, xparts.x)
+                + q6_part(ql_b, 0u, qh, 1u, int8_of(scales, 2u + at), xs2, xs3, xparts.y)
+                + q6_part(ql_a, 4u, qh, 2u, int8_of(scales, 4u + at), xs4, xs5, xparts.z)
+                + q6_part(ql_b, 4u, qh, 3u, int8_of(scales, 6u + at), xs6, xs7, xparts.w);
             return d * total;
         }
         default: {
-            // Q8_0: f16 d, 32 int8 (their bytes xor 128 are q + 128)
+            // Q8_0: f16 d, 32 int8; sum(q x) = 256 (sum of (1 + (q + 128) / 256) x) - 384
+            // (x's sum)
             let b = row_base + t * 34u;
             let d = half_at2(b);
-            let q0 = words4_at2(b + 2u) ^ vec4<u32>(0x80808080u);
-            let q1 = words4_at2(b + 18u) ^ vec4<u32>(0x80808080u);
-            let s = dot(bytes_minus(q0.x, 128.0), xs0) + dot(bytes_minus(q0.y, 128.0), xs1)
-                + dot(bytes_minus(q0.z, 128.0), xs2) + dot(bytes_minus(q0.w, 128.0), xs3)
-                + dot(bytes_minus(q1.x, 128.0), xs4) + dot(bytes_minus(q1.y, 128.0), xs5)
-                + dot(bytes_minus(q1.z, 128.0), xs6) + dot(bytes_minus(q1.w, 128.0), xs7);
-            return d * s;
+            let q0 = words4_at2(b + 2u);
+            let q1 = words4_at2(b + 18u);
+            let s = dot(bytes256(q0.x), xs0) + dot(bytes256(q0.y), xs1)
+                + dot(bytes256(q0.z), xs2) + dot(bytes256(q0.w), xs3)
+                + dot(bytes256(q1.x), xs4) + dot(bytes256(q1.y), xs5)
+                + dot(bytes256(q1.z), xs6) + dot(bytes256(q1.w), xs7);
+            return d * (256.0 * s - 384.0 * dot(xparts, vec4<f32>(1.0)));
         }
     }
 }

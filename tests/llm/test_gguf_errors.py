@@ -171,8 +171,9 @@ def test_vocabulary_tables_over_the_binding_limit_are_split_into_row_parts(
     assert nmse(model.forward_all(ids), whole) <= 1e-12
 
 
-def test_weight_over_binding_limit(tiny_file, gpu_device, monkeypatch):
-    # a layer's matrices are not split: attn_q of the tiny file is 64 rows of 48 bytes
+def test_kv_cache_over_binding_limit(tiny_file, gpu_device, monkeypatch):
+    # matrices split into row parts (test_weights.py), a layer's KV cache does not: 24
+    # positions of 2 kv heads x 16 x 4 bytes take 3,072 bytes
     monkeypatch.setattr(gpu_device, "max_binding", 1024)
     with pytest.raises(BindingTooLargeError):
         load_model(str(tiny_file), backend="webgpu", progress=False)

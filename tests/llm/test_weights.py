@@ -1,5 +1,6 @@
 """A model's weights on the backend (pxvm.llm.weights): matrices over the backend's
-largest tensor split into row parts whose logits equal the unsplit model's."""
+largest tensor split into row parts whose logits equal the unsplit model's, and the
+memory check before loading, against sizes read with the gguf package."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ import pytest
 from conftest import nmse
 from make_tiny_gguf import TinySpec, write_tiny_gguf
 
-from pxvm.core import get_backend
-from pxvm.llm import ModelFileError, default_model_path, load_model
-from pxvm.llm.weights import WeightRowTooLargeError
+from pxvm.core import DeviceMemory, get_backend
+from pxvm.core.errors import OutOfDeviceMemoryError
+from pxvm.llm import ContextSizeError, ModelFileError, default_model_path, load_model
+from pxvm.llm.weights import ModelDoesNotFitError, WeightRowTooLargeError
 
 #: numpy's and the CPU's products of a row part sum in another order than the whole
 #: matrix's (BLAS blocks by the matrix's size): measured ~1e-11
@@ -47,8 +49,8 @@ def _limit_tensors(monkeypatch, backend_name: str, limit: int):
     backend = get_backend(backend_name)
     if backend_name == "webgpu":
         monkeypatch.setattr(backend.device, "max_binding", limit)
-    else:
-        monkeypatch.setattr(backend, "max_tensor_bytes", limit)
+    else:  # on the class: an instance's patch would be restored as an instance attribute
+        monkeypatch.setattr(type(backend), "max_tensor_bytes", limit)
     return backend
 
 
@@ -132,3 +134,116 @@ def test_a_row_over_the_largest_tensor_is_a_clear_error(tmp_path, rng, monkeypat
     message = str(info.value)
     assert "blk.0.ffn_gate.weight and blk.0.ffn_up.weight" in message and "80 bytes" in message
     assert "79 bytes" in message and "--backend" in message and "\n" not in message
+
+
+def test_a_kv_cache_over_the_largest_tensor_says_what_context_fits(tmp_path, rng, monkeypatch):
+    # a layer's cache is not split: 24 positions of 2 kv heads x 16 x 4 bytes take 3,072
+    path = str(tmp_path / "model.gguf")
+    write_tiny_gguf(path, TinySpec(), rng)
+    _limit_tensors(monkeypatch, "numpy", 3000)
+    with pytest.raises(ContextSizeError) as info:
+        load_model(path, backend="numpy", progress=False)
+    message = str(info.value)
+    assert "24 positions takes 3,072 bytes" in message and "--context 23" in message
+    assert load_model(path, backend="numpy", progress=False, max_context=23).context_length == 23
+
+
+# ---- memory ------------------------------------------------------------------------------
+@pytest.fixture
+def tiny(tmp_path, rng) -> tuple[str, TinySpec]:
+    spec = TinySpec(vocab_size=300, context_length=64)
+    path = str(tmp_path / "tiny.gguf")
+    write_tiny_gguf(path, spec, rng)
+    return path, spec
+
+
+def _needs(path: str, spec: TinySpec, positions: int) -> tuple[int, int]:
+    """(weights, KV cache) bytes as the gguf package reads the file: matrices as stored,
+    vectors as float32; float32 keys and values of every layer and position."""
+    reader = gguf.GGUFReader(path)
+    weights = sum(int(t.n_bytes) if len(t.shape) > 1 else 4 * int(t.n_elements)
+                  for t in reader.tensors)
+    head = spec.dim // spec.n_heads
+    return weights, spec.n_layers * 2 * positions * spec.n_kv_heads * head * 4
+
+
+def _with_memory(monkeypatch, free: int | None) -> list:
+    """The numpy backend reporting `free` bytes free (None: it cannot tell); the list
+    of the arrays it is then given."""
+    numpy_backend = type(get_backend("numpy"))
+    memory = None if free is None else DeviceMemory(free, 2 * free)
+    monkeypatch.setattr(numpy_backend, "memory_bytes", lambda self: memory)
+    uploads, upload = [], numpy_backend.from_numpy
+    monkeypatch.setattr(numpy_backend, "from_numpy",
+                        lambda self, a: uploads.append(a) or upload(self, a))
+    return uploads
+
+
+def test_a_model_over_the_free_memory_is_refused_before_loading(tiny, monkeypatch):
+    path, spec = tiny
+    weights, cache = _needs(path, spec, 40)
+    uploads = _with_memory(monkeypatch, weights + cache - 1)
+    with pytest.raises(ModelDoesNotFitError) as info:
+        load_model(path, backend="numpy", progress=False, max_context=40)
+    assert not uploads
+    message = str(info.value)
+    for words in (f"weights take {weights:,} bytes", f"KV cache {cache:,} bytes for 40 positions",
+                  f"{weights + cache:,} bytes in all", f"{weights + cache - 1:,} bytes free",
+                  "--context", "smaller quantization", "--backend"):
+        assert words in message, message
+    assert "\n" not in message
+    # beside the weights, 39 positions' cache fits (the message says about how many)
+    assert "about 39 positions fits" in message
+
+
+def test_a_model_that_fits_exactly_loads(tiny, monkeypatch):
+    path, spec = tiny
+    weights, cache = _needs(path, spec, 40)
+    uploads = _with_memory(monkeypatch, weights + cache)
+    model = load_model(path, backend="numpy", progress=False, max_context=40)
+    assert (model.footprint.weights, model.footprint.kv_cache) == (weights, cache)
+    # what it said it would load is what the model holds
+    held = [model.embedding, model.output, model.output_norm, model.k_cache, model.v_cache]
+    for layer in model.layers:
+        held += [getattr(layer, name) for name in vars(layer)]
+    tensors = {id(t): t for t in _tensors(held)}.values()  # the tied output counted once
+    assert sum(t.nbytes for t in tensors) == weights + cache
+    assert len(uploads) >= len(tensors)
+
+
+def _tensors(held) -> list:
+    """The tensors in `held`: tensors, weight matrices, lists of them, None."""
+    if isinstance(held, list):
+        return [t for item in held for t in _tensors(item)]
+    return [] if held is None else [getattr(held, "tensor", held)]
+
+
+def test_a_model_loads_where_the_backend_cannot_tell_its_memory(tiny, monkeypatch):
+    path, _ = tiny
+    _with_memory(monkeypatch, None)
+    model = load_model(path, backend="numpy", progress=False, max_context=40)
+    assert np.all(np.isfinite(model.forward([1, 2, 3])))
+
+
+@pytest.mark.parametrize("error", [OutOfDeviceMemoryError("out of device memory"),
+                                   MemoryError()])
+def test_running_out_of_memory_while_loading_is_the_same_clear_error(error, tiny, monkeypatch):
+    # a backend that cannot tell its memory (WebGPU) fails at an upload instead
+    path, spec = tiny
+    uploads = _with_memory(monkeypatch, None)
+    numpy_backend = type(get_backend("numpy"))
+    upload = numpy_backend.from_numpy
+
+    def full_after_five(self, array):
+        if len(uploads) >= 5:
+            raise error
+        return upload(self, array)
+
+    monkeypatch.setattr(numpy_backend, "from_numpy", full_after_five)
+    with pytest.raises(ModelDoesNotFitError) as info:
+        load_model(path, backend="numpy", progress=False, max_context=40)
+    weights, cache = _needs(path, spec, 40)
+    message = str(info.value)
+    assert "ran out of memory loading the model" in message and "--context" in message
+    assert f"weights take {weights:,} bytes" in message and "40 positions" in message
+    assert info.value.__cause__ is error

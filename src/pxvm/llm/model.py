@@ -33,7 +33,8 @@ from ..core.errors import PxvmError
 from .decode import FIRST_STEP_BOUND, ContextOverflowError, Decoder
 from .gguf_model import Config, GGUFModelFile, Weight, default_model_path
 from .prompts import PIECE_TOKENS, PromptGraphs
-from .weights import WeightMatrix, feed_forward_parts, joined_parts, row_parts
+from .weights import (Footprint, WeightMatrix, feed_forward_parts, joined_parts, row_parts,
+                      uploaded_weight_bytes)
 
 log = logging.getLogger("pxvm.llm")
 
@@ -59,7 +60,8 @@ PROMPT_CHUNK = 512
 
 class ContextSizeError(PxvmError):
     """The context asked for is not a positive integer, or its KV cache is over
-    MAX_KV_CACHE_BYTES; the message says how many positions fit."""
+    MAX_KV_CACHE_BYTES, or a layer's cache over the largest tensor the backend takes;
+    the message says how many positions fit."""
 
 
 def kv_cache_positions(cfg: Config, max_context: int | None = None) -> int:
@@ -84,6 +86,20 @@ def kv_cache_positions(cfg: Config, max_context: int | None = None) -> int:
             f"{MAX_KV_CACHE_BYTES:,}; at most {fit:,} positions fit: ask for a smaller "
             "context (max_context, --context)")
     return positions
+
+
+def check_cache_tensors(backend, rows: list[int], row_bytes: int) -> None:
+    """ContextSizeError when a layer's KV cache, `rows` rows of `row_bytes`, is over the
+    largest tensor the backend takes (the caches are not split into parts)."""
+    limit = backend.max_tensor_bytes
+    if limit is not None and max(rows) * row_bytes > limit:
+        fit = limit // row_bytes
+        advice = (f"at most {fit:,} positions fit: ask for a smaller context (max_context, "
+                  f"--context {fit})" if fit else "run the model on another backend (--backend)")
+        raise ContextSizeError(
+            f"a layer's KV cache of {max(rows):,} positions takes {max(rows) * row_bytes:,} "
+            f"bytes, more than the largest tensor {backend.describe()} takes ({limit:,} "
+            f"bytes); {advice}")
 
 
 @dataclass
@@ -129,11 +145,18 @@ class Model:
         rows = [transformer.cached_rows(a["window"], PROMPT_CHUNK, self.context_length)
                 for a in self.attention]
         self.prompt_chunk = PROMPT_CHUNK if min(rows) < self.context_length else None
-        self._load_weights(file, progress)
-        self.k_cache = [self.backend.from_numpy(np.zeros((n, cfg.n_kv_heads, cfg.head_dim),
-                                                         np.float32)) for n in rows]
-        self.v_cache = [self.backend.from_numpy(np.zeros((n, cfg.n_kv_heads, cfg.head_dim),
-                                                         np.float32)) for n in rows]
+        row_bytes = cfg.n_kv_heads * cfg.head_dim * 4  # a position's keys (or values)
+        check_cache_tensors(self.backend, rows, row_bytes)
+        #: the device memory the model takes, checked before anything is loaded
+        self.footprint = Footprint(uploaded_weight_bytes(file), 2 * sum(rows) * row_bytes,
+                                   self.context_length)
+        self.footprint.check(self.backend)
+        with self.footprint.uploading(self.backend):
+            self._load_weights(file, progress)
+            self.k_cache = [self.backend.from_numpy(
+                np.zeros((n, cfg.n_kv_heads, cfg.head_dim), np.float32)) for n in rows]
+            self.v_cache = [self.backend.from_numpy(
+                np.zeros((n, cfg.n_kv_heads, cfg.head_dim), np.float32)) for n in rows]
         self.position = 0
         self.decoder = Decoder(self)
         #: prompts replayed as graphs where the backend gains by it (rings excluded: a

@@ -9,18 +9,28 @@ A product over row parts is each part's product, their output columns joined
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..core import Backend, Tensor
-from ..core.errors import PxvmError
-from .gguf_model import Weight
+from ..core.errors import OutOfDeviceMemoryError, PxvmError
+from .gguf_model import GGUFModelFile, Weight, expected_shapes
 
 
 class WeightRowTooLargeError(PxvmError):
     """One row of a weight matrix (two for a GLU part) is larger than the largest tensor
     the backend takes, so no split into row parts makes it fit."""
+
+
+class ModelDoesNotFitError(PxvmError):
+    """The model's weights and KV cache need more memory than the device has."""
+
+
+#: What to do when a model does not fit (ModelDoesNotFitError's messages end with it).
+FIT_ADVICE = ("ask for a smaller context (--context), use a smaller quantization of the "
+              "model, or run it on another backend (--backend)")
 
 
 @dataclass
@@ -117,3 +127,63 @@ def feed_forward_parts(backend: Backend, gate_up: list[Weight]
         return glu_parts(backend, gate_up), [], []
     gate, up = gate_up
     return [], row_parts(backend, [gate]), row_parts(backend, [up])
+
+
+# ---- memory ------------------------------------------------------------------------------
+def uploaded_weight_bytes(file: GGUFModelFile) -> int:
+    """The bytes a model's weights take on the backend: its matrices as their raw GGUF
+    rows, its vectors (norm gains, biases) as float32."""
+    return sum(file.tensors[name].n_bytes if len(shape) == 2 else 4 * shape[0]
+               for name, shape in expected_shapes(file.config).items())
+
+
+def _size(nbytes: int) -> str:
+    if nbytes >= 10**9:
+        return f"{nbytes / 1e9:.2f} GB"
+    return f"{nbytes / 1e6:.1f} MB" if nbytes >= 10**6 else f"{nbytes:,} bytes"
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """The device memory a model takes: its weights as uploaded and its KV cache of
+    `positions` positions (not a run's activations, nor the backend's rounding of
+    buffer sizes: the check bounds what loading takes, not what a prompt adds)."""
+
+    weights: int
+    kv_cache: int
+    positions: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv_cache
+
+    def __str__(self) -> str:
+        return (f"its weights take {_size(self.weights)} and its KV cache "
+                f"{_size(self.kv_cache)} for {self.positions:,} positions")
+
+    def check(self, backend: Backend) -> None:
+        """ModelDoesNotFitError when the backend can tell its free memory and the model
+        needs more; nothing where it cannot tell (WebGPU): the upload's own
+        out-of-memory is then the error (`uploading`)."""
+        memory = backend.memory_bytes()
+        if memory is None or self.total <= memory.free:
+            return
+        room = memory.free - self.weights
+        fit = (f" (beside the weights, a KV cache of about "
+               f"{room * self.positions // self.kv_cache:,} positions fits)"
+               if room > 0 and self.kv_cache else "")
+        raise ModelDoesNotFitError(
+            f"the model does not fit on {backend.describe()}: {self}, {_size(self.total)} "
+            f"in all, and the device has {_size(memory.free)} free (of "
+            f"{_size(memory.total)}){fit}; {FIT_ADVICE}")
+
+    @contextmanager
+    def uploading(self, backend: Backend):
+        """A context in which the backend running out of memory (WebGPU's buffer
+        creation, CUDA's cuMemAlloc, the host's) is a ModelDoesNotFitError."""
+        try:
+            yield
+        except (OutOfDeviceMemoryError, MemoryError) as exc:
+            raise ModelDoesNotFitError(
+                f"{backend.describe()} ran out of memory loading the model: {self}, "
+                f"{_size(self.total)} in all; {FIT_ADVICE}") from exc

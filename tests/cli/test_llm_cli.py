@@ -240,3 +240,20 @@ def test_an_unexpected_exception_is_one_line_exit_3(monkeypatch, capsys):
     assert info.value.code == 3
     err = capsys.readouterr().err
     assert "internal error: KeyError" in err and "bug in pxvm" in err and "Traceback" not in err
+
+
+def test_a_model_that_does_not_fit_is_one_line_exit_1(tmp_path, monkeypatch, capsys):
+    from pxvm.backends.numpy import NumpyBackend
+    from pxvm.core import DeviceMemory
+
+    model = _tiny_model(tmp_path / "tiny.gguf")
+    monkeypatch.setattr(NumpyBackend, "memory_bytes", lambda self: DeviceMemory(1000, 2000))
+    monkeypatch.setattr(sys, "argv", ["pxvm", "bench", "llm", "--model", str(model),
+                                      "--backend", "numpy", "--prompt-tokens", "2",
+                                      "--gen-tokens", "1", "--repeats", "1",
+                                      "--output", str(tmp_path / "bench.json")])
+    with pytest.raises(SystemExit) as info:
+        pxvm.cli.main()
+    assert info.value.code == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "does not fit" in err and "--context" in err, err

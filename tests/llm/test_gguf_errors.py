@@ -24,7 +24,7 @@ from pxvm.llm import (
 )
 from pxvm.llm import model as model_module
 from pxvm.llm.model import DEFAULT_MAX_CONTEXT, ContextSizeError, kv_cache_positions
-from pxvm.core.errors import BindingTooLargeError, PxvmError
+from pxvm.core.errors import PxvmError
 
 
 def _one_line_error(exc_info, *words):
@@ -171,11 +171,13 @@ def test_vocabulary_tables_over_the_binding_limit_are_split_into_row_parts(
     assert nmse(model.forward_all(ids), whole) <= 1e-12
 
 
-def test_weight_over_binding_limit(tiny_file, gpu_device, monkeypatch):
-    # a layer's matrices are not split: attn_q of the tiny file is 64 rows of 48 bytes
+def test_kv_cache_over_binding_limit(tiny_file, gpu_device, monkeypatch):
+    # matrices split into row parts (test_weights.py), a layer's KV cache does not: 24
+    # positions of 2 kv heads x 16 x 4 bytes take 3,072 bytes, 8 positions fit in 1,024
     monkeypatch.setattr(gpu_device, "max_binding", 1024)
-    with pytest.raises(BindingTooLargeError):
+    with pytest.raises(ContextSizeError) as info:
         load_model(str(tiny_file), backend="webgpu", progress=False)
+    _one_line_error(info, "3,072 bytes", "1,024 bytes", "--context 8")
 
 
 def test_bad_token_ids(tiny_file):

@@ -8,7 +8,7 @@ backend itself with pxvm.core.selection.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Callable, ClassVar, Protocol
+from typing import Callable, ClassVar, NamedTuple, Protocol
 
 import numpy as np
 
@@ -89,6 +89,13 @@ class RecordingContext(ABC):
         return None
 
 
+class DeviceMemory(NamedTuple):
+    """A device's memory in bytes: what is free now and what it has in all."""
+
+    free: int
+    total: int
+
+
 class Backend(ABC):
     """Where tensors live and ops run."""
 
@@ -118,6 +125,11 @@ class Backend(ABC):
         """The device and driver, as precisely as the backend can tell (what measured
         choices are kept under: pxvm.core.tuning)."""
         return self.describe()
+
+    def memory_bytes(self) -> DeviceMemory | None:
+        """The device's free and total memory, or None where the backend cannot tell
+        (WebGPU reports no memory)."""
+        return None
 
     @abstractmethod
     def from_numpy(self, array) -> Tensor:
@@ -152,6 +164,11 @@ class HostBackend(Backend):
 
     host_arrays = True
 
+    def memory_bytes(self) -> DeviceMemory | None:
+        """The host's memory: MemAvailable (free pages and reclaimable caches) and
+        MemTotal of /proc/meminfo; None where there is none (not Linux)."""
+        return host_memory()
+
     def from_numpy(self, array) -> Tensor:
         arr = np.array(as_supported_array(array), copy=True)
         return Tensor(arr.shape, arr.dtype, self, arr)
@@ -161,3 +178,20 @@ class HostBackend(Backend):
 
     def write(self, tensor: Tensor, array) -> None:
         tensor.storage[...] = values_for(tensor, array)
+
+
+def host_memory(meminfo: str = "/proc/meminfo") -> DeviceMemory | None:
+    """The host's available and total memory as /proc/meminfo gives them (kB lines), or
+    None where it cannot be read."""
+    values = {}
+    try:
+        with open(meminfo) as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                if key in ("MemAvailable", "MemTotal"):
+                    values[key] = int(rest.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    if len(values) < 2:
+        return None
+    return DeviceMemory(values["MemAvailable"], values["MemTotal"])

@@ -33,6 +33,8 @@ from ..core.errors import PxvmError
 from .decode import FIRST_STEP_BOUND, ContextOverflowError, Decoder
 from .gguf_model import Config, GGUFModelFile, Weight, default_model_path
 from .prompts import PIECE_TOKENS, PromptGraphs
+from .weights import (Footprint, WeightMatrix, feed_forward_parts, joined_parts, row_parts,
+                      uploaded_weight_bytes)
 
 log = logging.getLogger("pxvm.llm")
 
@@ -58,7 +60,8 @@ PROMPT_CHUNK = 512
 
 class ContextSizeError(PxvmError):
     """The context asked for is not a positive integer, or its KV cache is over
-    MAX_KV_CACHE_BYTES; the message says how many positions fit."""
+    MAX_KV_CACHE_BYTES, or a layer's cache over the largest tensor the backend takes;
+    the message says how many positions fit."""
 
 
 def kv_cache_positions(cfg: Config, max_context: int | None = None) -> int:
@@ -85,25 +88,33 @@ def kv_cache_positions(cfg: Config, max_context: int | None = None) -> int:
     return positions
 
 
-@dataclass
-class WeightMatrix:
-    """A weight matrix on the backend, as raw GGUF rows: (N, row_bytes) uint8 of GGML
-    type `qtype` ("Q4_K"), rows of `k` values."""
-
-    tensor: Tensor
-    qtype: str
-    k: int
-    first_row: int = 0  # of the whole table, where a table is split into row parts
+def check_cache_tensors(backend, rows: list[int], row_bytes: int) -> None:
+    """ContextSizeError when a layer's KV cache, `rows` rows of `row_bytes`, is over the
+    largest tensor the backend takes (the caches are not split into parts)."""
+    limit = backend.max_tensor_bytes
+    if limit is not None and max(rows) * row_bytes > limit:
+        fit = limit // row_bytes
+        advice = (f"at most {fit:,} positions fit: ask for a smaller context (max_context, "
+                  f"--context {fit})" if fit else "run the model on another backend (--backend)")
+        raise ContextSizeError(
+            f"a layer's KV cache of {max(rows):,} positions takes {max(rows) * row_bytes:,} "
+            f"bytes, more than the largest tensor {backend.describe()} takes ({limit:,} "
+            f"bytes); {advice}")
 
 
 @dataclass
 class LayerWeights:
+    """A layer's weights; each matrix a list of row parts (weights.py), one part where
+    the backend takes the whole matrix in one tensor."""
+
     attn_norm: Tensor
     wqkv: list[WeightMatrix]       # [Wq; Wk; Wv] rows, joined per run of one tensor type
-    wo: WeightMatrix
+    wo: list[WeightMatrix]
     ffn_norm: Tensor
-    w_gate_up: list[WeightMatrix]  # [Wgate; Wup] joined when of one type, else the two
-    w_down: WeightMatrix
+    w_gate_up: list[WeightMatrix]  # [Wgate; Wup] as GLU parts where of one type, else []
+    w_gate: list[WeightMatrix]     # else Wgate and Wup apart (files that mix types)
+    w_up: list[WeightMatrix]
+    w_down: list[WeightMatrix]
     qkv_bias: Tensor | None = None        # [bq; bk; bv] (Qwen2)
     q_norm: Tensor | None = None          # QK norm's gains (Qwen3, Gemma 3)
     k_norm: Tensor | None = None
@@ -130,15 +141,22 @@ class Model:
         self.context_length = kv_cache_positions(cfg, max_context)
         #: each layer's attention_cached parameters (RoPE, window, soft-cap, scale)
         self.attention = [cfg.attention(i, self.context_length) for i in range(cfg.n_layers)]
-        self._load_weights(file, progress)
         # a sliding-window layer's cache holds its window and one pass, as a ring
         rows = [transformer.cached_rows(a["window"], PROMPT_CHUNK, self.context_length)
                 for a in self.attention]
         self.prompt_chunk = PROMPT_CHUNK if min(rows) < self.context_length else None
-        self.k_cache = [self.backend.from_numpy(np.zeros((n, cfg.n_kv_heads, cfg.head_dim),
-                                                         np.float32)) for n in rows]
-        self.v_cache = [self.backend.from_numpy(np.zeros((n, cfg.n_kv_heads, cfg.head_dim),
-                                                         np.float32)) for n in rows]
+        row_bytes = cfg.n_kv_heads * cfg.head_dim * 4  # a position's keys (or values)
+        check_cache_tensors(self.backend, rows, row_bytes)
+        #: the device memory the model takes, checked before anything is loaded
+        self.footprint = Footprint(uploaded_weight_bytes(file), 2 * sum(rows) * row_bytes,
+                                   self.context_length)
+        self.footprint.check(self.backend)
+        with self.footprint.uploading(self.backend):
+            self._load_weights(file, progress)
+            self.k_cache = [self.backend.from_numpy(
+                np.zeros((n, cfg.n_kv_heads, cfg.head_dim), np.float32)) for n in rows]
+            self.v_cache = [self.backend.from_numpy(
+                np.zeros((n, cfg.n_kv_heads, cfg.head_dim), np.float32)) for n in rows]
         self.position = 0
         self.decoder = Decoder(self)
         #: prompts replayed as graphs where the backend gains by it (rings excluded: a
@@ -148,7 +166,7 @@ class Model:
 
     # ---- weights ------------------------------------------------------------------------
     def _load_weights(self, file: GGUFModelFile, progress: bool) -> None:
-        cfg = self.config
+        cfg, backend = self.config, self.backend
         self.layers: list[LayerWeights] = []
         label = f"loading {cfg.n_layers} layers to {self.backend.name}"
         fam = cfg.family
@@ -158,23 +176,24 @@ class Model:
                 self._vector(w(name, part)) if has else None)
             qkv = ["attn_qkv"] if fam.fused_qkv else ["attn_q", "attn_k", "attn_v"]
             gate_up = ["ffn_up"] if fam.fused_gate_up else ["ffn_gate", "ffn_up"]
+            w_gate_up, w_gate, w_up = feed_forward_parts(backend, [w(n) for n in gate_up])
             self.layers.append(LayerWeights(
                 attn_norm=vector("attn_norm"),
-                wqkv=self._joined([w(name) for name in qkv]),
-                wo=self._matrix([w("attn_output")]),
+                wqkv=joined_parts(backend, [w(name) for name in qkv]),
+                wo=row_parts(backend, [w("attn_output")]),
                 ffn_norm=vector("ffn_norm"),
-                w_gate_up=self._joined([w(name) for name in gate_up]),
-                w_down=self._matrix([w("ffn_down")]),
+                w_gate_up=w_gate_up, w_gate=w_gate, w_up=w_up,
+                w_down=row_parts(backend, [w("ffn_down")]),
                 qkv_bias=(self._joined_vector([w(n, "bias") for n in qkv])
                           if fam.qkv_bias else None),
                 q_norm=vector("attn_q_norm", has=fam.qk_norm),
                 k_norm=vector("attn_k_norm", has=fam.qk_norm),
                 post_attn_norm=vector("post_attention_norm", has=fam.post_norms),
                 post_ffn_norm=vector("post_ffw_norm", has=fam.post_norms)))
-        self.embedding = self._row_parts(file.weight("token_embd.weight"))
+        self.embedding = row_parts(backend, [file.weight("token_embd.weight")])
         self.output_norm = self._vector(file.weight("output_norm.weight"))
         self.output = (self.embedding if cfg.tied_output
-                       else self._row_parts(file.weight("output.weight")))
+                       else row_parts(backend, [file.weight("output.weight")]))
 
     def _vector(self, w: Weight) -> Tensor:
         return self.backend.from_numpy(np.asarray(w.data, np.float32))
@@ -182,35 +201,6 @@ class Model:
     def _joined_vector(self, weights: list[Weight]) -> Tensor:
         return self.backend.from_numpy(np.concatenate([np.asarray(w.data, np.float32)
                                                        for w in weights]))
-
-    def _matrix(self, weights: list[Weight]) -> WeightMatrix:
-        """The weights' raw rows stacked in one matrix (all of one type and row length)."""
-        rows = [np.ascontiguousarray(w.data).view(np.uint8).reshape(w.shape[0], -1)
-                for w in weights]
-        data = rows[0] if len(rows) == 1 else np.concatenate(rows)
-        return WeightMatrix(self.backend.from_numpy(data), weights[0].qtype, weights[0].shape[1])
-
-    def _row_parts(self, weight: Weight) -> list[WeightMatrix]:
-        """The weight as one matrix, or as row parts where the backend binds less than
-        all of it at once (a 262k-token vocabulary's table is 178 MB in Q8_0; WebGPU
-        devices often bind 128 MiB)."""
-        rows = np.ascontiguousarray(weight.data).view(np.uint8).reshape(weight.shape[0], -1)
-        limit = self.backend.max_tensor_bytes
-        per_part = rows.shape[0] if limit is None else max(1, limit // rows.shape[1])
-        return [WeightMatrix(self.backend.from_numpy(rows[first:first + per_part]),
-                             weight.qtype, weight.shape[1], first)
-                for first in range(0, rows.shape[0], per_part)]
-
-    def _joined(self, weights: list[Weight]) -> list[WeightMatrix]:
-        """Consecutive weights of one tensor type joined into one matrix, so that one
-        product computes them all (files that mix types per layer get several)."""
-        runs: list[list[Weight]] = []
-        for w in weights:
-            if runs and runs[-1][0].qtype == w.qtype:
-                runs[-1].append(w)
-            else:
-                runs.append([w])
-        return [self._matrix(run) for run in runs]
 
     # ---- the math (recorded into the active batch) --------------------------------------
     def transformer(self, tokens: Tensor, state: Tensor, max_keys: int, last_only: bool = False,
@@ -250,43 +240,53 @@ class Model:
         if w.q_norm is not None:
             qkv = transformer.qk_norm(qkv, w.q_norm, w.k_norm, n_heads=cfg.n_heads,
                                       n_kv_heads=cfg.n_kv_heads, eps=cfg.norm_eps)
-        wo, w_down = w.wo, w.w_down
-        if w.post_attn_norm is None:
+        # the residual joins the output projection's product in one op where Wo is one
+        # tensor; over row parts it is added to their joined columns
+        if w.post_attn_norm is None and len(w.wo) == 1:
+            wo = w.wo[0]
             x = transformer.attention_cached_matmul_quant_add(
                 qkv, k_cache, v_cache, state, wo.tensor, x, n_heads=cfg.n_heads,
                 max_keys=max_keys, qtype=wo.qtype, k=wo.k, **attention)
         else:
             h = transformer.attention_cached(qkv, k_cache, v_cache, state, n_heads=cfg.n_heads,
                                              max_keys=max_keys, **attention)
-            h = ops.matmul_quant(h, wo.tensor, qtype=wo.qtype, k=wo.k)
-            x = ops.add(x, ops.rmsnorm(h, w.post_attn_norm, eps=cfg.norm_eps))
+            x = self.residual_add(x, self.product(h, w.wo), w.post_attn_norm)
         h = self.feed_forward_in(x, w)
-        if w.post_ffn_norm is None:
+        if w.post_ffn_norm is None and len(w.w_down) == 1:
+            w_down = w.w_down[0]
             return transformer.matmul_quant_add(h, w_down.tensor, x, qtype=w_down.qtype,
                                                 k=w_down.k)
-        h = ops.matmul_quant(h, w_down.tensor, qtype=w_down.qtype, k=w_down.k)
-        return ops.add(x, ops.rmsnorm(h, w.post_ffn_norm, eps=cfg.norm_eps))
+        return self.residual_add(x, self.product(h, w.w_down), w.post_ffn_norm)
+
+    def residual_add(self, x: Tensor, h: Tensor, post_norm: Tensor | None) -> Tensor:
+        """x + h, or x + rmsnorm(h) in post-norm families."""
+        if post_norm is not None:
+            h = ops.rmsnorm(h, post_norm, eps=self.config.norm_eps)
+        return ops.add(x, h)
+
+    def product(self, x: Tensor, parts: list[WeightMatrix]) -> Tensor:
+        """x @ [W1; W2; ..]^T (one product per part, columns joined)."""
+        return _joined_columns([ops.matmul_quant(x, m.tensor, qtype=m.qtype, k=m.k)
+                                for m in parts])
 
     def normed_product(self, x: Tensor, gain: Tensor, parts: list[WeightMatrix]) -> Tensor:
         """rmsnorm(x, gain) @ [W1; W2; ..]^T (one product per part, columns joined)."""
         eps = self.config.norm_eps
-        outs = [transformer.rmsnorm_matmul_quant(x, gain, m.tensor, qtype=m.qtype, k=m.k,
-                                                 eps=eps) for m in parts]
-        joined = outs[0]
-        for more in outs[1:]:
-            joined = ops.concat_columns(joined, more)
-        return joined
+        return _joined_columns([transformer.rmsnorm_matmul_quant(x, gain, m.tensor,
+                                                                 qtype=m.qtype, k=m.k, eps=eps)
+                                for m in parts])
 
     def feed_forward_in(self, x: Tensor, w: LayerWeights) -> Tensor:
         """act(h @ Wgate^T) * (h @ Wup^T) for h = rmsnorm(x, ffn_norm), act the family's
-        (silu: SwiGLU, gelu_tanh: GeGLU)."""
-        activation = self.config.family.activation
-        if len(w.w_gate_up) == 1:
-            m = w.w_gate_up[0]
-            return transformer.rmsnorm_glu_quant(x, w.ffn_norm, m.tensor, qtype=m.qtype,
-                                                 k=m.k, eps=self.config.norm_eps,
-                                                 activation=activation)
-        gate, up = (self.normed_product(x, w.ffn_norm, [m]) for m in w.w_gate_up)
+        (silu: SwiGLU, gelu_tanh: GeGLU): one GLU op per part of [Wgate; Wup] (each
+        part's outputs its columns), or the gate's and the up projection's products."""
+        activation, eps = self.config.family.activation, self.config.norm_eps
+        if w.w_gate_up:
+            return _joined_columns([transformer.rmsnorm_glu_quant(
+                x, w.ffn_norm, m.tensor, qtype=m.qtype, k=m.k, eps=eps, activation=activation)
+                for m in w.w_gate_up])
+        gate = self.normed_product(x, w.ffn_norm, w.w_gate)
+        up = self.normed_product(x, w.ffn_norm, w.w_up)
         return ops.mul(getattr(ops, activation)(gate), up)
 
     def record_step(self, state: Tensor, sampler: Tensor, max_keys: int) -> dict[str, Tensor]:
@@ -388,6 +388,14 @@ class Model:
         batch.execute()
         self.position = pos + s
         return np.concatenate([batch.read(part) for part in parts])
+
+
+def _joined_columns(outs: list[Tensor]) -> Tensor:
+    """[out1 out2 ..]: the products of a matrix's row parts side by side."""
+    joined = outs[0]
+    for more in outs[1:]:
+        joined = ops.concat_columns(joined, more)
+    return joined
 
 
 def _progress(items, enabled: bool, label: str):

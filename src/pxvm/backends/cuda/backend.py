@@ -16,7 +16,8 @@ from typing import Callable
 
 import numpy as np
 
-from ...core import Backend, PxvmError, RecordingContext, Tensor, as_supported_array, values_for
+from ...core import (Backend, DeviceMemory, PxvmError, RecordingContext, Tensor,
+                     as_supported_array, values_for)
 from .driver import CudaDevice, CudaGraph, DeviceBuffer, ParameterLayout, get_cuda_device
 from .ptx.builder import Kernel, module
 
@@ -368,6 +369,10 @@ class CudaBackend(Backend):
         return (f"CUDA on {i.name} (compute capability {i.compute_capability[0]}."
                 f"{i.compute_capability[1]}, driver {i.driver_version // 1000}."
                 f"{i.driver_version % 1000 // 10})")
+
+    def memory_bytes(self) -> DeviceMemory:
+        free, total = self.device.memory_info()
+        return DeviceMemory(free, total)
 
     def from_numpy(self, array) -> Tensor:
         arr = as_supported_array(array)

@@ -16,7 +16,7 @@ from typing import Callable
 
 import numpy as np
 
-from ...core.errors import PxvmError
+from ...core.errors import OutOfDeviceMemoryError, PxvmError
 
 
 #: Fill new allocations with 0xff bytes (NaN floats, -1 integers), so that a kernel that
@@ -265,7 +265,20 @@ class CudaDevice:
             self.synchronize()
             self.trim()
             status, ptr = cu.cuMemAlloc(capacity)
+        if status == cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY:
+            raise OutOfDeviceMemoryError(
+                f"out of device memory allocating {capacity:,} bytes on {self.info.name}: "
+                "free tensors you no longer need, use smaller batches, or a device with "
+                "more memory")
         return int(_check((status, ptr), f"cuMemAlloc of {capacity:,} bytes"))
+
+    def memory_info(self) -> tuple[int, int]:
+        """(free, total) bytes of device memory: the driver's (cuMemGetInfo), free
+        counting the buffers the pool keeps (take() frees them when the device is full)."""
+        self.make_current()
+        free, total = _check(_driver().cuMemGetInfo(), "cuMemGetInfo")
+        pooled = sum(capacity * len(ptrs) for capacity, ptrs in self._pool.items())
+        return int(free) + pooled, int(total)
 
     def give_back(self, ptr: int, capacity: int) -> None:
         """A buffer's memory back to the pool (work queued on it runs first: one stream)."""

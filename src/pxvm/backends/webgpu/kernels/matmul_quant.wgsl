@@ -58,7 +58,8 @@ struct Params {
 @group(0) @binding(1) var<storage, read> w: array<u32>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 @group(0) @binding(3) var<storage, read> ids: array<i32>;
-@group(0) @binding(4) var<storage, read> gain: array<f32>;
+// (vec4s: one 16-byte load for 4 gains; the binding covers whole 16-byte units)
+@group(0) @binding(4) var<storage, read> gain: array<vec4<f32>>;
 @group(0) @binding(5) var<storage, read> res: array<f32>;
 // `matvec`'s views of x and W (the buffers of bindings 0 and 1) for loads of 16 bytes:
 // WGSL cannot load a vec4 from an array<f32>. (Eight storage buffers: WebGPU's default
@@ -210,7 +211,7 @@ fn x_at(m: u32, k: u32) -> f32 {
 }
 
 fn gain_at(k: u32) -> f32 {
-    if (NORM) { return gain[k]; }
+    if (NORM) { return gain[k >> 2u][k & 3u]; }
     return 1.0;
 }
 
@@ -221,7 +222,7 @@ fn x4(m: u32, k: u32) -> vec4<f32> {
 }
 
 fn gain4(k: u32) -> vec4<f32> {
-    if (NORM) { return vec4<f32>(gain[k], gain[k + 1u], gain[k + 2u], gain[k + 3u]); }
+    if (NORM) { return gain[k >> 2u]; }   // k is a multiple of 4
     return vec4<f32>(1.0);
 }
 
@@ -965,8 +966,9 @@ fn x_run(m: u32, k: u32) -> vec4<f32> {
 fn gain_run(k: u32) -> vec4<f32> {
     if (!NORM) { return vec4<f32>(1.0); }
     let last = p.K - 1u;  // past K x is 0: any gain will do
-    return vec4<f32>(gain[min(k, last)], gain[min(k + 1u, last)], gain[min(k + 2u, last)],
-                     gain[min(k + 3u, last)]);
+    let at = min(vec4<u32>(k) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(last));
+    return vec4<f32>(gain[at.x >> 2u][at.x & 3u], gain[at.y >> 2u][at.y & 3u],
+                     gain[at.z >> 2u][at.z & 3u], gain[at.w >> 2u][at.w & 3u]);
 }
 
 // x runs and W tasks a thread fetches a slice: 2 or 4, and 1 or 2.

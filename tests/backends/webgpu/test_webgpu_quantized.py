@@ -111,6 +111,21 @@ def test_matvec_shape_rule_spreads_a_row_over_its_tasks():
     assert quantized.matvec_shape(Untuned, "Q6_K", 4096, 14336, False) == (256, rows["Q6_K"])
 
 
+def test_matvec_takes_decoding_rows_of_its_types_from_its_shortest_row():
+    # On a GPU, untuned: a few rows of Q4_K, Q6_K or Q8_0 from MATVEC_MIN_K values; SmolLM2's
+    # K = 576, other types and a prompt's rows take the other kernels; forced, any K.
+    class Gpu:
+        is_software = False
+    least = quantized.MATVEC_MIN_K
+    assert quantized.takes_matvec(Gpu, 1, "Q6_K", 2048)
+    assert quantized.takes_matvec(Gpu, 31, "Q8_0", least)
+    assert not quantized.takes_matvec(Gpu, 1, "Q8_0", 576)
+    assert not quantized.takes_matvec(Gpu, 1, "Q4_1", 2048)
+    assert not quantized.takes_matvec(Gpu, quantized.TILED_MIN_ROWS, "Q4_K", 2048)
+    with tuning.forcing(quantized.MATVEC_TUNED, (32, 1)):
+        assert quantized.takes_matvec(Gpu, 1, "Q8_0", 576)
+
+
 @pytest.mark.parametrize("qtype", TYPES)
 def test_matmul_quant_of_many_rows_is_tiled(qtype, rng, gpu_device, product_entries):
     # A prompt's rows take matmul_tiled: M = 37 and N = 50 fill neither a 64-row nor a

@@ -113,14 +113,22 @@ MATVEC_SHAPES = tuple((t, r) for t in (32, 64, 128, 256) for r in (1, 2, 4, 8))
 MATVEC_ROWS = {"Q4_K": 4, "Q6_K": 8, "Q8_0": 8}
 
 
-def takes_matvec(ctx, m: int, qtype: str, merge=None) -> bool:
-    """Whether `product` multiplies x of m rows with `matvec`: a few rows (not a prompt's)
-    of a type it knows, on a GPU (CPU drivers take `matmul` with one lane a column,
-    which needs no barriers), or wherever its shape is forced; not when `matmul`'s lanes
-    are forced."""
+#: Rows shorter than this take `matmul` (tuned for SmolLM2's K = 576, whose 18 tasks a
+#: row would fill 18 of a 32-thread `matvec` workgroup: its Q8_0 LM head made SmolLM2
+#: decode 13% slower on the H200).
+MATVEC_MIN_K = 1024
+
+
+def takes_matvec(ctx, m: int, qtype: str, k: int) -> bool:
+    """Whether `product` multiplies x of m rows of k values with `matvec`: a few rows (not
+    a prompt's) of a type it knows, from MATVEC_MIN_K values, on a GPU (CPU drivers take
+    `matmul` with one lane a column, which needs no barriers); or wherever its shape is
+    forced. Not when `matmul`'s lanes are forced."""
     if qtype not in MATVEC_TYPES or m >= TILED_MIN_ROWS or tuning.forced(LANES_TUNED):
         return False
-    return tuning.forced(MATVEC_TUNED) is not None or not ctx.is_software
+    if tuning.forced(MATVEC_TUNED) is not None:
+        return True
+    return not ctx.is_software and k >= MATVEC_MIN_K
 
 
 def matvec_shape(ctx, qtype: str, n: int, k: int, glu: bool) -> tuple[int, int]:
@@ -154,7 +162,7 @@ def product(ctx, x, w, n, qtype, k, *, gain=None, residual=None, eps=0.0, epilog
     # bindings 6 and 7 view x and W again, as vec4s (matvec's loads)
     tensors = [x, w, out, state, x if gain is None else gain, x if residual is None else residual,
                x, w]
-    if takes_matvec(ctx, m, qtype, merge):
+    if takes_matvec(ctx, m, qtype, k):
         threads, rows = matvec_shape(ctx, qtype, n, k, epilogue >= 2)
         constants.update(MV_THREADS=threads, MV_ROWS=rows,
                          ATTENTION_PARTS=int(merge is not None))

@@ -524,7 +524,8 @@ def test_python_constants_match_the_kernels():
     assert const("attention_cached.wgsl", "WG") // const("attention_cached.wgsl", "KEY_LANES") \
         * 2 == webgpu_transformer.CACHED_CHUNK  # CHUNK = 2 * SLOTS
     assert const(webgpu_transformer.PROMPT_KERNEL, "WG") == webgpu_transformer.PROMPT_WG
-    assert const("matmul_quant.wgsl", "MAX_MERGED") == webgpu_quantized.MAX_MERGED
+    merged = re.search(r"override MERGED_VALUES: u32 = (\d+)u;", load_wgsl("matmul_quant.wgsl"))
+    assert int(merged.group(1)) == webgpu_quantized.MAX_MERGED
 
 
 # ---- attention_cached_matmul_quant_add ------------------------------------------------
@@ -537,6 +538,7 @@ PROJECTED_CASES = [  # (hq, hkv, d, n_ctx, pos, s, max_keys, qtype)
     (2, 1, 16, 1100, 1050, 1, None, "Q4_1"),  # 128-key ranges of two chunks
     (6, 2, 16, 400, 7, 140, None, "Q4_1"),    # prefill: 140 rows
     (6, 2, 16, 400, 270, 5, 300, "Q8_0"),
+    (32, 8, 128, 320, 300, 1, None, "Q8_0"),   # Llama 3 8B's heads: 4096 values merged
 ]
 
 
@@ -579,7 +581,7 @@ def test_attention_cached_matmul_quant_add_gpu_matches_float64(
         return
     _take("tiled" if merge == "none: tiled" else "ranges", monkeypatch)
     if merge == "by combine":  # as for attention outputs too long to merge in the product
-        monkeypatch.setattr(webgpu_transformer, "MAX_MERGED", 0)
+        monkeypatch.setattr(webgpu_transformer, "merged_values", lambda ctx: 0)
     elif merge == "in the product":  # a prompt's tokens too (by default only a decoding
         monkeypatch.setattr(webgpu_transformer, "PRODUCT_MERGES_MAX_TOKENS", 1000)  # step's one)
     inputs, (expected, k_new, v_new) = _projected(rng, hq, hkv, d, n_ctx, pos, s, qtype)
@@ -587,6 +589,8 @@ def test_attention_cached_matmul_quant_add_gpu_matches_float64(
                                        qtype=qtype, k=hq * d)
     attention = {entry for entry in dispatched if entry[0].startswith("attention")}
     assert (attention == {APPEND, TILED}) == (merge == "none: tiled"), attention
+    if merge == "in the product":  # Llama 3 8B's 4096 values too, where the device holds them
+        assert not any(entry == "combine" for _, entry in dispatched), dispatched
     assert out.shape == expected.shape and out.dtype == np.float32
     assert_close(out, expected, TOL)
     assert_close(k_got, k_new, TOL)

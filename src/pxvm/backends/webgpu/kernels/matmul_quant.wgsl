@@ -21,7 +21,7 @@
 // unnormalised sums, the max score at PART_MAX, the sum of exponentials at PART_SUM),
 // and `ids` its state [token, position, ..]. Every workgroup merges
 // its token's ranges into the attention output (K = heads * HEAD_DIM values, at most
-// MAX_MERGED) in workgroup memory, then multiplies that: the output projection takes
+// MERGED_VALUES) in workgroup memory, then multiplies that: the output projection takes
 // attention's merge pass and the wait for it.
 
 override FORMAT: u32 = 3u;
@@ -39,7 +39,7 @@ override ATTENTION_PARTS: bool = false;
 override PART_STRIDE: u32 = 0u;   // set with ATTENTION_PARTS
 override PART_MAX: u32 = 0u;
 override PART_SUM: u32 = 0u;
-const MAX_MERGED: u32 = 2048u;    // ops/quantized.py's MAX_MERGED
+override MERGED_VALUES: u32 = 2048u;   // ops/quantized.py's merged_values
 
 struct Params {
     M: u32,
@@ -71,7 +71,7 @@ struct Params {
 var<workgroup> partial: array<f32, WG>;
 var<workgroup> partial_up: array<f32, WG>;
 var<workgroup> squares: array<f32, WG>;
-var<workgroup> merged: array<f32, MAX_MERGED>;
+var<workgroup> merged: array<f32, MERGED_VALUES>;
 
 fn byte_at(i: u32) -> u32 {
     return (w[i >> 2u] >> ((i & 3u) * 8u)) & 0xffu;

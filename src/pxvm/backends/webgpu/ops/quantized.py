@@ -23,8 +23,19 @@ KERNEL = "matmul_quant.wgsl"
 #: products of more than one lane a column
 SUBGROUP_KERNEL = "matmul_quant_subgroups.wgsl"
 #: The longest attention output (heads x head size) that a product merges from attention's
-#: per-range results itself: matmul_quant.wgsl's MAX_MERGED (tests check they agree).
+#: per-range results itself, in workgroup memory: MAX_MERGED (8 KiB: within the 16 KiB
+#: every device and browser grants; matmul_quant.wgsl's MERGED_VALUES by default, tests
+#: check they agree), LONG_MERGED where the device grants LONG_MERGED_BYTES (Llama 3 8B's
+#: 32 heads of 128, merged without a pass of their own).
 MAX_MERGED = 2048
+LONG_MERGED = 4096
+LONG_MERGED_BYTES = 32768
+
+
+def merged_values(ctx) -> int:
+    """The longest attention output a product merges itself on this device."""
+    granted = ctx.device.limits.get("max-compute-workgroup-storage-size", 16384)
+    return LONG_MERGED if granted >= LONG_MERGED_BYTES else MAX_MERGED
 
 
 @kernel_params(KERNEL, SUBGROUP_KERNEL)
@@ -167,7 +178,7 @@ def product(ctx, x, w, n, qtype, k, *, gain=None, residual=None, eps=0.0, epilog
         constants.update(MV_THREADS=threads, MV_ROWS=rows,
                          ATTENTION_PARTS=int(merge is not None))
         if merge is not None:
-            constants.update(partials.constants())
+            constants.update(partials.constants(), MERGED_VALUES=merged_values(ctx))
         kernel = subgroup_variant(ctx, KERNEL, SUBGROUP_KERNEL)
         ctx.dispatch(kernel, "matvec", tensors, params, (-(-n // rows), m, 1), constants)
         return out
@@ -182,7 +193,7 @@ def product(ctx, x, w, n, qtype, k, *, gain=None, residual=None, eps=0.0, epilog
     rows_per_wg = 256 // lanes
     constants.update(LANES=lanes, ATTENTION_PARTS=int(merge is not None))
     if merge is not None:
-        constants.update(partials.constants())
+        constants.update(partials.constants(), MERGED_VALUES=merged_values(ctx))
     kernel = subgroup_variant(ctx, KERNEL, SUBGROUP_KERNEL) if lanes > 1 else KERNEL
     ctx.dispatch(kernel, "matmul", tensors, params,
                  ((n + rows_per_wg - 1) // rows_per_wg, m, 1), constants)

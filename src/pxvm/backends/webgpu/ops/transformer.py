@@ -20,7 +20,7 @@ from ....ops.normalization import rope_table
 from ..runtime.params import KernelParams, f32, kernel_params, u32
 from .layouts import AttentionPartials
 from .normalization import NormParams
-from .quantized import MAX_MERGED, product
+from .quantized import merged_values, product
 from .subgroups import subgroup_variant
 
 #: matmul_quant.wgsl's EPILOGUE for the residual's add and each GLU activation
@@ -226,7 +226,7 @@ def attention_cached_matmul_quant_add(ctx, qkv, k_cache, v_cache, state, w, resi
                                         n_heads, theta, style, scale, freq_factors,
                                         attn_factor, softcap, window)
     tokens = qkv.shape[0]
-    if combine is None or tokens > PRODUCT_MERGES_MAX_TOKENS or n_heads * d > MAX_MERGED:
+    if combine is None or tokens > PRODUCT_MERGES_MAX_TOKENS or n_heads * d > merged_values(ctx):
         attended = result if combine is None else combine()
         return product(ctx, attended, w, w.shape[0], qtype, k, residual=residual,
                        epilogue=ADD_EPILOGUE)

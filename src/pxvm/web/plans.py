@@ -17,6 +17,7 @@ import numpy as np
 
 from ..backends.webgpu import WebGPUContext
 from ..backends.webgpu.runtime import UNIFORM_SLOT
+from ..backends.webgpu.runtime.memory import binding_bytes
 from ..core import Backend, Tensor, as_supported_array, dtype_name
 from ..ops import REGISTRY
 from ..vm import record_program, run_program_cpu, validate_program
@@ -43,7 +44,7 @@ class PlanBuffer:
 
     def binding_size(self) -> int:
         # the runtime's Allocation rounds the same way, so bindings cover identical ranges
-        return max(4, (self.nbytes + 3) // 4 * 4)
+        return binding_bytes(self.nbytes)
 
 
 class PlanDevice:

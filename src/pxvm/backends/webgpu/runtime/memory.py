@@ -17,6 +17,12 @@ def size_class(nbytes: int) -> int:
     return (n + step - 1) // step * step
 
 
+def binding_bytes(nbytes: int) -> int:
+    """The bytes a binding of a tensor of `nbytes` covers: whole 16-byte units (at least
+    one), so that vec4 views of it reach every value."""
+    return max(16, (int(nbytes) + 15) // 16 * 16)
+
+
 class Allocation:
     """A device buffer lent from the pool; given back when this object is collected.
     `nbytes` is what the tensor uses (the buffer may be larger: its size class)."""
@@ -29,8 +35,10 @@ class Allocation:
         self._pool = pool
 
     def binding_size(self) -> int:
-        """The bytes a shader binding of this allocation covers (whole 4-byte words)."""
-        return max(4, (self.nbytes + 3) // 4 * 4)
+        """The bytes a shader binding of this allocation covers: whole 16-byte units, so
+        that a kernel viewing it as vec4s reaches its last values (the buffer's size
+        class is a multiple of 256 bytes: there is room)."""
+        return binding_bytes(self.nbytes)
 
     def __del__(self):
         pool = self._pool

@@ -37,9 +37,10 @@ def scripted(monkeypatch):
     def install(reply: str, context_length: int = 8192):
         script = tok.encode(reply) + [tok.token_id("<|im_end|>")]
 
-        def fake_load(path=None, backend="auto", progress=True, warm_up=False, max_context=None):
+        def fake_load(path=None, backend="auto", progress=True, warm_up=False, max_context=None,
+                      kv_cache="auto"):
             model = ScriptedModel(smollm_metadata(), script, max_context or context_length)
-            made.append((path, backend, model, warm_up))
+            made.append((path, backend, model, warm_up, kv_cache))
             return model
 
         monkeypatch.setattr(pxvm.llm, "load_model", fake_load)
@@ -92,7 +93,7 @@ def test_bench_llm_prints_and_writes_json(scripted, tmp_path):
                                  "--repeats", "2", "--output", str(out)])
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
-    assert data["device"] == "scripted test model"
+    assert data["device"] == "scripted test model" and data["kv_cache"] == "f16"
     assert data["prompt_tokens"] == 20 and data["gen_tokens"] == 4 and len(data["runs"]) == 2
     assert "prefill (20 tokens)" in result.output and "decode (4 tokens)" in result.output
 
@@ -115,7 +116,7 @@ def test_prompt_longer_than_context_fails(scripted):
 
 
 @pytest.mark.parametrize("args", [["--temperature", "-1"], ["--top-p", "2"], ["--seed", "-3"],
-                                  ["--backend", "tpu"]])
+                                  ["--backend", "tpu"], ["--kv-cache", "f8"]])
 def test_bad_options_are_usage_errors(scripted, args):
     scripted("x")
     result = runner.invoke(app, ["generate", "hi", *args])
@@ -128,6 +129,31 @@ def test_every_backend_name_is_accepted(scripted, name):
     result = runner.invoke(app, ["generate", "hi", "--backend", name, "--max-tokens", "2"])
     assert result.exit_code == 0, result.output
     assert made[0][1] == name  # load_model resolves the name (and its aliases)
+
+
+@pytest.mark.parametrize("command", [["generate", "hi"], ["chat"], ["bench", "llm"]])
+@pytest.mark.parametrize("asked", ["f16", "F32", "auto"])
+def test_kv_cache_reaches_the_model(scripted, command, asked, tmp_path):
+    made = scripted("x")
+    result = runner.invoke(app, [*command, "--kv-cache", asked, "--max-tokens" if
+                                 command[0] != "bench" else "--gen-tokens", "2",
+                                 *(["--output", str(tmp_path / "b.json"), "--repeats", "1"]
+                                   if command[0] == "bench" else [])], input="exit\n")
+    assert result.exit_code == 0, result.output
+    assert made[0][4] == asked  # load_model reads it (any case)
+
+
+def test_kv_cache_help_says_what_each_choice_holds():
+    result = runner.invoke(app, ["generate", "--help"])
+    assert result.exit_code == 0
+    text = " ".join(result.output.split())
+    assert "--kv-cache" in text and "f16" in text and "half the memory" in text
+
+
+def test_a_bad_kv_cache_is_a_one_line_usage_error():
+    run = run_pxvm("generate", "hi", "--kv-cache", "f8")
+    assert run.returncode == 2 and "--kv-cache must be one of auto, f32, f16, not 'f8'" in \
+        " ".join(run.stderr.split())
 
 
 def test_missing_and_bad_model_files_are_one_line_errors(tmp_path):

@@ -38,9 +38,11 @@ def _q8_0(spec: TinySpec) -> TinySpec:
 
 
 def _models(path, max_context=None):
-    """(the numpy model, the CUDA model) of one file."""
-    return (load_model(str(path), backend="numpy", progress=False, max_context=max_context),
-            load_model(str(path), backend="cuda", progress=False, max_context=max_context))
+    """(the numpy model, the CUDA model) of one file, with KV caches of one type (the one
+    CUDA's kv_cache="auto" takes)."""
+    model = load_model(str(path), backend="cuda", progress=False, max_context=max_context)
+    return (load_model(str(path), backend="numpy", progress=False, max_context=max_context,
+                       kv_cache=model.kv_cache), model)
 
 
 def _compare(reference, model, ids):

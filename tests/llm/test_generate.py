@@ -21,6 +21,7 @@ class ScriptedModel:
     backend_name = "fake"
     backend_reason = None
     device_name = "scripted test model"
+    kv_cache = "f16"
 
     def __init__(self, metadata, script=(), context_length=8192, random_logits=False):
         vocab = len(metadata["tokenizer.ggml.tokens"])

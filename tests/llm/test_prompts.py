@@ -33,10 +33,13 @@ def backend(request):
 
 
 def _models(tmp_path, rng, backend, spec=SPEC):
+    """(the numpy model, the `backend` one), with KV caches of the type the backend's
+    kv_cache="auto" takes."""
     path = tmp_path / "tiny.gguf"
     write_tiny_gguf(path, spec, rng)
-    return (load_model(str(path), backend="numpy", progress=False),
-            load_model(str(path), backend=backend, progress=False))
+    model = load_model(str(path), backend=backend, progress=False)
+    return (load_model(str(path), backend="numpy", progress=False, kv_cache=model.kv_cache),
+            model)
 
 
 def _same_run(reference, model, prompts_in_order, decoded=4):

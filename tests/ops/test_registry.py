@@ -118,6 +118,40 @@ def test_an_op_runs_its_reference_on_numpy_and_its_kernel_once_declared(throwawa
     assert got.backend.name == "webgpu" and got.numpy().tolist() == [-1.5, 2.0, -0.0]
 
 
+def test_a_kernel_taking_fewer_dtypes_than_its_op_refuses_the_others(throwaway):
+    # a float32-only kernel of an op that takes float16 too: Op.takes says so, and a call
+    # with float16 there is a MissingKernelError naming the input (not a wrong result)
+    @throwaway(infer=lambda x, y: same_shape(x), input_dtypes=(("f32", "f16"), "f32"))
+    def registry_test_twice_plus(x, y, *, backend="auto"):
+        """2 x + y."""
+        return (2 * np.asarray(x, np.float32) + y).astype(np.asarray(x).dtype)
+
+    cpu, numpy = pxvm.get_backend("cpu"), pxvm.get_backend("numpy")
+    x32, y = np.array([1.0, 2.5], np.float32), np.array([0.5, -1.0], np.float32)
+    with pytest.raises(TypeError, match="op registry_test_twice_plus has no input 'z'"):
+        registry_test_twice_plus.kernel("cpu", {"z": "f32"})
+
+    @registry_test_twice_plus.kernel("cpu", {"x": "f32"})
+    def _twice_plus(ctx, x, y):
+        out = ctx.empty(x.shape, x.dtype)
+        ctx.record_host("twice_plus", lambda: np.copyto(out.storage, 2 * x.storage + y.storage))
+        return out
+
+    f16 = {"x": np.float16}
+    assert registry_test_twice_plus.takes(cpu, {"x": np.float32, "y": np.float32})
+    assert not registry_test_twice_plus.takes(cpu, f16)
+    assert registry_test_twice_plus.takes(numpy, f16)  # the reference takes the op's
+    assert not registry_test_twice_plus.takes(numpy, {"y": np.float16})
+    assert registry_test_twice_plus(x32, y, backend="cpu").numpy().tolist() == [2.5, 4.0]
+    with pytest.raises(MissingKernelError, match="op registry_test_twice_plus's cpu kernel "
+                                                 "takes x of float32 only, not float16"):
+        registry_test_twice_plus(x32.astype(np.float16), y, backend="cpu")
+    got = registry_test_twice_plus(x32.astype(np.float16), y, backend="numpy").numpy()
+    assert got.dtype == np.float16 and got.tolist() == [2.5, 4.0]
+    registry_test_twice_plus.kernel("cpu")(_twice_plus)  # registered again: every dtype
+    assert registry_test_twice_plus.takes(cpu, f16)
+
+
 def test_inside_a_numpy_batch_an_op_for_webgpu_is_refused(gpu_device):
     x = np.ones(3, np.float32)
     with Batch("numpy"):

@@ -3,8 +3,8 @@ causal attention over a cache in one step, the position read from a state tensor
 device) and attention_cached_matmul_quant_add (the same with the output projection and
 residual), the GPU and the numpy backend against an independent float64 computation
 written here. The GPU's paths: `split` (one range, or ranges merged by `combine` or by the
-output projection) and, for prompts, the tiled attention_prompt.wgsl. The fused products
-are in test_transformer_products.py."""
+output projection) and, for prompts, the tiled attention_prompt.wgsl; float32 and float16
+caches. The fused products are in test_transformer_products.py."""
 
 from __future__ import annotations
 
@@ -55,7 +55,9 @@ def _rotate(x, positions, theta, style, freq_factors=None, attn_factor=1.0):
 
 def expected_step(qkv, k_cache, v_cache, pos, hq, theta=10000.0, style="interleaved",
                   scale=None, freq_factors=None, attn_factor=1.0, softcap=0.0, window=0):
-    """(output (S, Hq*D), new k cache, new v cache) in float64, written out plainly."""
+    """(output (S, Hq*D), new k cache, new v cache) in float64, written out plainly. Into
+    float16 caches the new keys (rotated in float32, as kernels do) and values go rounded
+    to float16, and the attention reads those."""
     s = qkv.shape[0]
     n_ctx, hkv, d = k_cache.shape
     scale = d ** -0.5 if scale is None else scale
@@ -69,6 +71,10 @@ def expected_step(qkv, k_cache, v_cache, pos, hq, theta=10000.0, style="interlea
     v_new = np.asarray(v_cache, np.float64).copy()
     k_new[pos: pos + s] = _rotate(k, positions, theta, style, freq_factors, attn_factor)
     v_new[pos: pos + s] = v
+    if np.dtype(k_cache.dtype) == np.float16:  # the new rows as stored
+        rows = slice(pos, pos + s)
+        k_new[rows] = k_new[rows].astype(np.float32).astype(np.float16)
+        v_new[rows] = v_new[rows].astype(np.float32).astype(np.float16)
     out = np.empty((s, hq, d))
     for i in range(s):
         seen = pos + i + 1  # token i sees cache rows 0 ..= its own position
@@ -83,9 +89,9 @@ def expected_step(qkv, k_cache, v_cache, pos, hq, theta=10000.0, style="interlea
     return out.reshape(s, hq * d), k_new, v_new
 
 
-def _case(rng, hq, hkv, d, n_ctx, s):
-    kc = rng.standard_normal((n_ctx, hkv, d)).astype(np.float32)
-    vc = rng.standard_normal((n_ctx, hkv, d)).astype(np.float32)
+def _case(rng, hq, hkv, d, n_ctx, s, cache=np.float32):
+    kc = rng.standard_normal((n_ctx, hkv, d)).astype(cache)
+    vc = rng.standard_normal((n_ctx, hkv, d)).astype(cache)
     qkv = rng.standard_normal((s, (hq + 2 * hkv) * d)).astype(np.float32)
     return qkv, kc, vc
 
@@ -108,7 +114,8 @@ def _check(got, kc, vc, expected, pos, s):
     assert out.shape == exp_out.shape and out.dtype == np.float32
     assert_close(out, exp_out, TOL)
     assert_close(k_new[pos: pos + s], exp_k[pos: pos + s], TOL)      # rotated keys
-    np.testing.assert_array_equal(v_new[pos: pos + s], exp_v[pos: pos + s].astype(np.float32))
+    np.testing.assert_array_equal(v_new[pos: pos + s], exp_v[pos: pos + s].astype(kc.dtype))
+    assert k_new.dtype == v_new.dtype == kc.dtype
     untouched = np.ones(kc.shape[0], bool)
     untouched[pos: pos + s] = False
     np.testing.assert_array_equal(k_new[untouched], kc[untouched])
@@ -203,6 +210,43 @@ def test_attention_cached_gpu_matches_float64_and_appends_only_its_rows(
     np.testing.assert_array_equal(got[3], state)  # the op only reads the state
 
 
+# Float16 caches: keys read eight values a load (heads of whole eights) or a pair
+# (heads of 2, 12, 20), one range and several, decoding and prompts (tiled where the head
+# is of whole eights, else `split`)
+HALF_CASES = [  # (hq, hkv, d, n_ctx, pos, s, max_keys)
+    (6, 2, 16, 320, 63, 1, None),
+    (6, 2, 64, 320, 300, 1, None),    # five ranges
+    (3, 3, 48, 320, 300, 1, None),
+    (4, 1, 96, 200, 150, 1, None),
+    (2, 2, 256, 64, 63, 1, None),
+    (1, 1, 2, 40, 33, 1, None),       # the smallest head: a word a row
+    (3, 1, 12, 320, 290, 2, None),
+    (6, 2, 16, 160, 7, 140, None),    # long prefill
+    (3, 3, 20, 160, 7, 40, None),
+    (6, 2, 16, 300, 60, 5, 65),       # max_keys one past the last position
+]
+HALF_PATH_CASES = [pytest.param(path, *case, id=f"{path}-{'-'.join(map(str, case))}")
+                   for case in HALF_CASES for path in ("one range", "ranges", "tiled")]
+
+
+@pytest.mark.parametrize("kernels,hq,hkv,d,n_ctx,pos,s,max_keys", HALF_PATH_CASES)
+def test_float16_caches_on_the_gpu_match_float64_of_their_values(
+        kernels, hq, hkv, d, n_ctx, pos, s, max_keys, rng, gpu_device, monkeypatch,
+        dispatched, subgroups):
+    _take(kernels, monkeypatch)
+    qkv, kc, vc = _case(rng, hq, hkv, d, n_ctx, s, np.float16)
+    state = _state(rng, pos)
+    got = _run("gpu", qkv, kc, vc, state, n_heads=hq, style="neox", max_keys=max_keys)
+    tiled = kernels == "tiled" and webgpu_transformer.prompt_tiled_takes(s, d, False, True)
+    assert (dispatched == [APPEND, TILED]) == tiled
+    _check(got, kc, vc, expected_step(qkv, kc, vc, pos, hq, style="neox"), pos, s)
+    # the same over float32 caches of the same values differs by the new rows' rounding
+    wide = _run("gpu", qkv, kc.astype(np.float32), vc.astype(np.float32), state, n_heads=hq,
+                style="neox", max_keys=max_keys)
+    assert_close(got[0], wide[0], 1e-5)
+    assert_close(got[1].astype(np.float32), wide[1], 1e-6)
+
+
 # Prompts long enough for the tiled attention by default (PROMPT_TILED_MIN_TOKENS): odd
 # lengths (a short last block of tokens), from position 0 and after a cached prefix,
 # GQA and not, the head sizes of the model families and an odd one
@@ -216,12 +260,13 @@ TILED_CASES = [  # (hq, hkv, d, n_ctx, pos, s, max_keys)
 ]
 
 
+@pytest.mark.parametrize("cache", [np.float32, np.float16])
 @pytest.mark.parametrize("style", ["interleaved", "neox"])
 @pytest.mark.parametrize("hq,hkv,d,n_ctx,pos,s,max_keys", TILED_CASES)
 def test_a_prompt_takes_the_tiled_attention_and_matches_float64(
-        hq, hkv, d, n_ctx, pos, s, max_keys, style, rng, gpu_device, dispatched):
+        hq, hkv, d, n_ctx, pos, s, max_keys, style, cache, rng, gpu_device, dispatched):
     assert s >= webgpu_transformer.PROMPT_TILED_MIN_TOKENS
-    qkv, kc, vc = _case(rng, hq, hkv, d, n_ctx, s)
+    qkv, kc, vc = _case(rng, hq, hkv, d, n_ctx, s, cache)
     state = _state(rng, pos, extra=(12345,))
     got = _run("gpu", qkv, kc, vc, state, n_heads=hq, style=style, max_keys=max_keys)
     assert dispatched == [APPEND, TILED]
@@ -246,6 +291,10 @@ def test_prompt_tiles_fit_the_kernel_and_workgroup_memory():
     assert not webgpu_transformer.prompt_tiled_takes(least - 1, 64, ring=False)
     assert not webgpu_transformer.prompt_tiled_takes(least, 64, ring=True)   # rings: `split`
     assert not webgpu_transformer.prompt_tiled_takes(least, 18, ring=False)  # not whole quads
+    assert webgpu_transformer.prompt_tiled_takes(least, 12, ring=False)
+    # float16 rows are loaded eight values at a time
+    assert webgpu_transformer.prompt_tiled_takes(least, 40, ring=False, half=True)
+    assert not webgpu_transformer.prompt_tiled_takes(least, 12, ring=False, half=True)
 
 
 @pytest.mark.parametrize("style", ["interleaved", "neox"])
@@ -254,6 +303,27 @@ def test_attention_cached_reference_matches_float64(hq, hkv, d, n_ctx, pos, s, s
     qkv, kc, vc = _case(rng, hq, hkv, d, n_ctx, s)
     got = _run("cpu", qkv, kc, vc, _state(rng, pos), n_heads=hq, style=style)
     _check(got, kc, vc, expected_step(qkv, kc, vc, pos, hq, style=style), pos, s)
+
+
+@pytest.mark.parametrize("hq,hkv,d,n_ctx,pos,s", [(6, 2, 16, 64, 40, 1), (3, 3, 8, 64, 7, 5)])
+def test_the_float16_reference_is_the_float32_one_over_the_rounded_caches(hq, hkv, d, n_ctx,
+                                                                         pos, s, rng):
+    # Rounding is the only difference: a float16 cache gets the rows the float32 reference
+    # writes, rounded to float16 (to nearest even), and its output is the float32
+    # attention over the caches so rounded.
+    qkv, kc, vc = _case(rng, hq, hkv, d, n_ctx, s, np.float16)
+    state = _state(rng, pos)
+    out, k16, v16, _ = _run("numpy", qkv, kc, vc, state, n_heads=hq)
+    wide, k32, v32, _ = _run("numpy", qkv, kc.astype(np.float32), vc.astype(np.float32),
+                             state, n_heads=hq)
+    assert k16.dtype == v16.dtype == np.float16
+    np.testing.assert_array_equal(k16, k32.astype(np.float16))
+    np.testing.assert_array_equal(v16, v32.astype(np.float16))
+    q = pxvm.ops.rope(qkv[:, : hq * d].reshape(s, hq, d), pos_offset=pos, backend="numpy")
+    rounded = pxvm.ops.attention(q, k16[: pos + s].astype(np.float32),
+                                 v16[: pos + s].astype(np.float32), backend="numpy")
+    np.testing.assert_array_equal(out, rounded.numpy().reshape(s, hq * d))
+    assert 0 < np.abs(out - wide).max() < 1e-2  # the rounding changed it, a little
 
 
 @pytest.mark.parametrize("s", [1, 4, 40])  # 40: the tiled attention
@@ -284,14 +354,16 @@ BACKEND_PATHS = [("gpu", "one range"), ("gpu", "ranges"), ("cpu", "one range"),
                  ("numpy", "one range")]
 
 
+@pytest.mark.parametrize("cache", [np.float32, np.float16])
 @pytest.mark.parametrize("backend,kernels", BACKEND_PATHS + [("gpu", "tiled")])
 @pytest.mark.parametrize("hq,hkv,d,n_ctx,pos,s,window", WINDOW_CASES)
 def test_attention_cached_sliding_window_softcap_and_scaled_rope_match_float64(
-        backend, kernels, hq, hkv, d, n_ctx, pos, s, window, rng, monkeypatch, request):
+        backend, kernels, hq, hkv, d, n_ctx, pos, s, window, cache, rng, monkeypatch,
+        request):
     if backend == "gpu":
         request.getfixturevalue("gpu_device")
     _take(kernels, monkeypatch)
-    qkv, kc, vc = _case(rng, hq, hkv, d, n_ctx, s)
+    qkv, kc, vc = _case(rng, hq, hkv, d, n_ctx, s, cache)
     qkv *= 3.0  # scores large enough for the cap to matter
     params = {"freq_factors": tuple(1.0 + 7.0 * rng.random(d // 2)),
               "attn_factor": 1.15, "softcap": 4.0, "window": window}
@@ -311,17 +383,18 @@ RING_CASES = [  # (hq, hkv, d, ring rows, pos, s, window)
 ]
 
 
+@pytest.mark.parametrize("cache", [np.float32, np.float16])
 @pytest.mark.parametrize("backend,kernels", BACKEND_PATHS)
 @pytest.mark.parametrize("hq,hkv,d,rows,pos,s,window", RING_CASES)
 def test_a_ring_cache_of_the_window_attends_as_a_full_cache_would(
-        backend, kernels, hq, hkv, d, rows, pos, s, window, rng, monkeypatch, request):
+        backend, kernels, hq, hkv, d, rows, pos, s, window, cache, rng, monkeypatch, request):
     if backend == "gpu":
         request.getfixturevalue("gpu_device")
     _take(kernels, monkeypatch)
     assert transformer.cached_rows(window, s, 10**6) <= rows
-    qkv, full_k, full_v = _case(rng, hq, hkv, d, pos + s, s)
-    ring_k = rng.standard_normal((rows, hkv, d)).astype(np.float32)  # rows never written
-    ring_v = rng.standard_normal((rows, hkv, d)).astype(np.float32)
+    qkv, full_k, full_v = _case(rng, hq, hkv, d, pos + s, s, cache)
+    ring_k = rng.standard_normal((rows, hkv, d)).astype(cache)  # rows never written
+    ring_v = rng.standard_normal((rows, hkv, d)).astype(cache)
     for j in range(max(0, pos - rows), pos):  # the positions a ring holds before the pass
         ring_k[j % rows], ring_v[j % rows] = full_k[j], full_v[j]
     got = _run(backend, qkv, ring_k, ring_v, _state(rng, pos), n_heads=hq, style="neox",
@@ -331,7 +404,7 @@ def test_a_ring_cache_of_the_window_attends_as_a_full_cache_would(
     assert_close(got[0], out, TOL)
     new_rows = np.arange(pos, pos + s) % rows
     assert_close(got[1][new_rows], k_full[pos: pos + s], TOL)
-    np.testing.assert_array_equal(got[2][new_rows], v_full[pos: pos + s].astype(np.float32))
+    np.testing.assert_array_equal(got[2][new_rows], v_full[pos: pos + s].astype(cache))
 
 
 def test_a_ring_cache_too_small_for_the_window_and_the_pass_is_refused(rng):
@@ -452,7 +525,10 @@ def _bad_operands():
         ((qkv, kc, vc, st), {"max_keys": 1}, r"max_keys must be in 2..20 \(.*\), got 1"),
         ((qkv.astype(np.int32), kc, vc, st), {}, "attention_cached: input qkv has dtype "
                                                  "int32, expected float32"),
-        ((qkv, kc.astype(np.int32), vc, st), {}, "input k_cache has dtype int32"),
+        ((qkv, kc.astype(np.int32), vc, st), {}, "input k_cache has dtype int32, expected "
+                                                 "float32 or float16"),
+        ((qkv, kc, vc.astype(np.float16), st), {}, "the caches must have one dtype, got "
+                                                   "float32 keys and float16 values"),
     ]
 
 

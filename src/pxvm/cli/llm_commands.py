@@ -31,15 +31,23 @@ BACKEND_HELP = ("Where to run: " + ", ".join(names()) + " (auto: CUDA on NVIDIA 
                 "kernels on the CPU; numpy: the reference).")
 CONTEXT_HELP = ("Positions the KV cache holds (default: the model's context, at most "
                 f"{llm.DEFAULT_MAX_CONTEXT}).")
+KV_CACHE_HELP = ("What the KV cache holds: f32, f16 (half the memory, so a longer --context "
+                 "fits, and faster decoding at long contexts; keys and values rounded to "
+                 "float16) or auto (f16 where the backend's attention reads it, else f32).")
 #: Bounds of options that only cost time: a typo of a few more digits is refused.
 MAX_RUNS = 1000
 
 
-def _load(model: Path | None, backend: str, context: int | None = None, warm_up: bool = True):
+def _load(model: Path | None, backend: str, context: int | None = None, warm_up: bool = True,
+          kv_cache: str = "auto"):
     if backend.lower() not in names():
         raise typer.BadParameter(f"--backend must be one of {', '.join(names())}, not {backend!r}")
+    if kv_cache.lower() not in llm.KV_CACHE_CHOICES:
+        raise typer.BadParameter(f"--kv-cache must be one of {', '.join(llm.KV_CACHE_CHOICES)}, "
+                                 f"not {kv_cache!r}")
     loaded = llm.load_model(str(model) if model is not None else None, backend=backend,
-                            progress=sys.stderr.isatty(), warm_up=warm_up, max_context=context)
+                            progress=sys.stderr.isatty(), warm_up=warm_up, max_context=context,
+                            kv_cache=kv_cache)
     if loaded.backend_reason:
         err_console.print(f"running on {loaded.backend_name} ({loaded.device_name}): "
                           f"{loaded.backend_reason}")
@@ -108,13 +116,14 @@ def generate(
     chat: bool = typer.Option(False, "--chat", help="Wrap the prompt in the chat template."),
     stop: list[str] = typer.Option(None, "--stop", help="Stop at this string (repeatable)."),
     context: int = typer.Option(None, "--context", min=1, help=CONTEXT_HELP),
+    kv_cache: str = typer.Option("auto", "--kv-cache", help=KV_CACHE_HELP),
 ):
     """Generate text from a prompt, printing it as it streams, then the speeds."""
     _text(prompt, "the prompt")
     for s in stop or ():
         _text(s, "--stop")
     params = _sampling(temperature, top_k, top_p, repeat_penalty, seed)
-    lm, tok = _load(model, backend, context)
+    lm, tok = _load(model, backend, context, kv_cache=kv_cache)
     result = run_generation(lm, tok, prompt, max_tokens=_max_tokens(max_tokens, 128, lm),
                             sampling=params, chat=chat, stream=_write, stop=stop or ())
     _write("\n")
@@ -133,12 +142,13 @@ def chat(
     seed: int = typer.Option(None),
     system: str = typer.Option(None, help="A system message for the conversation."),
     context: int = typer.Option(None, "--context", min=1, help=CONTEXT_HELP),
+    kv_cache: str = typer.Option("auto", "--kv-cache", help=KV_CACHE_HELP),
 ):
     """Chat with the model: each turn re-renders the chat template over the whole history.
     Type 'exit' or end input (Ctrl-D) to leave."""
     _text(system, "--system")
     params = _sampling(temperature, top_k, top_p, repeat_penalty, seed)
-    lm, tok = _load(model, backend, context)
+    lm, tok = _load(model, backend, context, kv_cache=kv_cache)
     max_tokens = _max_tokens(max_tokens, 256, lm)
     console.print(f"chatting on {lm.backend_name} ({lm.device_name}); 'exit' or Ctrl-D ends",
                   style="dim")
@@ -184,6 +194,7 @@ def bench_llm(
                                 help="Measured runs (the median is reported)."),
     warmup: int = typer.Option(1, min=0, max=MAX_RUNS, help="Unmeasured runs first."),
     context: int = typer.Option(None, "--context", min=1, help=CONTEXT_HELP),
+    kv_cache: str = typer.Option("auto", "--kv-cache", help=KV_CACHE_HELP),
     output: Path = typer.Option(Path("bench_llm.json"), "--output", "-o",
                                 help="Where to write the JSON result."),
     profile: bool = typer.Option(False, help="Also show where one decoded token's time goes "
@@ -191,7 +202,8 @@ def bench_llm(
 ):
     """Measure prefill tokens/s (one long prompt) and decode tokens/s (one token at a time),
     as llama-bench's pp and tg tests: both start from an empty context unless --depth."""
-    lm, tok = _load(model, backend, context, warm_up=False)  # its own warm-up runs
+    lm, tok = _load(model, backend, context, warm_up=False,  # its own warm-up runs
+                    kv_cache=kv_cache)
     with err_console.status(f"benchmarking on {lm.device_name}"):
         result = benchmark(lm, tok, prompt_tokens, gen_tokens, repeats, warmup, depth)
         if profile:
@@ -199,7 +211,8 @@ def bench_llm(
     if "decode_profile" in result:
         console.print_json(data=result["decode_profile"])
     result["model"] = str(model) if model is not None else "default (SmolLM2-135M-Instruct)"
-    console.print(f"device: {result['device']} (backend {result['backend']})")
+    console.print(f"device: {result['device']} (backend {result['backend']}, KV cache "
+                  f"{result['kv_cache']})")
     prefill, decode = result["prefill_tokens_per_s"], result["decode_tokens_per_s"]
     at = f" after {depth} tokens of context" if depth else ""
     console.print(f"prefill ({prompt_tokens} tokens{at}): {prefill:.1f} tokens/s")

@@ -3,9 +3,11 @@ template, sampling and streaming generation from the same file."""
 
 from .decode import ContextOverflowError, Decoder
 from .gguf_model import Config, GGUFModelFile, ModelFileError, default_model_path
-from .model import DEFAULT_MAX_CONTEXT, ContextSizeError, Model, load_model
+from .model import (DEFAULT_MAX_CONTEXT, KV_CACHE_CHOICES, ContextSizeError, KVCacheTypeError,
+                    Model, load_model)
 from .weights import ModelDoesNotFitError, WeightRowTooLargeError
 
-__all__ = ["DEFAULT_MAX_CONTEXT", "Config", "ContextOverflowError", "ContextSizeError", "Decoder",
-           "GGUFModelFile", "Model", "ModelDoesNotFitError", "ModelFileError",
-           "WeightRowTooLargeError", "default_model_path", "load_model"]
+__all__ = ["DEFAULT_MAX_CONTEXT", "KV_CACHE_CHOICES", "Config", "ContextOverflowError",
+           "ContextSizeError", "Decoder", "GGUFModelFile", "KVCacheTypeError", "Model",
+           "ModelDoesNotFitError", "ModelFileError", "WeightRowTooLargeError",
+           "default_model_path", "load_model"]

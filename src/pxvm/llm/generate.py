@@ -247,6 +247,7 @@ def benchmark(model: LanguageModel, tokenizer: Tokenizer, prompt_tokens: int = 5
     return {
         "backend": model.backend_name,
         "device": model.device_name,
+        "kv_cache": model.kv_cache,
         "prompt_tokens": prompt_tokens,
         "gen_tokens": gen_tokens,
         "depth": depth,

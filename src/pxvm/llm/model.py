@@ -50,8 +50,13 @@ FLUSH_MIN_TOKENS = 64
 #: before the first token. SmolLM2, the default model, has exactly 8192.
 #: load_model(max_context=N) (pxvm's --context N) asks for more or fewer.
 DEFAULT_MAX_CONTEXT = 8192
-#: The largest KV cache (float32 keys and values of every layer) a model may allocate.
+#: The largest KV cache (keys and values of every layer) a model may allocate.
 MAX_KV_CACHE_BYTES = 16 << 30
+#: What a model's KV cache holds (load_model's kv_cache): float32 ("f32") or float16
+#: ("f16": half the bytes, so half what each decoded token's attention reads, for values
+#: rounded to float16); "auto": float16 where the backend's attention kernels read it
+#: (ops.transformer.cache_dtypes), else float32.
+KV_CACHE_CHOICES = ("auto", *transformer.KV_CACHE_DTYPES)
 #: Sliding-window layers keep their window and one pass's tokens in a ring cache
 #: (transformer.cached_rows), so prompts are run PROMPT_CHUNK tokens a pass in models
 #: that have them; the rest run a prompt in one pass.
@@ -64,15 +69,46 @@ class ContextSizeError(PxvmError):
     the message says how many positions fit."""
 
 
-def kv_cache_positions(cfg: Config, max_context: int | None = None) -> int:
+class KVCacheTypeError(PxvmError, ValueError):
+    """kv_cache is not one of KV_CACHE_CHOICES, or names a type the backend's attention
+    kernels do not read."""
+
+
+def kv_cache_choice(asked) -> str:
+    """load_model's `kv_cache`, one of KV_CACHE_CHOICES (any case), in lower case;
+    KVCacheTypeError for anything else."""
+    if not isinstance(asked, str) or asked.lower() not in KV_CACHE_CHOICES:
+        raise KVCacheTypeError(f"kv_cache must be one of {', '.join(map(repr, KV_CACHE_CHOICES))}"
+                               f", not {asked!r}")
+    return asked.lower()
+
+
+def kv_cache_type(backend, asked: str = "auto") -> str:
+    """The KV cache's dtype name on `backend` ("f32" or "f16") for load_model's
+    `kv_cache`: "auto" is "f16" where the backend's attention kernels read float16 caches,
+    else "f32"; KVCacheTypeError for anything else or a type the backend does not read."""
+    asked = kv_cache_choice(asked)
+    takes = transformer.cache_dtypes(backend)
+    if asked == "auto":
+        return "f16" if "f16" in takes else "f32"
+    if asked not in takes:
+        raise KVCacheTypeError(f"the {backend.name} backend's attention reads KV caches of "
+                               f"{' or '.join(takes)} only, not {asked}; ask for "
+                               f"kv_cache='auto' (or --kv-cache auto)")
+    return asked
+
+
+def kv_cache_positions(cfg: Config, max_context: int | None = None,
+                       kv_cache: str = "f32") -> int:
     """The positions the KV cache keeps: the file's context, at most `max_context`
-    (DEFAULT_MAX_CONTEXT when None); ContextSizeError when their cache would be over
-    MAX_KV_CACHE_BYTES."""
+    (DEFAULT_MAX_CONTEXT when None); ContextSizeError when their cache, of dtype
+    `kv_cache` ("f32" or "f16"), would be over MAX_KV_CACHE_BYTES."""
     asked = DEFAULT_MAX_CONTEXT if max_context is None else max_context
     if isinstance(asked, bool) or not isinstance(asked, (int, np.integer)) or asked < 1:
         raise ContextSizeError(f"max_context must be a positive integer, not {max_context!r}")
     positions = min(cfg.context_length, int(asked))
-    row = 2 * cfg.n_kv_heads * cfg.head_dim * 4  # a layer's keys and values of a position
+    value_bytes = transformer.KV_CACHE_DTYPES[kv_cache].itemsize
+    row = 2 * cfg.n_kv_heads * cfg.head_dim * value_bytes  # a layer's keys and values of a position
     rings = len(cfg.local_layers)  # sliding-window layers, whose caches stay small
     ring_bytes = rings * row * transformer.cached_rows(cfg.window, PROMPT_CHUNK, positions)
     per_position = (cfg.n_layers - rings) * row
@@ -81,10 +117,12 @@ def kv_cache_positions(cfg: Config, max_context: int | None = None) -> int:
         raise ContextSizeError(
             f"a KV cache of {positions:,} positions needs "
             f"{positions * per_position + ring_bytes:,} bytes (2 x {cfg.n_layers - rings} "
-            f"full-context layers x {cfg.n_kv_heads} kv heads x head size {cfg.head_dim} x 4 "
-            "bytes per position, plus the sliding-window layers' rings), over the bound of "
-            f"{MAX_KV_CACHE_BYTES:,}; at most {fit:,} positions fit: ask for a smaller "
-            "context (max_context, --context)")
+            f"full-context layers x {cfg.n_kv_heads} kv heads x head size {cfg.head_dim} x "
+            f"{value_bytes} bytes ({kv_cache}) per position, plus the sliding-window layers' "
+            f"rings), over the bound of {MAX_KV_CACHE_BYTES:,}; at most {fit:,} positions "
+            "fit: ask for a smaller context (max_context, --context)"
+            + (" or a float16 cache (kv_cache='f16', --kv-cache f16)"
+               if kv_cache == "f32" else ""))
     return positions
 
 
@@ -128,24 +166,28 @@ class Model:
     the device."""
 
     def __init__(self, file: GGUFModelFile, backend="auto", progress: bool = True,
-                 max_context: int | None = None):
+                 max_context: int | None = None, kv_cache: str = "auto"):
         self.file = file
         self.config: Config = file.config
         self.metadata = file.metadata
+        kv_cache_choice(kv_cache)  # a bad value fails before a backend is chosen
         self.backend, self.backend_reason = model_backend(backend)
         if self.backend_reason:
             log.info("pxvm: the model runs on %s (%s)", self.backend.name, self.backend_reason)
         self.backend_name = self.backend.name
         self.device_name = self.backend.describe()
         cfg = self.config
-        self.context_length = kv_cache_positions(cfg, max_context)
+        #: the KV cache's dtype name, "f32" or "f16" (kv_cache_type)
+        self.kv_cache = kv_cache_type(self.backend, kv_cache)
+        self.context_length = kv_cache_positions(cfg, max_context, self.kv_cache)
         #: each layer's attention_cached parameters (RoPE, window, soft-cap, scale)
         self.attention = [cfg.attention(i, self.context_length) for i in range(cfg.n_layers)]
         # a sliding-window layer's cache holds its window and one pass, as a ring
         rows = [transformer.cached_rows(a["window"], PROMPT_CHUNK, self.context_length)
                 for a in self.attention]
         self.prompt_chunk = PROMPT_CHUNK if min(rows) < self.context_length else None
-        row_bytes = cfg.n_kv_heads * cfg.head_dim * 4  # a position's keys (or values)
+        dtype = transformer.KV_CACHE_DTYPES[self.kv_cache]
+        row_bytes = cfg.n_kv_heads * cfg.head_dim * np.dtype(dtype).itemsize  # a position's keys
         check_cache_tensors(self.backend, rows, row_bytes)
         #: the device memory the model takes, checked before anything is loaded
         self.footprint = Footprint(uploaded_weight_bytes(file), 2 * sum(rows) * row_bytes,
@@ -154,9 +196,9 @@ class Model:
         with self.footprint.uploading(self.backend):
             self._load_weights(file, progress)
             self.k_cache = [self.backend.from_numpy(
-                np.zeros((n, cfg.n_kv_heads, cfg.head_dim), np.float32)) for n in rows]
+                np.zeros((n, cfg.n_kv_heads, cfg.head_dim), dtype)) for n in rows]
             self.v_cache = [self.backend.from_numpy(
-                np.zeros((n, cfg.n_kv_heads, cfg.head_dim), np.float32)) for n in rows]
+                np.zeros((n, cfg.n_kv_heads, cfg.head_dim), dtype)) for n in rows]
         self.position = 0
         self.decoder = Decoder(self)
         #: prompts replayed as graphs where the backend gains by it (rings excluded: a
@@ -410,12 +452,17 @@ def _progress(items, enabled: bool, label: str):
 
 
 def load_model(path: str | None = None, backend="auto", progress: bool = True,
-               max_context: int | None = None, warm_up: bool = False) -> Model:
+               max_context: int | None = None, warm_up: bool = False,
+               kv_cache: str = "auto") -> Model:
     """Load a GGUF model of a family pxvm runs (families.py; default: SmolLM2-135M-Instruct)
     onto a backend, with a KV cache of the file's context, at most `max_context` positions
-    (DEFAULT_MAX_CONTEXT when None); with `warm_up`, also compile its kernels
-    (Model.warm_up)."""
-    model = Model(GGUFModelFile(path or default_model_path()), backend, progress, max_context)
+    (DEFAULT_MAX_CONTEXT when None), of `kv_cache` values: "f32", "f16" (half the bytes;
+    keys and values rounded to float16) or "auto" (f16 where the backend's attention
+    reads it, else f32: Model.kv_cache says which); with `warm_up`, also compile its
+    kernels (Model.warm_up)."""
+    kv_cache_choice(kv_cache)  # before the file is read
+    model = Model(GGUFModelFile(path or default_model_path()), backend, progress, max_context,
+                  kv_cache)
     if warm_up and progress:
         what = "GPU kernels" if model.backend_name != "cpu" else (
             "CPU kernels (the first time: compiled, then cached on disk)")

@@ -78,18 +78,18 @@ def _with_gain(make):
     return with_gain
 
 
-def _cached_attention(tokens, n_ctx, pos):
-    """attention_cached's inputs: 4 query heads and 2 kv heads of 8, `tokens` new tokens
-    at `pos`, caches of `n_ctx` rows."""
-    return lambda rng: [rng.standard_normal((tokens, 64)).astype(np.float32),
-                        rng.standard_normal((n_ctx, 2, 8)).astype(np.float32),
-                        rng.standard_normal((n_ctx, 2, 8)).astype(np.float32),
+def _cached_attention(tokens, n_ctx, pos, cache=np.float32, head_dim=8):
+    """attention_cached's inputs: 4 query heads and 2 kv heads of `head_dim`, `tokens` new
+    tokens at `pos`, caches of `n_ctx` rows of dtype `cache`."""
+    return lambda rng: [rng.standard_normal((tokens, 8 * head_dim)).astype(np.float32),
+                        rng.standard_normal((n_ctx, 2, head_dim)).astype(cache),
+                        rng.standard_normal((n_ctx, 2, head_dim)).astype(cache),
                         np.array([0, pos], np.int32)]
 
 
-def _projected_attention(tokens, n_ctx, pos):
-    """The same, then a Q4_1 output projection and the residual."""
-    attention = _cached_attention(tokens, n_ctx, pos)
+def _projected_attention(tokens, n_ctx, pos, cache=np.float32):
+    """The same (heads of 8), then a Q4_1 output projection and the residual."""
+    attention = _cached_attention(tokens, n_ctx, pos, cache)
     return lambda rng: [*attention(rng), _quantized_rows(rng, "Q4_1", 13, 32),
                         rng.standard_normal((tokens, 13)).astype(np.float32)]
 
@@ -209,11 +209,25 @@ CASES.update({
     # Gemma 2's and Phi-3's extras: a window, capped scores, scaled RoPE
     + [ConformanceCase(_cached_attention(2, 300, 290),
             {"n_heads": 4, "window": 100, "softcap": 2.0, "style": "neox",
-             "freq_factors": (1.0, 2.0, 4.0, 8.0), "attn_factor": 1.1}, threshold=NMSE_LONG)],
-    # two tokens in one range; one token (decoding) whose ranges the product merges
+             "freq_factors": (1.0, 2.0, 4.0, 8.0), "attn_factor": 1.1}, threshold=NMSE_LONG)]
+    # float16 caches (cases 4..): the same paths; heads of 6 and 12, whose rows are not
+    # whole groups of eight values; a ring (a window's cache, positions beyond its rows)
+    + [ConformanceCase(_cached_attention(tokens, n_ctx, pos, np.float16, d), {"n_heads": 4},
+            threshold=NMSE_LONG) for tokens, n_ctx, pos, d in ((3, 11, 5, 8), (2, 300, 290, 8),
+                                                              (40, 90, 30, 8), (2, 300, 290, 6),
+                                                              (40, 90, 30, 12))]
+    + [ConformanceCase(_cached_attention(2, 300, 290, np.float16),
+            {"n_heads": 4, "window": 100, "softcap": 2.0, "style": "neox",
+             "freq_factors": (1.0, 2.0, 4.0, 8.0), "attn_factor": 1.1}, threshold=NMSE_LONG),
+       ConformanceCase(_cached_attention(3, 128, 200, np.float16),
+            {"n_heads": 4, "window": 70, "max_keys": 203}, threshold=NMSE_LONG)],
+    # two tokens in one range; one token (decoding) whose ranges the product merges; the
+    # same over float16 caches (cases 2, 3)
     "attention_cached_matmul_quant_add": [
-        ConformanceCase(_projected_attention(tokens, n_ctx, pos), {"n_heads": 4, "qtype": "Q4_1", "k": 32},
-             threshold=NMSE_LONG) for tokens, n_ctx, pos in ((2, 11, 5), (1, 300, 290))],
+        ConformanceCase(_projected_attention(tokens, n_ctx, pos, cache),
+                        {"n_heads": 4, "qtype": "Q4_1", "k": 32}, threshold=NMSE_LONG)
+        for cache in (np.float32, np.float16)
+        for tokens, n_ctx, pos in ((2, 11, 5), (1, 300, 290))],
     "greedy_step": [ConformanceCase(lambda rng: [rng.standard_normal(333).astype(np.float32),
                                       np.array([7, 4], np.int32)], threshold=0.0)],
     # two chunks of the first pass; history slot 4 % 2

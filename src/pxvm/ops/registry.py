@@ -8,7 +8,9 @@ result's shape is inferred:
         return np.where(x < 0, np.float32(0), x)
 
 The function's body is the reference; its signature is the op's. Backends register
-their kernels for it (`@relu.kernel(name)`, in their own packages). A fused op also
+their kernels for it (`@relu.kernel(name)`, in their own packages); a kernel that takes
+some input in fewer dtypes than the op says which (`input_dtypes`), and the others are
+a MissingKernelError there (`Op.takes` asks beforehand). A fused op also
 names its `decomposition`: a function of the same signature that computes it with
 other ops, which backends without the fused kernel run.
 
@@ -98,6 +100,9 @@ class Op(Generic[P]):
             tuple(DTYPES[d] for d in ((names,) if isinstance(names, str) else names))
             for names in allowed)
         self.kernels: dict[str, Callable] = {}
+        #: backend name -> {input index: the dtypes its kernel takes}, for kernels that
+        #: take fewer than the op (Op.kernel's input_dtypes)
+        self.kernel_dtypes: dict[str, dict[int, tuple[np.dtype, ...]]] = {}
         self.decomposition = decomposition
         # bind()'s fast path: parameters by name, those a call may give by position, the
         # parameters in order with their defaults (signatures with *args, **kwargs or
@@ -114,13 +119,43 @@ class Op(Generic[P]):
         self._required = [name for name, default in self._params.items()
                           if default is inspect.Parameter.empty]
 
-    def kernel(self, backend_name: str):
+    def kernel(self, backend_name: str, input_dtypes: dict[str, str | tuple] | None = None):
         """Decorator: `fn(context, *tensors, **params)` becomes this op's kernel on
-        backend `backend_name`."""
+        backend `backend_name`. `input_dtypes` ({input: dtype names}) names inputs the
+        kernel takes in fewer dtypes than the op (a float32-only kernel of an op that
+        takes float16 too); other dtypes there are a MissingKernelError."""
+        narrowed = {}
+        for name, names in (input_dtypes or {}).items():
+            if name not in self.inputs:
+                raise TypeError(f"op {self.name} has no input {name!r} (its inputs: "
+                                f"{', '.join(self.inputs)})")
+            narrowed[self.inputs.index(name)] = tuple(
+                DTYPES[d] for d in ((names,) if isinstance(names, str) else names))
+
         def register(fn):
             self.kernels[backend_name] = fn
+            if narrowed:
+                self.kernel_dtypes[backend_name] = narrowed
+            else:
+                self.kernel_dtypes.pop(backend_name, None)
             return fn
         return register
+
+    def takes(self, backend: Backend, dtypes: dict[str, object]) -> bool:
+        """Whether the op runs on `backend` with inputs of these dtypes ({input: dtype}):
+        the op takes them, and so does the backend's kernel where it runs one (the
+        reference and a decomposition take what the op takes)."""
+        how = self.implementation(backend)
+        if how == "missing":
+            return False
+        for name, dtype in dtypes.items():
+            index = self.inputs.index(name)
+            allowed = self.input_dtypes[index]
+            if how == "kernel":
+                allowed = self.kernel_dtypes.get(backend.name, {}).get(index, allowed)
+            if np.dtype(dtype) not in allowed:
+                return False
+        return True
 
     def infer(self, inputs, params: dict) -> Meta:
         """The result's shape and dtype; ShapeError when the operands do not fit."""
@@ -204,6 +239,14 @@ class Op(Generic[P]):
             raise MissingKernelError(
                 f"op {self.name} has no {backend.name} kernel yet (it has "
                 f"{', '.join(sorted(self.kernels)) or 'none'}); run it with backend='numpy'")
+        narrowed = self.kernel_dtypes.get(backend.name)
+        if narrowed is not None:
+            for index, allowed in narrowed.items():
+                if np.dtype(tensors[index].dtype) not in allowed:
+                    raise MissingKernelError(
+                        f"op {self.name}'s {backend.name} kernel takes {self.inputs[index]} "
+                        f"of {' or '.join(str(d) for d in allowed)} only, not "
+                        f"{np.dtype(tensors[index].dtype)}; run it with backend='numpy'")
         return kernel(context, *tensors, **params)
 
     def _recorded_reference(self, context: RecordingContext, tensors: list[Tensor],

@@ -13,6 +13,12 @@ runs instead:
   primitive ops take positions from the host.
 - `attention_cached_matmul_quant_add`: residual + attention_cached(...) @ Wo^T.
 
+KV caches are float32 or float16 (KV_CACHE_DTYPES; both caches alike): a float16 cache
+stores the new keys and values rounded to float16 (to nearest even), and attention reads
+them back as the float32 values they are; its math is the same. Half the bytes per
+decoded token, whose attention reads the whole cache. `cache_dtypes` says which dtypes a
+backend's attention kernels take.
+
 Weights are raw GGUF blocks (quantized.py); references are the unfused ops' references.
 """
 
@@ -140,6 +146,9 @@ def qk_norm(qkv, q_gain, k_gain, n_heads=1, n_kv_heads=1, eps=1e-6, *, backend="
 #: A cache of fewer rows than positions (a sliding window's) holds them as a ring of a
 #: multiple of RING_ROWS rows (the kernels walk keys in chunks of it).
 RING_ROWS = 64
+#: The KV caches' dtypes, by name: float32, or float16 (half the bytes to read)
+KV_CACHE_DTYPES = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16)}
+CACHE_INPUTS = ("f32", tuple(KV_CACHE_DTYPES), tuple(KV_CACHE_DTYPES), "i32")
 
 
 def _infer_cached(qkv, k_cache, v_cache, state, n_heads=1, theta=10000.0,
@@ -148,6 +157,9 @@ def _infer_cached(qkv, k_cache, v_cache, state, n_heads=1, theta=10000.0,
     require(len(k_cache.shape) == 3 and tuple(k_cache.shape) == tuple(v_cache.shape),
             f"attention_cached: caches must both be (n_ctx, Hkv, D), got {tuple(k_cache.shape)} "
             f"and {tuple(v_cache.shape)}")
+    require(np.dtype(k_cache.dtype) == np.dtype(v_cache.dtype),
+            f"attention_cached: the caches must have one dtype, got {np.dtype(k_cache.dtype)} "
+            f"keys and {np.dtype(v_cache.dtype)} values")
     n_ctx, hkv, d = k_cache.shape
     require(n_heads >= 1 and n_heads % hkv == 0,
             f"query heads ({n_heads}) must be a multiple of key/value heads ({hkv})")
@@ -186,16 +198,25 @@ def cached_rows(window: int, new_tokens: int, positions: int) -> int:
     return min(ring, positions)
 
 
-@op(infer=_infer_cached, input_dtypes=("f32", "f32", "f32", "i32"))
+def cache_dtypes(backend) -> list[str]:
+    """The KV cache dtypes (KV_CACHE_DTYPES' names) that attention_cached and
+    attention_cached_matmul_quant_add both take on `backend` (Op.takes)."""
+    return [name for name, dtype in KV_CACHE_DTYPES.items()
+            if all(o.takes(backend, {"k_cache": dtype, "v_cache": dtype})
+                   for o in (attention_cached, attention_cached_matmul_quant_add))]
+
+
+@op(infer=_infer_cached, input_dtypes=CACHE_INPUTS)
 def attention_cached(qkv, k_cache, v_cache, state, n_heads=1, theta=10000.0,
                      style="interleaved", scale=None, max_keys=None, freq_factors=None,
                      attn_factor=1.0, softcap=0.0, window=0, *, backend="auto"):
     """Attention of S new tokens at positions pos.. (pos = state[1]) over a KV cache.
 
     qkv (S, (n_heads + 2 Hkv) D) holds each token's query heads, key heads and value
-    heads; caches are (n_ctx, Hkv, D). Queries and keys get the rotary embedding at their
-    positions, the new keys and values are written into the caches at rows pos..pos+S-1
-    (in place), and each query attends causally to cache rows 0..its own position (its
+    heads; caches are (n_ctx, Hkv, D), float32 or float16. Queries and keys get the rotary
+    embedding at their positions, the new keys and values are written into the caches at
+    rows pos..pos+S-1 (in place; rounded to float16 in a float16 cache, and read back so
+    by the attention), and each query attends causally to cache rows 0..its own position (its
     last `window` rows when window > 0: sliding-window attention). With a window, the
     caches may be rings (cached_rows): position j in row j % n_ctx, max_keys beyond n_ctx.
     Scores are q.k * scale (default 1/sqrt(D)), capped to softcap * tanh(score / softcap)
@@ -220,10 +241,13 @@ def attention_cached(qkv, k_cache, v_cache, state, n_heads=1, theta=10000.0,
     turn = dict(theta=theta, style=style, freq_factors=freq_factors, attn_factor=attn_factor)
     q = rope.reference(q.reshape(s, n_heads, d), pos, **turn)
     new_rows = np.arange(pos, pos + s) % n_ctx
+    # stored in the caches' dtype (float16: rounded to nearest even); everything after
+    # reads the stored values
     k_cache[new_rows] = rope.reference(k.reshape(s, hkv, d), pos, **turn)
     v_cache[new_rows] = v.reshape(s, hkv, d)
     if not softcap and not window:
-        out = attention.reference(q, k_cache[: pos + s], v_cache[: pos + s], causal=True,
+        out = attention.reference(q, np.asarray(k_cache[: pos + s], np.float32),
+                                  np.asarray(v_cache[: pos + s], np.float32), causal=True,
                                   scale=scale)
         return out.reshape(s, n_heads * d)
     # float64 attention with the cap and the window, per query head, over the positions
@@ -268,7 +292,7 @@ def _attention_then_product(qkv, k_cache, v_cache, state, w, residual, *, qtype,
     return matmul_quant_add(att, w, residual, qtype=qtype, k=k)
 
 
-@op(infer=_infer_cached_product, input_dtypes=("f32", "f32", "f32", "i32", "u8", "f32"),
+@op(infer=_infer_cached_product, input_dtypes=(*CACHE_INPUTS, "u8", "f32"),
     decomposition=_attention_then_product)
 def attention_cached_matmul_quant_add(qkv, k_cache, v_cache, state, w, residual, *, qtype,
                                       k, n_heads=1, theta=10000.0, style="interleaved",

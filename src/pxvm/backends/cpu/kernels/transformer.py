@@ -95,18 +95,75 @@ def _rotate(x, table, pos, neox, out):
 #: Keys per task of attention: a long context's keys are split among the threads (each
 #: range's softmax merged after), which a task per head could not keep busy.
 KEY_RANGE = 128
+#: Every float16 value as float32, indexed by its bits: how the kernel reads a float16
+#: cache (numba has no float16 type; such a cache comes as its uint16 bits).
+F16_VALUES = np.arange(1 << 16).astype(np.uint16).view(np.float16).astype(_F32)
 
 
-@_parallel
 def attention_cached(qkv, k_cache, v_cache, state, table, n_heads, neox, scale, softcap, window,
                      max_keys, out):
     """Attention of S new tokens at positions pos.. (pos = state[1]) over the caches
-    (n_ctx, Hkv, D), which get the new keys (rotated) and values first; queries are
-    rotated too and attend causally (to their last `window` keys when window > 0), scores
-    capped to softcap * tanh(score / softcap) when softcap > 0; with max_keys beyond
-    n_ctx the caches are rings (position j in row j % n_ctx). Tokens at positions
-    max_keys and beyond get NaN rows, as on the GPU, where the position is read on the
-    device.
+    (n_ctx, Hkv, D), float32 or float16, which get the new keys (rotated) and values
+    first; queries are rotated too and attend causally (to their last `window` keys when
+    window > 0), scores capped to softcap * tanh(score / softcap) when softcap > 0; with
+    max_keys beyond n_ctx the caches are rings (position j in row j % n_ctx). Tokens at
+    positions max_keys and beyond get NaN rows, as on the GPU, where the position is read
+    on the device. Float16 caches store the new rows rounded to nearest even (numpy's
+    rounding, the reference's) and are read as float32; the math is the same."""
+    if k_cache.dtype != np.float16:
+        _attention_cached(qkv, k_cache, v_cache, None, state, table, n_heads, neox, scale,
+                          softcap, window, max_keys, out)
+        return
+    # numba has no float16: the new rows are rotated into float32 by the kernel, stored
+    # by numpy, and the attention reads the caches' bits through F16_VALUES
+    s_new = qkv.shape[0]
+    n_ctx, hkv, d = k_cache.shape
+    pos = int(state[1])
+    if _positions_fit(pos, s_new, n_ctx, max_keys):
+        keys = np.empty((s_new, hkv, d), _F32)
+        values = np.empty((s_new, hkv, d), _F32)
+        _new_rows(qkv, table, pos, n_heads, neox, keys, values)
+        rows = np.arange(pos, pos + s_new) % n_ctx
+        k_cache[rows] = keys
+        v_cache[rows] = values
+    _attention_cached(qkv, k_cache.view(np.uint16), v_cache.view(np.uint16), F16_VALUES, state,
+                      table, n_heads, neox, scale, softcap, window, max_keys, out)
+
+
+@_serial
+def _positions_fit(pos, s_new, n_ctx, max_keys):
+    """Whether positions pos .. pos + s_new - 1 are below max_keys and, unless the cache
+    is a ring (max_keys beyond n_ctx), in the cache."""
+    ring = max_keys > n_ctx
+    return pos >= 0 and pos + s_new <= max_keys and (ring or pos + s_new <= n_ctx)
+
+
+@_serial
+def _new_rows(qkv, table, pos, n_heads, neox, keys, values):
+    """keys, values (S, Hkv, D) = the S tokens' key heads rotated to their positions and
+    their value heads."""
+    s_new, hkv, d = keys.shape
+    for s in range(s_new):
+        for h in range(hkv):
+            _rotate(qkv[s, (n_heads + h) * d:(n_heads + h + 1) * d], table, pos + s, neox,
+                    keys[s, h])
+            values[s, h, :] = qkv[s, (n_heads + hkv + h) * d:(n_heads + hkv + h + 1) * d]
+
+
+@numba.njit(inline="always")
+def _cached(cache, row, head, i, f16_values):
+    """Element i of a cache row's head, as float32: the cache's own, or the float16 value
+    of its bits (numba compiles the branch of the caller's types only)."""
+    if f16_values is None:
+        return cache[row, head, i]
+    return f16_values[cache[row, head, i]]
+
+
+@_parallel
+def _attention_cached(qkv, k_cache, v_cache, f16_values, state, table, n_heads, neox, scale,
+                      softcap, window, max_keys, out):
+    """attention_cached over float32 caches (f16_values None), which this appends the new
+    rows to, or over float16 caches' bits holding them already (f16_values: F16_VALUES).
 
     A task is a token, a key/value head with all the query heads that share it (each
     cached row is read once for them) and a range of KEY_RANGE keys; each range's
@@ -114,16 +171,16 @@ def attention_cached(qkv, k_cache, v_cache, state, table, n_heads, neox, scale, 
     s_new = qkv.shape[0]
     n_ctx, hkv, d = k_cache.shape
     pos = state[1]
-    ring = max_keys > n_ctx  # position j in row j % n_ctx (a sliding window's cache)
-    if pos < 0 or pos + s_new > max_keys or (not ring and pos + s_new > n_ctx):
+    if not _positions_fit(pos, s_new, n_ctx, max_keys):
         out[:] = np.nan
         return
     group = n_heads // hkv
-    for s in range(s_new):
-        for h in range(hkv):
-            _rotate(qkv[s, (n_heads + h) * d:(n_heads + h + 1) * d], table, pos + s, neox,
-                    k_cache[(pos + s) % n_ctx, h])
-            v_cache[(pos + s) % n_ctx, h, :] = qkv[s, (n_heads + hkv + h) * d:(n_heads + hkv + h + 1) * d]
+    if f16_values is None:
+        for s in range(s_new):
+            for h in range(hkv):
+                _rotate(qkv[s, (n_heads + h) * d:(n_heads + h + 1) * d], table, pos + s, neox,
+                        k_cache[(pos + s) % n_ctx, h])
+                v_cache[(pos + s) % n_ctx, h, :] = qkv[s, (n_heads + hkv + h) * d:(n_heads + hkv + h + 1) * d]
     ranges = (pos + s_new + KEY_RANGE - 1) // KEY_RANGE
     top = np.full((s_new, hkv, ranges, group), _F32(-3.0e38))  # empty ranges weigh 0
     total = np.zeros((s_new, hkv, ranges, group), _F32)
@@ -147,7 +204,7 @@ def attention_cached(qkv, k_cache, v_cache, state, table, n_heads, neox, scale, 
             for g in range(group):
                 dot = _F32(0)
                 for i in range(d):
-                    dot += q[g, i] * k_cache[j % n_ctx, kv, i]
+                    dot += q[g, i] * _cached(k_cache, j % n_ctx, kv, i, f16_values)
                 dot *= scale
                 if softcap > 0:
                     dot = softcap * np.tanh(dot / softcap)
@@ -166,7 +223,7 @@ def attention_cached(qkv, k_cache, v_cache, state, table, n_heads, neox, scale, 
             for g in range(group):
                 p = scores[g, j - first]
                 for i in range(d):
-                    acc[s, kv, r, g, i] += p * v_cache[j % n_ctx, kv, i]
+                    acc[s, kv, r, g, i] += p * _cached(v_cache, j % n_ctx, kv, i, f16_values)
     for task in numba.prange(s_new * hkv):
         s = task // hkv
         kv = task % hkv

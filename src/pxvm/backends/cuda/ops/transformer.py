@@ -7,7 +7,8 @@ the residual's add, the GLU inside it); a prompt's are launches in a row: the no
 GLU as one wgmma launch), or float rows of other lengths unfused. Attention over the
 cache is `append` then `attend` (which merges the ranges the keys are cut into and, for
 a single token, appends it itself); a prompt's runs on tensor cores where the cache is
-plain (flash_f16 reading the position on the device).
+plain (flash_f16 reading the position on the device). The caches are float32
+(CACHE_DTYPES).
 """
 
 from __future__ import annotations
@@ -146,7 +147,11 @@ def attend(ctx, qkv, k_cache, v_cache, state, n_heads=1, theta=10000.0, style="i
     return out
 
 
-transformer.attention_cached.kernel("cuda")(attend)
+#: The caches these kernels read: float32 only, so far (a float16 cache is a
+#: MissingKernelError here, and a model's kv_cache="auto" takes float32 on CUDA)
+CACHE_DTYPES = {"k_cache": "f32", "v_cache": "f32"}
+
+transformer.attention_cached.kernel("cuda", CACHE_DTYPES)(attend)
 
 
 def _flash_takes(ctx, k_cache, max_keys, softcap, window, scale) -> bool:
@@ -180,7 +185,7 @@ def _flash_attention(ctx, qkv, k_cache, v_cache, state, n_heads, theta, style, s
     return out
 
 
-@transformer.attention_cached_matmul_quant_add.kernel("cuda")
+@transformer.attention_cached_matmul_quant_add.kernel("cuda", CACHE_DTYPES)
 def attention_cached_matmul_quant_add(ctx, qkv, k_cache, v_cache, state, w, residual, *,
                                       qtype, k, n_heads=1, theta=10000.0, style="interleaved",
                                       scale=None, max_keys=None, freq_factors=None,

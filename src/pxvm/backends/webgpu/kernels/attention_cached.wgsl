@@ -22,8 +22,14 @@
 // elements have trip counts the driver knows (faster than D read from the params on the
 // H100: docs/benchmarks-log.md).
 // NEOX = false rotates pairs (2c, 2c+1) (GGUF llama), true rotates (c, c + D/2).
+// F16_CACHE: the caches hold float16 values, two a u32 word (pack2x16float, the first in
+// the low half; core WGSL, no shader-f16 needed), else float32 values: half the bytes
+// that a decoding step's attention reads. Values are stored rounded to float16 and read
+// back to f32 (new tokens' keys and values from qkv too, as they would be read from the
+// cache); the math is f32 either way.
 
 override NEOX: bool = false;
+override F16_CACHE: bool = false;
 // RING: the caches are rings of n_ctx rows (a multiple of CHUNK), position j in row
 // j % n_ctx: a sliding-window layer's cache, which holds only its window and one pass's
 // new tokens (ops/transformer.py checks it is big enough, so that a pass overwrites
@@ -31,6 +37,9 @@ override NEOX: bool = false;
 // keys never wrap.
 override RING: bool = false;
 override HEAD_DIM: u32 = 64u;  // even, at most MAX_D
+// Float16 keys read eight values (a vec4<u32>) a load: rows of whole such groups; else a
+// word (two values) a load.
+override KEY_OCTETS: bool = F16_CACHE && HEAD_DIM % 8u == 0u;
 override PART_STRIDE: u32;     // the partial results' layout (see `part` below)
 override PART_MAX: u32;
 override PART_SUM: u32;
@@ -57,8 +66,12 @@ struct Params {
 }
 
 @group(0) @binding(0) var<storage, read> qkv: array<f32>;
-@group(0) @binding(1) var<storage, read_write> k_cache: array<f32>;
-@group(0) @binding(2) var<storage, read_write> v_cache: array<f32>;
+// The caches as 16-byte units of four words (a word a float32 value, or two float16
+// values): element e of a cache is word e (float32) or half of word e / 2 (float16), word
+// w at [w / 4][w % 4]; bindings cover whole units (runtime/memory.py), so every word is
+// in reach.
+@group(0) @binding(1) var<storage, read_write> k_cache: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read_write> v_cache: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read> state: array<i32>;
 @group(0) @binding(4) var<storage, read> cos_sin: array<vec2<f32>>;
 // The ranges' partial results, records of PART_STRIDE floats at
@@ -129,13 +142,56 @@ fn stage_query(lid: u32, size: u32, i: u32, h: u32, at: u32) {
 }
 
 // Append token i's key (rotated to `at`) and value of kv head kvh to the caches at row
-// `at` (threads lid, lid + size, ..).
+// `at` (threads lid, lid + size, ..: an element each, a pair of them in a float16 cache).
 fn append_key_value(lid: u32, size: u32, i: u32, at: u32, kvh: u32, k_off: u32, v_off: u32) {
-    for (var c = lid; c < HEAD_DIM; c = c + size) {
-        let row = cache_row(at);
-        k_cache[(row * p.hkv + kvh) * HEAD_DIM + c] = rotated(i * row_len() + k_off, c, at);
-        v_cache[(row * p.hkv + kvh) * HEAD_DIM + c] = qkv[i * row_len() + v_off + c];
+    let first = (cache_row(at) * p.hkv + kvh) * HEAD_DIM;  // the row's first element
+    let key = i * row_len() + k_off;
+    let value = i * row_len() + v_off;
+    if (F16_CACHE) {
+        for (var c = 2u * lid; c < HEAD_DIM; c = c + 2u * size) {
+            let w = (first + c) / 2u;
+            k_cache[w / 4u][w % 4u] = pack2x16float(vec2<f32>(rotated(key, c, at),
+                                                              rotated(key, c + 1u, at)));
+            v_cache[w / 4u][w % 4u] = pack2x16float(vec2<f32>(qkv[value + c],
+                                                              qkv[value + c + 1u]));
+        }
+        return;
     }
+    for (var c = lid; c < HEAD_DIM; c = c + size) {
+        let e = first + c;
+        k_cache[e / 4u][e % 4u] = bitcast<u32>(rotated(key, c, at));
+        v_cache[e / 4u][e % 4u] = bitcast<u32>(qkv[value + c]);
+    }
+}
+
+// x as the cache holds it: rounded to float16 in a float16 cache.
+fn stored(x: f32) -> f32 {
+    if (F16_CACHE) { return unpack2x16float(pack2x16float(vec2<f32>(x, 0.0))).x; }
+    return x;
+}
+
+// Value of half (e % 2) of a word of two float16 values.
+fn half_of(word: u32, e: u32) -> f32 {
+    let pair = unpack2x16float(word);
+    return select(pair.x, pair.y, (e & 1u) == 1u);
+}
+
+// Element e of the key cache, as f32.
+fn key_at(e: u32) -> f32 {
+    if (F16_CACHE) {
+        let w = e / 2u;
+        return half_of(k_cache[w / 4u][w % 4u], e);
+    }
+    return bitcast<f32>(k_cache[e / 4u][e % 4u]);
+}
+
+// Element e of the value cache, as f32.
+fn value_at(e: u32) -> f32 {
+    if (F16_CACHE) {
+        let w = e / 2u;
+        return half_of(v_cache[w / 4u][w % 4u], e);
+    }
+    return bitcast<f32>(v_cache[e / 4u][e % 4u]);
 }
 
 // Element c of the head vector qkv[base .. base + HEAD_DIM) rotated to position `pos`.
@@ -338,19 +394,19 @@ fn weighted_values(c: u32, g: u32, groups: u32, first: u32, first_row: u32, n_ke
         let v8 = v0 + 8u * step;
         let u8 = u + 8u * groups;
         a = a + vec4<f32>(exps[u], exps[u + groups], exps[u + 2u * groups], exps[u + 3u * groups])
-              * vec4<f32>(v_cache[v0], v_cache[v0 + step], v_cache[v0 + 2u * step],
-                          v_cache[v0 + 3u * step]);
+              * vec4<f32>(value_at(v0), value_at(v0 + step), value_at(v0 + 2u * step),
+                          value_at(v0 + 3u * step));
         b = b + vec4<f32>(exps[u + 4u * groups], exps[u + 5u * groups], exps[u + 6u * groups],
                           exps[u + 7u * groups])
-              * vec4<f32>(v_cache[v0 + 4u * step], v_cache[v0 + 5u * step],
-                          v_cache[v0 + 6u * step], v_cache[v0 + 7u * step]);
+              * vec4<f32>(value_at(v0 + 4u * step), value_at(v0 + 5u * step),
+                          value_at(v0 + 6u * step), value_at(v0 + 7u * step));
         a2 = a2 + vec4<f32>(exps[u8], exps[u8 + groups], exps[u8 + 2u * groups], exps[u8 + 3u * groups])
-              * vec4<f32>(v_cache[v8], v_cache[v8 + step], v_cache[v8 + 2u * step],
-                          v_cache[v8 + 3u * step]);
+              * vec4<f32>(value_at(v8), value_at(v8 + step), value_at(v8 + 2u * step),
+                          value_at(v8 + 3u * step));
         b2 = b2 + vec4<f32>(exps[u8 + 4u * groups], exps[u8 + 5u * groups], exps[u8 + 6u * groups],
                           exps[u8 + 7u * groups])
-              * vec4<f32>(v_cache[v8 + 4u * step], v_cache[v8 + 5u * step],
-                          v_cache[v8 + 6u * step], v_cache[v8 + 7u * step]);
+              * vec4<f32>(value_at(v8 + 4u * step), value_at(v8 + 5u * step),
+                          value_at(v8 + 6u * step), value_at(v8 + 7u * step));
     }
     // The last cached keys (fewer than sixteen per group): trips of eight loads, clamped
     // to the last cached row and weighted 0 beyond it, instead of a chain of single loads.
@@ -362,21 +418,24 @@ fn weighted_values(c: u32, g: u32, groups: u32, first: u32, first_row: u32, n_ke
         let last = vec4<u32>(cached - 1u);
         let r0 = ((first_row + min(u0, last)) * p.hkv + kvh) * HEAD_DIM + c;
         let r4 = ((first_row + min(u4, last)) * p.hkv + kvh) * HEAD_DIM + c;
-        a = a + e0 * vec4<f32>(v_cache[r0.x], v_cache[r0.y], v_cache[r0.z], v_cache[r0.w]);
-        b = b + e4 * vec4<f32>(v_cache[r4.x], v_cache[r4.y], v_cache[r4.z], v_cache[r4.w]);
+        a = a + e0 * vec4<f32>(value_at(r0.x), value_at(r0.y), value_at(r0.z), value_at(r0.w));
+        b = b + e4 * vec4<f32>(value_at(r4.x), value_at(r4.y), value_at(r4.z), value_at(r4.w));
     }
     let ab = a + b + a2 + b2;
     var sum = ab.x + ab.y + ab.z + ab.w;
     // Keys from this pass's new tokens (at pos0 and later) come from qkv.
     for (u = cached + (g + groups - cached % groups) % groups; u < n_keys; u = u + groups) {
-        sum = sum + exps[u] * qkv[(first + u - pos0) * row_len() + v_off + c];
+        sum = sum + exps[u] * stored(qkv[(first + u - pos0) * row_len() + v_off + c]);
     }
     return sum;
 }
 
-// Lane `lane`'s parts of the scores of the two cached keys whose rows start at kb and
-// kb2 (elements lane, lane + KEY_LANES, ..), all sixteen loads in flight at once.
+// Lane `lane`'s parts of the scores of the two cached keys whose rows start at elements
+// kb and kb2: of elements lane, lane + KEY_LANES, .. (float32: all sixteen loads in
+// flight at once), or of float16 groups of eight (KEY_OCTETS) or pairs.
 fn cached_key_parts(kb: u32, kb2: u32, lane: u32) -> vec2<f32> {
+    if (KEY_OCTETS) { return half_key_parts(kb / 8u, kb2 / 8u, lane); }
+    if (F16_CACHE) { return half_pair_key_parts(kb / 2u, kb2 / 2u, lane); }
     var a = vec4<f32>(0.0);
     var b = vec4<f32>(0.0);
     var a2 = vec4<f32>(0.0);
@@ -387,22 +446,57 @@ fn cached_key_parts(kb: u32, kb2: u32, lane: u32) -> vec2<f32> {
         let qa = vec4<f32>(q_row[c], q_row[c + L], q_row[c + 2u * L], q_row[c + 3u * L]);
         let qb = vec4<f32>(q_row[c + 4u * L], q_row[c + 5u * L], q_row[c + 6u * L],
                            q_row[c + 7u * L]);
-        a = a + qa * vec4<f32>(k_cache[kb + c], k_cache[kb + c + L], k_cache[kb + c + 2u * L],
-                               k_cache[kb + c + 3u * L]);
-        b = b + qb * vec4<f32>(k_cache[kb + c + 4u * L], k_cache[kb + c + 5u * L],
-                               k_cache[kb + c + 6u * L], k_cache[kb + c + 7u * L]);
-        a2 = a2 + qa * vec4<f32>(k_cache[kb2 + c], k_cache[kb2 + c + L],
-                                 k_cache[kb2 + c + 2u * L], k_cache[kb2 + c + 3u * L]);
-        b2 = b2 + qb * vec4<f32>(k_cache[kb2 + c + 4u * L], k_cache[kb2 + c + 5u * L],
-                                 k_cache[kb2 + c + 6u * L], k_cache[kb2 + c + 7u * L]);
+        a = a + qa * vec4<f32>(key_at(kb + c), key_at(kb + c + L), key_at(kb + c + 2u * L),
+                               key_at(kb + c + 3u * L));
+        b = b + qb * vec4<f32>(key_at(kb + c + 4u * L), key_at(kb + c + 5u * L),
+                               key_at(kb + c + 6u * L), key_at(kb + c + 7u * L));
+        a2 = a2 + qa * vec4<f32>(key_at(kb2 + c), key_at(kb2 + c + L),
+                                 key_at(kb2 + c + 2u * L), key_at(kb2 + c + 3u * L));
+        b2 = b2 + qb * vec4<f32>(key_at(kb2 + c + 4u * L), key_at(kb2 + c + 5u * L),
+                                 key_at(kb2 + c + 6u * L), key_at(kb2 + c + 7u * L));
     }
     for (; c < HEAD_DIM; c = c + L) {
-        a.x = a.x + q_row[c] * k_cache[kb + c];
-        a2.x = a2.x + q_row[c] * k_cache[kb2 + c];
+        a.x = a.x + q_row[c] * key_at(kb + c);
+        a2.x = a2.x + q_row[c] * key_at(kb2 + c);
     }
     let ab = a + b;
     let ab2 = a2 + b2;
     return vec2<f32>(ab.x + ab.y + ab.z + ab.w, ab2.x + ab2.y + ab2.z + ab2.w);
+}
+
+// cached_key_parts of float16 keys whose rows start at units u and u2 (of eight values):
+// lane takes units lane, lane + KEY_LANES, .., a vec4<u32> load each (the whole row in
+// one load a lane for heads of 64).
+fn half_key_parts(u: u32, u2: u32, lane: u32) -> vec2<f32> {
+    var a = vec4<f32>(0.0);
+    var b = vec4<f32>(0.0);
+    for (var o = lane; o < HEAD_DIM / 8u; o = o + KEY_LANES) {
+        let k = k_cache[u + o];
+        let k2 = k_cache[u2 + o];
+        let c = 8u * o;
+        let q0 = vec4<f32>(q_row[c], q_row[c + 1u], q_row[c + 2u], q_row[c + 3u]);
+        let q1 = vec4<f32>(q_row[c + 4u], q_row[c + 5u], q_row[c + 6u], q_row[c + 7u]);
+        a = a + q0 * vec4<f32>(unpack2x16float(k.x), unpack2x16float(k.y))
+              + q1 * vec4<f32>(unpack2x16float(k.z), unpack2x16float(k.w));
+        b = b + q0 * vec4<f32>(unpack2x16float(k2.x), unpack2x16float(k2.y))
+              + q1 * vec4<f32>(unpack2x16float(k2.z), unpack2x16float(k2.w));
+    }
+    return vec2<f32>(a.x + a.y + a.z + a.w, b.x + b.y + b.z + b.w);
+}
+
+// cached_key_parts of float16 keys whose rows start at words w and w2 (rows not of whole
+// units): lane takes words lane, lane + KEY_LANES, .., two values a load.
+fn half_pair_key_parts(w: u32, w2: u32, lane: u32) -> vec2<f32> {
+    var a = vec2<f32>(0.0);
+    var b = vec2<f32>(0.0);
+    for (var o = lane; o < HEAD_DIM / 2u; o = o + KEY_LANES) {
+        let q = vec2<f32>(q_row[2u * o], q_row[2u * o + 1u]);
+        let x = w + o;
+        let x2 = w2 + o;
+        a = a + q * unpack2x16float(k_cache[x / 4u][x % 4u]);
+        b = b + q * unpack2x16float(k_cache[x2 / 4u][x2 % 4u]);
+    }
+    return vec2<f32>(a.x + a.y, b.x + b.y);
 }
 
 // Lane `lane`'s part of key j's score: from the cache below pos0, else from qkv.
@@ -413,6 +507,6 @@ fn key_part(j: u32, lane: u32, pos0: u32, kvh: u32, k_off: u32) -> f32 {
     }
     let kb = (j - pos0) * row_len() + k_off;
     var acc = 0.0;
-    for (var c = lane; c < HEAD_DIM; c = c + KEY_LANES) { acc = acc + q_row[c] * rotated(kb, c, j); }
+    for (var c = lane; c < HEAD_DIM; c = c + KEY_LANES) { acc = acc + q_row[c] * stored(rotated(kb, c, j)); }
     return acc;
 }

@@ -24,9 +24,13 @@
 // Tokens at or beyond max_keys (the bound the work was recorded for) get NaN, as in
 // attention_cached.wgsl.
 // NEOX = false rotates pairs (2c, 2c+1) (GGUF llama), true rotates (c, c + D/2).
+// F16_CACHE: the caches hold float16 values, two a u32 word (pack2x16float; core WGSL),
+// as in attention_cached.wgsl: `append` writes pairs, `tiled` loads eight values (two
+// quads) a load and unpacks them into the tiles, whose math is f32 as before.
 
 override NEOX: bool = false;
-override HEAD_DIM: u32 = 64u;    // a multiple of 4, at most 4 WG
+override F16_CACHE: bool = false;
+override HEAD_DIM: u32 = 64u;    // a multiple of 4 (of 8 with F16_CACHE), at most 4 WG
 // The tile shape, both even (ops/transformer.py's prompt_tiles chooses it):
 // QUERY_ROWS at most WG and at most 4 ROW_GROUPS (four output quads a thread),
 // TILE_KEYS * D4 at most 4 WG (four quads of a tile a thread), and the workgroup memory
@@ -36,6 +40,9 @@ override TILE_KEYS: u32 = 32u;
 const WG: u32 = 128u;
 
 override D4: u32 = HEAD_DIM / 4u;
+// A cache row's 16-byte units, what a thread loads at once: quads of float32, or groups
+// of eight float16 values (two quads)
+override UNITS: u32 = select(D4, HEAD_DIM / 8u, F16_CACHE);
 // A tile row's vec4s: one more than the head's, so that the rows neighbouring threads
 // read start in different banks.
 override ROW4: u32 = D4 + 1u;
@@ -65,12 +72,13 @@ struct Params {
     window: u32,    // a token sees its last `window` keys (itself included); 0: all
 }
 
-// `append` writes the caches element by element; `tiled` reads them a quad at a time.
+// `append` writes the caches a word at a time (an element, or a pair of float16 ones);
+// `tiled` reads them a 16-byte unit at a time.
 @group(0) @binding(0) var<storage, read> qkv: array<f32>;
-@group(0) @binding(1) var<storage, read_write> k_cache: array<f32>;
-@group(0) @binding(1) var<storage, read_write> k_quads: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read_write> v_cache: array<f32>;
-@group(0) @binding(2) var<storage, read_write> v_quads: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read_write> k_cache: array<u32>;
+@group(0) @binding(1) var<storage, read_write> k_units: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read_write> v_cache: array<u32>;
+@group(0) @binding(2) var<storage, read_write> v_units: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read> state: array<i32>;
 @group(0) @binding(4) var<storage, read> cos_sin: array<vec2<f32>>;
 @group(0) @binding(5) var<storage, read_write> out: array<vec4<f32>>;
@@ -113,17 +121,25 @@ fn rotated(base: u32, c: u32, at: u32) -> f32 {
 @compute @workgroup_size(WG)
 fn append(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid3: vec3<u32>,
           @builtin(num_workgroups) nwg: vec3<u32>) {
+    // thread e writes word e of the new rows: element e, or elements 2e and 2e + 1
+    let per_word = select(1u, 2u, F16_CACHE);
     let e = (wid.x + wid.y * nwg.x) * WG + lid3.x;
-    if (e >= p.s * p.hkv * HEAD_DIM) { return; }
-    let c = e % HEAD_DIM;
-    let kvh = (e / HEAD_DIM) % p.hkv;
-    let i = e / (HEAD_DIM * p.hkv);
+    if (e >= p.s * p.hkv * HEAD_DIM / per_word) { return; }
+    let c = (e * per_word) % HEAD_DIM;
+    let kvh = (e * per_word / HEAD_DIM) % p.hkv;
+    let i = e * per_word / (HEAD_DIM * p.hkv);
     let at = u32(state[1]) + i;
     if (at >= p.n_ctx) { return; }  // beyond the cache: `tiled` answers NaN for it
     let k_off = i * row_len() + (p.hq + kvh) * HEAD_DIM;
-    let dst = (at * p.hkv + kvh) * HEAD_DIM + c;
-    k_cache[dst] = rotated(k_off, c, at);
-    v_cache[dst] = qkv[k_off + p.hkv * HEAD_DIM + c];
+    let v_off = k_off + p.hkv * HEAD_DIM;
+    let dst = ((at * p.hkv + kvh) * HEAD_DIM + c) / per_word;
+    if (F16_CACHE) {
+        k_cache[dst] = pack2x16float(vec2<f32>(rotated(k_off, c, at), rotated(k_off, c + 1u, at)));
+        v_cache[dst] = pack2x16float(vec2<f32>(qkv[v_off + c], qkv[v_off + c + 1u]));
+    } else {
+        k_cache[dst] = bitcast<u32>(rotated(k_off, c, at));
+        v_cache[dst] = bitcast<u32>(qkv[v_off + c]);
+    }
 }
 
 // The first key token `at` sees.
@@ -132,19 +148,28 @@ fn lowest_key(at: u32) -> u32 {
     return 0u;
 }
 
-// Quad e of a tile of keys (or values) first .. first + TILE_KEYS - 1 of kv head kvh:
-// zero beyond the tile, and for keys from `end` on (rows nobody wrote may hold anything,
-// and a weight 0 must not meet a NaN).
-fn fetch_quad(e: u32, first: u32, end: u32, kvh: u32, values: bool) -> vec4<f32> {
-    let k = e / D4;
-    if (e >= TILE_KEYS * D4 || first + k >= end) { return vec4<f32>(0.0); }
-    let at = ((first + k) * p.hkv + kvh) * D4 + e % D4;
-    if (values) { return v_quads[at]; }
-    return k_quads[at];
+// Unit e (UNITS a key) of a tile of keys (or values) first .. first + TILE_KEYS - 1 of
+// kv head kvh, as loaded: zero beyond the tile, and for keys from `end` on (rows nobody
+// wrote may hold anything, and a weight 0 must not meet a NaN).
+fn fetch_unit(e: u32, first: u32, end: u32, kvh: u32, values: bool) -> vec4<u32> {
+    let k = e / UNITS;
+    if (e >= TILE_KEYS * UNITS || first + k >= end) { return vec4<u32>(0u); }
+    let at = ((first + k) * p.hkv + kvh) * UNITS + e % UNITS;
+    if (values) { return v_units[at]; }
+    return k_units[at];
 }
 
-fn store_quad(e: u32, quad: vec4<f32>) {
-    if (e < TILE_KEYS * D4) { kv_tile[(e / D4) * ROW4 + e % D4] = quad; }
+// Unit e into the tile as f32 quads: one, or two of float16 values.
+fn store_unit(e: u32, unit: vec4<u32>) {
+    if (e >= TILE_KEYS * UNITS) { return; }
+    let row = (e / UNITS) * ROW4;
+    if (F16_CACHE) {
+        let quad = 2u * (e % UNITS);
+        kv_tile[row + quad] = vec4<f32>(unpack2x16float(unit.x), unpack2x16float(unit.y));
+        kv_tile[row + quad + 1u] = vec4<f32>(unpack2x16float(unit.z), unpack2x16float(unit.w));
+    } else {
+        kv_tile[row + e % UNITS] = bitcast<vec4<f32>>(unit);
+    }
 }
 
 // Q K^T of the tile: partial scores of rows r, r + HALF_ROWS and keys k, k + HALF_KEYS
@@ -227,23 +252,23 @@ fn tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) li
     var acc2 = vec4<f32>(0.0);
     var acc3 = vec4<f32>(0.0);
 
-    // Each thread moves quads lid + u WG (u < 4) of a tile: fetched into registers a
+    // Each thread moves units lid + u WG (u < 4) of a tile: fetched into registers a
     // phase before they are stored, so that the loads are in flight during the arithmetic
     // (the next tile's keys during the weighted values, the values during the scores).
-    var k0 = fetch_quad(lid, begin, end, kvh, false);
-    var k1 = fetch_quad(lid + WG, begin, end, kvh, false);
-    var k2 = fetch_quad(lid + 2u * WG, begin, end, kvh, false);
-    var k3 = fetch_quad(lid + 3u * WG, begin, end, kvh, false);
+    var k0 = fetch_unit(lid, begin, end, kvh, false);
+    var k1 = fetch_unit(lid + WG, begin, end, kvh, false);
+    var k2 = fetch_unit(lid + 2u * WG, begin, end, kvh, false);
+    var k3 = fetch_unit(lid + 3u * WG, begin, end, kvh, false);
     for (var first = begin; first < end; first = first + TILE_KEYS) {
         workgroupBarrier();  // the previous tile's values and weights are used up
-        store_quad(lid, k0);
-        store_quad(lid + WG, k1);
-        store_quad(lid + 2u * WG, k2);
-        store_quad(lid + 3u * WG, k3);
-        let v0 = fetch_quad(lid, first, end, kvh, true);
-        let v1 = fetch_quad(lid + WG, first, end, kvh, true);
-        let v2 = fetch_quad(lid + 2u * WG, first, end, kvh, true);
-        let v3 = fetch_quad(lid + 3u * WG, first, end, kvh, true);
+        store_unit(lid, k0);
+        store_unit(lid + WG, k1);
+        store_unit(lid + 2u * WG, k2);
+        store_unit(lid + 3u * WG, k3);
+        let v0 = fetch_unit(lid, first, end, kvh, true);
+        let v1 = fetch_unit(lid + WG, first, end, kvh, true);
+        let v2 = fetch_unit(lid + 2u * WG, first, end, kvh, true);
+        let v3 = fetch_unit(lid + 3u * WG, first, end, kvh, true);
         workgroupBarrier();
         tile_scores(lid);
         workgroupBarrier();
@@ -266,15 +291,15 @@ fn tiled(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) li
             }
             thread_part[lid] = m;
         }
-        store_quad(lid, v0);  // the keys are used up
-        store_quad(lid + WG, v1);
-        store_quad(lid + 2u * WG, v2);
-        store_quad(lid + 3u * WG, v3);
+        store_unit(lid, v0);  // the keys are used up
+        store_unit(lid + WG, v1);
+        store_unit(lid + 2u * WG, v2);
+        store_unit(lid + 3u * WG, v3);
         let next = first + TILE_KEYS;
-        k0 = fetch_quad(lid, next, end, kvh, false);
-        k1 = fetch_quad(lid + WG, next, end, kvh, false);
-        k2 = fetch_quad(lid + 2u * WG, next, end, kvh, false);
-        k3 = fetch_quad(lid + 3u * WG, next, end, kvh, false);
+        k0 = fetch_unit(lid, next, end, kvh, false);
+        k1 = fetch_unit(lid + WG, next, end, kvh, false);
+        k2 = fetch_unit(lid + 2u * WG, next, end, kvh, false);
+        k3 = fetch_unit(lid + 3u * WG, next, end, kvh, false);
         workgroupBarrier();
         // .. then the row's new max (the tile's joins it), its keys' weights relative to
         // it, and the rescaling of what came before.

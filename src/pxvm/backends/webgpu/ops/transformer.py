@@ -6,7 +6,9 @@ GLU in the same dispatch. One token's attention (decoding) runs attention_cached
 `split` over ranges of the keys, a workgroup per (range, head), whose partial results
 the output projection merges itself (ATTENTION_PARTS), so a layer's attention is two
 dispatches however many keys it sees; a prompt's runs attention_prompt.wgsl (blocks of
-tokens walking the keys in tiles: prompt_tiled_takes), or `split` and `combine`.
+tokens walking the keys in tiles: prompt_tiled_takes), or `split` and `combine`. KV
+caches of float32 or float16 (two values a u32 word, unpacked in the kernels: their
+F16_CACHE constant), any head size the op takes (even).
 """
 
 from __future__ import annotations
@@ -115,12 +117,14 @@ def cached_key_ranges(bound: int) -> tuple[int, int]:
     return -(-bound // range_len), range_len
 
 
-def prompt_tiled_takes(tokens: int, head_dim: int, ring: bool) -> bool:
+def prompt_tiled_takes(tokens: int, head_dim: int, ring: bool, half: bool = False) -> bool:
     """Whether attention_cached of `tokens` new tokens runs attention_prompt.wgsl (the
     tiled prompt attention) on WebGPU: a prompt of at least PROMPT_TILED_MIN_TOKENS
-    tokens over a cache that is not a ring, with a head size of whole quads (the kernel
-    loads four elements at a time)."""
-    return tokens >= PROMPT_TILED_MIN_TOKENS and not ring and head_dim % 4 == 0
+    tokens over a cache that is not a ring, with a head size of whole 16-byte units (the
+    kernel loads a row 16 bytes at a time: four float32 values, or eight float16 ones
+    where the cache is float16, `half`)."""
+    unit = 8 if half else 4
+    return tokens >= PROMPT_TILED_MIN_TOKENS and not ring and head_dim % unit == 0
 
 
 def prompt_tile_bytes(head_dim: int, rows: int, keys: int) -> int:
@@ -160,13 +164,19 @@ def _attend_tiled(ctx, qkv, k_cache, v_cache, state, table, params, style):
     rows, keys = prompt_tiles(d)
     out = ctx.empty((s, params.hq * d), np.float32)
     tensors = [qkv, k_cache, v_cache, state, table, out]
-    constants = {"NEOX": int(style == "neox"), "HEAD_DIM": d, "QUERY_ROWS": rows,
-                 "TILE_KEYS": keys}
-    ctx.dispatch(PROMPT_KERNEL, "append", tensors, params, -(-s * hkv * d // PROMPT_WG),
-                 constants)
+    half = _half_cache(k_cache)
+    constants = {"NEOX": int(style == "neox"), "F16_CACHE": int(half), "HEAD_DIM": d,
+                 "QUERY_ROWS": rows, "TILE_KEYS": keys}
+    words = s * hkv * d // (2 if half else 1)  # `append`'s threads: a word of the caches each
+    ctx.dispatch(PROMPT_KERNEL, "append", tensors, params, -(-words // PROMPT_WG), constants)
     ctx.dispatch(PROMPT_KERNEL, "tiled", tensors, params, (-(-s // rows), params.hq, 1),
                  constants)
     return out
+
+
+def _half_cache(k_cache) -> bool:
+    """Whether the caches are float16 (their kernels' F16_CACHE); float32 otherwise."""
+    return np.dtype(k_cache.dtype) == np.float16
 
 
 def _attend(ctx, qkv, k_cache, v_cache, state, bound, n_heads, theta, style, scale,
@@ -180,7 +190,8 @@ def _attend(ctx, qkv, k_cache, v_cache, state, bound, n_heads, theta, style, sca
     n_ctx, hkv, d = k_cache.shape
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     table = rope_table(ctx, theta, d, max(n_ctx, bound), freq_factors, attn_factor)
-    if prompt_tiled_takes(s, d, bound > n_ctx):
+    half = _half_cache(k_cache)
+    if prompt_tiled_takes(s, d, bound > n_ctx, half):
         params = CachedAttentionParams(s, n_heads, hkv, n_ctx, 1, 0, bound, scale,
                                        float(softcap), int(window))
         return _attend_tiled(ctx, qkv, k_cache, v_cache, state, table, params, style), None, None
@@ -192,8 +203,8 @@ def _attend(ctx, qkv, k_cache, v_cache, state, bound, n_heads, theta, style, sca
     tensors = [qkv, k_cache, v_cache, state, table, part, out]
     params = CachedAttentionParams(s, n_heads, hkv, n_ctx, n_ranges, range_len, bound, scale,
                                    float(softcap), int(window))
-    constants = {"NEOX": int(style == "neox"), "RING": int(bound > n_ctx), "HEAD_DIM": d,
-                 **partials.constants()}
+    constants = {"NEOX": int(style == "neox"), "RING": int(bound > n_ctx),
+                 "F16_CACHE": int(half), "HEAD_DIM": d, **partials.constants()}
     kernel = subgroup_variant(ctx, CACHED_KERNEL, CACHED_SUBGROUP_KERNEL)
     ctx.dispatch(kernel, "split", tensors, params, (n_ranges, n_heads, s), constants)
     if n_ranges == 1:

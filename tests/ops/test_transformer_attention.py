@@ -673,6 +673,19 @@ def test_attention_cached_matmul_quant_add_gpu_matches_float64(
     np.testing.assert_array_equal(v_got, v_new.astype(np.float32))
 
 
+def test_wide_projections_leave_many_ranges_to_the_combine_pass(rng, gpu_device, monkeypatch,
+                                                               dispatched):
+    # Five ranges into 37 columns: merged by the product within the work bound, by
+    # `combine` beyond it (each of a wide projection's workgroups would merge them again).
+    inputs, (expected, _, _) = _projected(rng, 6, 2, 64, 320, 300, 1, "Q4_1")
+    for bound, combined in ((5 * 37, False), (5 * 37 - 1, True)):
+        monkeypatch.setattr(webgpu_transformer, "PRODUCT_MERGES_MAX_WORK", bound)
+        dispatched.clear()
+        out, _, _ = _run_projected("gpu", inputs, n_heads=6, qtype="Q4_1", k=6 * 64)
+        assert any(entry == "combine" for _, entry in dispatched) == combined
+        assert_close(out, expected, TOL)
+
+
 def test_attention_cached_matmul_quant_add_reference_matches_float64(rng):
     inputs, (expected, k_new, v_new) = _projected(rng, 6, 2, 16, 80, 40, 3, "Q4_1")
     out, k_got, _ = _run_projected("cpu", inputs, n_heads=6, qtype="Q4_1", k=96)

@@ -73,6 +73,11 @@ CACHED_ONE_RANGE_MAX_KEYS = 64
 # token (a decoding step) that costs less than a `combine` pass and the wait for it, for
 # a prompt's many tokens more (measured with a 512-token prefill on the H100).
 PRODUCT_MERGES_MAX_TOKENS = 1
+# .. while ranges x the projection's output columns stay within this: each of its
+# workgroups merges every range again. SmolLM2's 576 columns at 16 ranges (the H100's
+# choice); on the H200 at depth 4096 (16 ranges) Llama 3.2 1B's 2048 columns and 3.1 8B's
+# 4096 decoded 1.35x and 1.65x faster with the pass (docs/benchmarks-log.md).
+PRODUCT_MERGES_MAX_WORK = 16 * 576
 
 
 # A prompt's many new tokens: attention_prompt.wgsl's `tiled` takes a block of tokens of
@@ -237,7 +242,8 @@ def attention_cached_matmul_quant_add(ctx, qkv, k_cache, v_cache, state, w, resi
                                         n_heads, theta, style, scale, freq_factors,
                                         attn_factor, softcap, window)
     tokens = qkv.shape[0]
-    if combine is None or tokens > PRODUCT_MERGES_MAX_TOKENS or n_heads * d > merged_values(ctx):
+    if (combine is None or tokens > PRODUCT_MERGES_MAX_TOKENS or n_heads * d > merged_values(ctx)
+            or partials.n_ranges * w.shape[0] > PRODUCT_MERGES_MAX_WORK):
         attended = result if combine is None else combine()
         return product(ctx, attended, w, w.shape[0], qtype, k, residual=residual,
                        epilogue=ADD_EPILOGUE)

@@ -65,13 +65,17 @@ def test_smol_split_into_row_parts_computes_the_unsplit_logits(backend_name, smo
     device = {"webgpu": "gpu_device", "cuda": "cuda_device"}.get(backend_name)
     if device is not None:
         request.getfixturevalue(device)  # skips where there is none
-    whole = load_model(smol_path, backend=backend_name, progress=False, max_context=64)
+    # float32 caches: a float16 cache would round the split products' last-bit
+    # differences (their sums run in another order) to whole float16 steps
+    whole = load_model(smol_path, backend=backend_name, progress=False, max_context=64,
+                       kv_cache="f32")
     assert _parts(whole) == dict.fromkeys(MATRICES, 1) and len(whole.embedding) == 1
     expected, expected_tokens = _run(whole)
     del whole
 
     _limit_tensors(monkeypatch, backend_name, SMOL_LIMIT)
-    split = load_model(smol_path, backend=backend_name, progress=False, max_context=64)
+    split = load_model(smol_path, backend=backend_name, progress=False, max_context=64,
+                       kv_cache="f32")
     # Wqkv 345,600 bytes, Wo 207,360, [Wgate; Wup] 1,105,920, Wdown 552,960
     assert _parts(split) == {"wqkv": 2, "wo": 2, "w_gate_up": 6, "w_down": 3}
     assert len(split.embedding) == math.ceil(49152 / (SMOL_LIMIT // 612))  # Q8_0 rows
@@ -137,15 +141,21 @@ def test_a_row_over_the_largest_tensor_is_a_clear_error(tmp_path, rng, monkeypat
 
 
 def test_a_kv_cache_over_the_largest_tensor_says_what_context_fits(tmp_path, rng, monkeypatch):
-    # a layer's cache is not split: 24 positions of 2 kv heads x 16 x 4 bytes take 3,072
+    # a layer's cache is not split: 24 positions of 2 kv heads x 16 x 4 bytes (float32)
+    # take 3,072, x 2 bytes (float16) 1,536
     path = str(tmp_path / "model.gguf")
     write_tiny_gguf(path, TinySpec(), rng)
     _limit_tensors(monkeypatch, "numpy", 3000)
     with pytest.raises(ContextSizeError) as info:
-        load_model(path, backend="numpy", progress=False)
+        load_model(path, backend="numpy", progress=False, kv_cache="f32")
     message = str(info.value)
     assert "24 positions takes 3,072 bytes" in message and "--context 23" in message
-    assert load_model(path, backend="numpy", progress=False, max_context=23).context_length == 23
+    assert load_model(path, backend="numpy", progress=False, max_context=23,
+                      kv_cache="f32").context_length == 23
+    _limit_tensors(monkeypatch, "numpy", 1500)
+    with pytest.raises(ContextSizeError) as info:
+        load_model(path, backend="numpy", progress=False, kv_cache="f16")
+    assert "24 positions takes 1,536 bytes" in str(info.value)
 
 
 # ---- memory ------------------------------------------------------------------------------
@@ -159,7 +169,8 @@ def tiny(tmp_path, rng) -> tuple[str, TinySpec]:
 
 def _needs(path: str, spec: TinySpec, positions: int) -> tuple[int, int]:
     """(weights, KV cache) bytes as the gguf package reads the file: matrices as stored,
-    vectors as float32; float32 keys and values of every layer and position."""
+    vectors as float32; float32 keys and values of every layer and position (the tests
+    load with kv_cache="f32")."""
     reader = gguf.GGUFReader(path)
     weights = sum(int(t.n_bytes) if len(t.shape) > 1 else 4 * int(t.n_elements)
                   for t in reader.tensors)
@@ -184,7 +195,8 @@ def test_a_model_over_the_free_memory_is_refused_before_loading(tiny, monkeypatc
     weights, cache = _needs(path, spec, 40)
     uploads = _with_memory(monkeypatch, weights + cache - 1)
     with pytest.raises(ModelDoesNotFitError) as info:
-        load_model(path, backend="numpy", progress=False, max_context=40)
+        load_model(path, backend="numpy", progress=False, max_context=40,
+                           kv_cache="f32")
     assert not uploads
     message = str(info.value)
     for words in (f"weights take {weights:,} bytes", f"KV cache {cache:,} bytes for 40 positions",
@@ -200,7 +212,8 @@ def test_a_model_that_fits_exactly_loads(tiny, monkeypatch):
     path, spec = tiny
     weights, cache = _needs(path, spec, 40)
     uploads = _with_memory(monkeypatch, weights + cache)
-    model = load_model(path, backend="numpy", progress=False, max_context=40)
+    model = load_model(path, backend="numpy", progress=False, max_context=40,
+                           kv_cache="f32")
     assert (model.footprint.weights, model.footprint.kv_cache) == (weights, cache)
     # what it said it would load is what the model holds
     held = [model.embedding, model.output, model.output_norm, model.k_cache, model.v_cache]
@@ -221,7 +234,8 @@ def _tensors(held) -> list:
 def test_a_model_loads_where_the_backend_cannot_tell_its_memory(tiny, monkeypatch):
     path, _ = tiny
     _with_memory(monkeypatch, None)
-    model = load_model(path, backend="numpy", progress=False, max_context=40)
+    model = load_model(path, backend="numpy", progress=False, max_context=40,
+                           kv_cache="f32")
     assert np.all(np.isfinite(model.forward([1, 2, 3])))
 
 
@@ -241,7 +255,8 @@ def test_running_out_of_memory_while_loading_is_the_same_clear_error(error, tiny
 
     monkeypatch.setattr(numpy_backend, "from_numpy", full_after_five)
     with pytest.raises(ModelDoesNotFitError) as info:
-        load_model(path, backend="numpy", progress=False, max_context=40)
+        load_model(path, backend="numpy", progress=False, max_context=40,
+                           kv_cache="f32")
     weights, cache = _needs(path, spec, 40)
     message = str(info.value)
     assert "ran out of memory loading the model" in message and "--context" in message

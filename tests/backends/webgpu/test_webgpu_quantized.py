@@ -105,10 +105,10 @@ def test_matvec_shape_rule_spreads_a_row_over_its_tasks():
     class Untuned:
         backend = pxvm.get_backend("numpy")
     rows = quantized.MATVEC_ROWS
-    assert quantized.matvec_shape(Untuned, "Q8_0", 4096, 576, False) == (32, rows["Q8_0"])
-    assert quantized.matvec_shape(Untuned, "Q4_K", 4096, 2048, False) == (64, rows["Q4_K"])
-    assert quantized.matvec_shape(Untuned, "Q4_K", 4096, 4096, True) == (128, rows["Q4_K"] // 2)
-    assert quantized.matvec_shape(Untuned, "Q6_K", 4096, 14336, False) == (256, rows["Q6_K"])
+    assert quantized.matvec_shape(Untuned, "Q8_0", 576, False) == (32, rows["Q8_0"])
+    assert quantized.matvec_shape(Untuned, "Q4_K", 2048, False) == (64, rows["Q4_K"])
+    assert quantized.matvec_shape(Untuned, "Q4_K", 4096, True) == (128, rows["Q4_K"] // 2)
+    assert quantized.matvec_shape(Untuned, "Q6_K", 14336, False) == (256, rows["Q6_K"])
 
 
 def test_matvec_takes_decoding_rows_of_its_types_from_its_shortest_row():

@@ -2,7 +2,9 @@
 (a norm before it, a residual or a GLU after it, attention's per-range results merged
 into its input) that transformer.py's ops record too.
 
-A product of a few rows runs `matmul` (threads of a column splitting its blocks: `lanes`
+A product of a few rows runs `matvec` for Q4_K, Q6_K and Q8_0 rows of at least
+MATVEC_MIN_K values (a workgroup's threads split a row into 32-value tasks, each shared
+by several rows of W), else `matmul` (threads of a column splitting its blocks: `lanes`
 of them); from TILED_MIN_ROWS rows (a prompt's) `matmul_tiled` (a tile of rows of x by
 rows of W, each weight slice dequantized into workgroup memory once per tile).
 """
@@ -119,8 +121,8 @@ MATVEC_TYPES = ("Q4_K", "Q6_K", "Q8_0")
 MATVEC_TUNED = "matmul_quant.webgpu.matvec_shape"
 MATVEC_SHAPES = tuple((t, r) for t in (32, 64, 128, 256) for r in (1, 2, 4, 8))
 #: Rows of W a `matvec` workgroup takes where untuned (half for a GLU's, which reads an
-#: up row with each): the fastest of 1, 2, 4 and 8 on the H200 at Llama 3's shapes
-#: (Q6_K's and Q8_0's unaligned blocks gain from sharing x among more rows).
+#: up row with each): from a sweep of 1 to 8 on the H200 at Llama 3's shapes, whose
+#: timings the GPU's clocks blurred (docs/benchmarks-log.md); `pxvm tune` measures them.
 MATVEC_ROWS = {"Q4_K": 4, "Q6_K": 8, "Q8_0": 8}
 
 
@@ -142,7 +144,7 @@ def takes_matvec(ctx, m: int, qtype: str, k: int) -> bool:
     return not ctx.is_software and k >= MATVEC_MIN_K
 
 
-def matvec_shape(ctx, qtype: str, n: int, k: int, glu: bool) -> tuple[int, int]:
+def matvec_shape(ctx, qtype: str, k: int, glu: bool) -> tuple[int, int]:
     """(threads, rows of W) of a `matvec` workgroup: as tuned, else threads enough for
     one task (32 values) each of a row, 32 to 256, and the type's MATVEC_ROWS (half for
     GLUs)."""
@@ -156,9 +158,9 @@ def matvec_shape(ctx, qtype: str, n: int, k: int, glu: bool) -> tuple[int, int]:
 
 def product(ctx, x, w, n, qtype, k, *, gain=None, residual=None, eps=0.0, epilogue=0,
             rows=None, merge: tuple | None = None):
-    """Record matmul_quant.wgsl's `matmul` (or `matmul_tiled` for many rows: takes_tiled):
-    y (rows, n), rows = x's (default). `gain` makes it norm-fused, `epilogue` 1 adds
-    `residual`, 2 is SwiGLU, 3 GeGLU. `merge` = (state, AttentionPartials) says that x
+    """Record matmul_quant.wgsl's `matvec` (takes_matvec), `matmul_tiled` (many rows:
+    takes_tiled) or `matmul`: y (rows, n), rows = x's (default). `gain` makes it
+    norm-fused, `epilogue` 1 adds `residual`, 2 is SwiGLU, 3 GeGLU. `merge` = (state, AttentionPartials) says that x
     holds attention_cached's per-range partial results, which the product merges
     (ATTENTION_PARTS) for the tokens at the state's position."""
     m = x.shape[0] if rows is None else rows
@@ -174,7 +176,7 @@ def product(ctx, x, w, n, qtype, k, *, gain=None, residual=None, eps=0.0, epilog
     tensors = [x, w, out, state, x if gain is None else gain, x if residual is None else residual,
                x, w]
     if takes_matvec(ctx, m, qtype, k):
-        threads, rows = matvec_shape(ctx, qtype, n, k, epilogue >= 2)
+        threads, rows = matvec_shape(ctx, qtype, k, epilogue >= 2)
         constants.update(MV_THREADS=threads, MV_ROWS=rows,
                          ATTENTION_PARTS=int(merge is not None))
         if merge is not None:

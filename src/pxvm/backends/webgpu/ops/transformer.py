@@ -5,7 +5,8 @@ The fused products are quantized.py's `product` with the norm, the residual's ad
 GLU in the same dispatch. One token's attention (decoding) runs attention_cached.wgsl's
 `split` over ranges of the keys, a workgroup per (range, head), whose partial results
 the output projection merges itself (ATTENTION_PARTS), so a layer's attention is two
-dispatches however many keys it sees; a prompt's runs attention_prompt.wgsl (blocks of
+dispatches however many keys it sees (three where many ranges meet a wide projection:
+`combine` merges them once, PRODUCT_MERGES_MAX_WORK); a prompt's runs attention_prompt.wgsl (blocks of
 tokens walking the keys in tiles: prompt_tiled_takes), or `split` and `combine`. KV
 caches of float32 or float16 (two values a u32 word, unpacked in the kernels: their
 F16_CACHE constant), any head size the op takes (even).

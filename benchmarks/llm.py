@@ -48,6 +48,8 @@ def main(argv=None) -> int:
     parser.add_argument("--context", type=int, default=None,
                         help="KV cache positions (default: pxvm's, or enough for the deepest "
                              "run where that is more)")
+    parser.add_argument("--kv-cache", default="auto", choices=("auto", "f32", "f16"),
+                        help="the KV cache's type (load_model's kv_cache)")
     parser.add_argument("--json", default=None, help="write every run here")
     args = parser.parse_args(argv)
 
@@ -59,7 +61,8 @@ def main(argv=None) -> int:
         for backend in args.backends:
             try:
                 # benchmark()'s own warm-up run compiles what the runs use
-                model = load_model(path, backend=backend, progress=False, max_context=context)
+                model = load_model(path, backend=backend, progress=False, max_context=context,
+                                   kv_cache=args.kv_cache)
             except PxvmError as exc:
                 rows.append(f"| {name} | {backend} | - | - | - | {exc} |")
                 continue

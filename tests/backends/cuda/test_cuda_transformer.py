@@ -23,6 +23,7 @@ from pxvm.backends.cuda.ops import matmul as cuda_matmul
 from pxvm.backends.cuda.ops import quantized as quantized_module
 from pxvm.backends.cuda.ops import transformer as cuda_transformer
 from pxvm.backends.cuda.ptx import quantized as ptx_quantized
+from pxvm.llm.model import KVCacheTypeError, kv_cache_type
 from pxvm.ops import transformer
 from pxvm.ops.decoding import greedy_step, sample_step, sampled_logits
 from pxvm.ops.registry import MissingKernelError
@@ -37,6 +38,19 @@ from test_decoding import GREEDY_CASES  # noqa: E402
 
 Q8_0 = "Q8_0"
 TOL = NMSE_ELEMENTWISE  # the tests/ops bounds: f32 arithmetic against float64
+
+
+def test_attention_reads_float32_caches_only_so_models_keep_float32_there():
+    # so far (a later issue gives it float16 caches); no driver needed: the declaration
+    class Cuda:  # what Op.takes reads of the backend
+        name, records, host_arrays = "cuda", True, False
+
+    assert cuda_transformer.CACHE_DTYPES == {"k_cache": "f32", "v_cache": "f32"}
+    assert transformer.cache_dtypes(Cuda()) == ["f32"]
+    assert kv_cache_type(Cuda(), "auto") == "f32"
+    with pytest.raises(KVCacheTypeError, match="the cuda backend's attention reads KV caches "
+                                               "of f32 only, not f16"):
+        kv_cache_type(Cuda(), "f16")
 
 
 def _on_cuda(call, qtype: str = Q8_0):

@@ -1,11 +1,13 @@
 """The fast CPU backend's transformer kernels (pxvm.backends.cpu.kernels.transformer) against the
 ops' numpy references: rmsnorm, SwiGLU, and attention over a KV cache (grouped-query and
-plain heads, both RoPE styles, prompts and single tokens at later positions)."""
+plain heads, both RoPE styles, prompts and single tokens at later positions; float32 and
+float16 caches, the latter's conversions exact)."""
 
 from __future__ import annotations
 
 import math
 
+import numba
 import numpy as np
 import pytest
 from conftest import NMSE_ELEMENTWISE, NMSE_LONG, nmse
@@ -37,13 +39,14 @@ def _rope_table(theta, d, positions):
     return np.stack([np.cos(ang), np.sin(ang)], axis=-1).astype(np.float32)
 
 
+@pytest.mark.parametrize("cache", [np.float32, np.float16])
 @pytest.mark.parametrize("style", ["interleaved", "neox"])
 @pytest.mark.parametrize("hq,hkv,s,pos", [(4, 2, 7, 0), (3, 3, 1, 0), (4, 1, 1, 37),
                                           (6, 2, 5, 20)])
-def test_attention_over_the_cache_matches_the_reference(style, hq, hkv, s, pos, rng):
+def test_attention_over_the_cache_matches_the_reference(style, hq, hkv, s, pos, cache, rng):
     d, n_ctx, theta = 16, 64, 10000.0
     qkv = rng.standard_normal((s, (hq + 2 * hkv) * d)).astype(np.float32)
-    earlier = rng.standard_normal((n_ctx, hkv, d)).astype(np.float32)  # keys already cached
+    earlier = rng.standard_normal((n_ctx, hkv, d)).astype(cache)  # keys already cached
     state = np.array([0, pos], np.int32)
     ref_k, ref_v = earlier.copy(), earlier[::-1].copy()
     expected = attention_cached.reference(qkv, ref_k, ref_v, state, n_heads=hq, theta=theta,
@@ -57,6 +60,38 @@ def test_attention_over_the_cache_matches_the_reference(style, hq, hkv, s, pos, 
     # the new keys (rotated) and values were written where the reference writes them
     assert nmse(k_cache[: pos + s], ref_k[: pos + s]) <= NMSE_ELEMENTWISE
     np.testing.assert_array_equal(v_cache, ref_v)
+    assert k_cache.dtype == v_cache.dtype == cache
+
+
+@numba.njit
+def _converted_halves(bits, out):
+    for i in range(bits.size):
+        out[i] = transformer._half_to_float(bits[i])
+
+
+@numba.njit
+def _rounded_to_halves(x, out):
+    for i in range(x.size):
+        out[i] = transformer._float_to_half(x[i])
+
+
+def test_float16_conversions_are_exact_and_round_to_nearest_even(rng):
+    # every float16 to float32; float32 values of every range (subnormal halves, ties,
+    # overflow to inf) to float16 as numpy rounds them
+    bits = np.arange(1 << 16).astype(np.uint16)
+    got = np.full(bits.size, np.nan, np.float32)
+    _converted_halves(bits, got)
+    expected = bits.view(np.float16).astype(np.float32)
+    np.testing.assert_array_equal(got, expected)
+    x = np.concatenate([rng.standard_normal(1 << 16).astype(np.float32) * scale
+                        for scale in (1.0, 1e-5, 3e-7, 1e4)]
+                       + [expected[np.isfinite(expected)] * np.float32(1 + 2**-11),  # ties
+                          np.array([65504, 65519.99, 65520, 1e9, -np.inf, 2**-25, 2**-24,
+                                    -3 * 2**-26, 0.0, -0.0], np.float32)])
+    halves = np.zeros(x.size, np.uint16)
+    _rounded_to_halves(x, halves)
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(halves, x.astype(np.float16).view(np.uint16))
 
 
 @pytest.mark.parametrize("pos,max_keys", [(60, 64), (-1, 64), (10, 8)])

@@ -8,6 +8,9 @@ import math
 
 import numba
 import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic, overload
 
 from . import quantized
 
@@ -95,9 +98,6 @@ def _rotate(x, table, pos, neox, out):
 #: Keys per task of attention: a long context's keys are split among the threads (each
 #: range's softmax merged after), which a task per head could not keep busy.
 KEY_RANGE = 128
-#: Every float16 value as float32, indexed by its bits: how the kernel reads a float16
-#: cache (numba has no float16 type; such a cache comes as its uint16 bits).
-F16_VALUES = np.arange(1 << 16).astype(np.uint16).view(np.float16).astype(_F32)
 
 
 def attention_cached(qkv, k_cache, v_cache, state, table, n_heads, neox, scale, softcap, window,
@@ -108,62 +108,66 @@ def attention_cached(qkv, k_cache, v_cache, state, table, n_heads, neox, scale, 
     window > 0), scores capped to softcap * tanh(score / softcap) when softcap > 0; with
     max_keys beyond n_ctx the caches are rings (position j in row j % n_ctx). Tokens at
     positions max_keys and beyond get NaN rows, as on the GPU, where the position is read
-    on the device. Float16 caches store the new rows rounded to nearest even (numpy's
-    rounding, the reference's) and are read as float32; the math is the same."""
-    if k_cache.dtype != np.float16:
-        _attention_cached(qkv, k_cache, v_cache, None, state, table, n_heads, neox, scale,
-                          softcap, window, max_keys, out)
-        return
-    # numba has no float16: the new rows are rotated into float32 by the kernel, stored
-    # by numpy, and the attention reads the caches' bits through F16_VALUES
-    s_new = qkv.shape[0]
-    n_ctx, hkv, d = k_cache.shape
-    pos = int(state[1])
-    if _positions_fit(pos, s_new, n_ctx, max_keys):
-        keys = np.empty((s_new, hkv, d), _F32)
-        values = np.empty((s_new, hkv, d), _F32)
-        _new_rows(qkv, table, pos, n_heads, neox, keys, values)
-        rows = np.arange(pos, pos + s_new) % n_ctx
-        k_cache[rows] = keys
-        v_cache[rows] = values
-    _attention_cached(qkv, k_cache.view(np.uint16), v_cache.view(np.uint16), F16_VALUES, state,
-                      table, n_heads, neox, scale, softcap, window, max_keys, out)
+    on the device. Float16 caches store the new rows rounded to nearest even and are read
+    as float32 (_half_to_float, a row at a time); the math is the same."""
+    if k_cache.dtype == np.float16:  # numba has no float16 type: the caches' bits
+        k_cache, v_cache = k_cache.view(np.uint16), v_cache.view(np.uint16)
+    _attention_cached(qkv, k_cache, v_cache, state, table, n_heads, neox, scale, softcap,
+                      window, max_keys, out)
 
 
-@_serial
-def _positions_fit(pos, s_new, n_ctx, max_keys):
-    """Whether positions pos .. pos + s_new - 1 are below max_keys and, unless the cache
-    is a ring (max_keys beyond n_ctx), in the cache."""
-    ring = max_keys > n_ctx
-    return pos >= 0 and pos + s_new <= max_keys and (ring or pos + s_new <= n_ctx)
+@intrinsic
+def _half_to_float(typingctx, bits):
+    """The float16 value whose bits are `bits` (uint16), as float32: LLVM's conversion,
+    the CPU's instruction (F16C's vcvtph2ps, as vectors.py's scale loads), so a row of
+    them converts as fast as float32 loads."""
+    def codegen(context, builder, signature, args):
+        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), ir.FloatType())
+    return types.float32(types.uint16), codegen
 
 
-@_serial
-def _new_rows(qkv, table, pos, n_heads, neox, keys, values):
-    """keys, values (S, Hkv, D) = the S tokens' key heads rotated to their positions and
-    their value heads."""
-    s_new, hkv, d = keys.shape
-    for s in range(s_new):
-        for h in range(hkv):
-            _rotate(qkv[s, (n_heads + h) * d:(n_heads + h + 1) * d], table, pos + s, neox,
-                    keys[s, h])
-            values[s, h, :] = qkv[s, (n_heads + hkv + h) * d:(n_heads + hkv + h + 1) * d]
+@intrinsic
+def _float_to_half(typingctx, x):
+    """The bits (uint16) of float32 x rounded to float16, to nearest even (as numpy)."""
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
+    return types.uint16(types.float32), codegen
 
 
-@numba.njit(inline="always")
-def _cached(cache, row, head, i, f16_values):
-    """Element i of a cache row's head, as float32: the cache's own, or the float16 value
-    of its bits (numba compiles the branch of the caller's types only)."""
-    if f16_values is None:
-        return cache[row, head, i]
-    return f16_values[cache[row, head, i]]
+def _cache_row(cache, row, head, buffer):
+    """Head `head` of a cache row as float32 (D): a float32 cache's own values, or a
+    float16 cache's (its bits) converted into `buffer`, once for every query head that
+    reads them."""
+    raise NotImplementedError("compiled only (its overload below)")
+
+
+@overload(_cache_row)
+def _cache_row_by_type(cache, row, head, buffer):
+    if cache.dtype == types.uint16:
+        def converted(cache, row, head, buffer):
+            for i in range(buffer.shape[0]):
+                buffer[i] = _half_to_float(cache[row, head, i])
+            return buffer
+        return converted
+    return lambda cache, row, head, buffer: cache[row, head]
+
+
+def _written(x, cache):
+    """Float32 x as an element of `cache` holds it: itself, or its float16 bits."""
+    raise NotImplementedError("compiled only (its overload below)")
+
+
+@overload(_written)
+def _written_by_type(x, cache):
+    if cache.dtype == types.uint16:
+        return lambda x, cache: _float_to_half(x)
+    return lambda x, cache: x
 
 
 @_parallel
-def _attention_cached(qkv, k_cache, v_cache, f16_values, state, table, n_heads, neox, scale,
-                      softcap, window, max_keys, out):
-    """attention_cached over float32 caches (f16_values None), which this appends the new
-    rows to, or over float16 caches' bits holding them already (f16_values: F16_VALUES).
+def _attention_cached(qkv, k_cache, v_cache, state, table, n_heads, neox, scale, softcap,
+                      window, max_keys, out):
+    """attention_cached over float32 caches or float16 caches' bits (uint16).
 
     A task is a token, a key/value head with all the query heads that share it (each
     cached row is read once for them) and a range of KEY_RANGE keys; each range's
@@ -171,16 +175,20 @@ def _attention_cached(qkv, k_cache, v_cache, f16_values, state, table, n_heads, 
     s_new = qkv.shape[0]
     n_ctx, hkv, d = k_cache.shape
     pos = state[1]
-    if not _positions_fit(pos, s_new, n_ctx, max_keys):
+    ring = max_keys > n_ctx  # position j in row j % n_ctx (a sliding window's cache)
+    if pos < 0 or pos + s_new > max_keys or (not ring and pos + s_new > n_ctx):
         out[:] = np.nan
         return
     group = n_heads // hkv
-    if f16_values is None:
-        for s in range(s_new):
-            for h in range(hkv):
-                _rotate(qkv[s, (n_heads + h) * d:(n_heads + h + 1) * d], table, pos + s, neox,
-                        k_cache[(pos + s) % n_ctx, h])
-                v_cache[(pos + s) % n_ctx, h, :] = qkv[s, (n_heads + hkv + h) * d:(n_heads + hkv + h + 1) * d]
+    rotated = np.empty(d, _F32)
+    for s in range(s_new):
+        for h in range(hkv):
+            row = (pos + s) % n_ctx
+            _rotate(qkv[s, (n_heads + h) * d:(n_heads + h + 1) * d], table, pos + s, neox,
+                    rotated)
+            for i in range(d):
+                k_cache[row, h, i] = _written(rotated[i], k_cache)
+                v_cache[row, h, i] = _written(qkv[s, (n_heads + hkv + h) * d + i], v_cache)
     ranges = (pos + s_new + KEY_RANGE - 1) // KEY_RANGE
     top = np.full((s_new, hkv, ranges, group), _F32(-3.0e38))  # empty ranges weigh 0
     total = np.zeros((s_new, hkv, ranges, group), _F32)
@@ -200,11 +208,13 @@ def _attention_cached(qkv, k_cache, v_cache, f16_values, state, table, n_heads, 
             head = kv * group + g
             _rotate(qkv[s, head * d:(head + 1) * d], table, pos + s, neox, q[g])
         scores = np.empty((group, stop - first), _F32)
+        buffer = np.empty(d, _F32)
         for j in range(first, stop):
+            key = _cache_row(k_cache, j % n_ctx, kv, buffer)
             for g in range(group):
                 dot = _F32(0)
                 for i in range(d):
-                    dot += q[g, i] * _cached(k_cache, j % n_ctx, kv, i, f16_values)
+                    dot += q[g, i] * key[i]
                 dot *= scale
                 if softcap > 0:
                     dot = softcap * np.tanh(dot / softcap)
@@ -220,10 +230,11 @@ def _attention_cached(qkv, k_cache, v_cache, f16_values, state, table, n_heads, 
             top[s, kv, r, g] = m
             total[s, kv, r, g] = sum_p
         for j in range(first, stop):
+            value = _cache_row(v_cache, j % n_ctx, kv, buffer)
             for g in range(group):
                 p = scores[g, j - first]
                 for i in range(d):
-                    acc[s, kv, r, g, i] += p * _cached(v_cache, j % n_ctx, kv, i, f16_values)
+                    acc[s, kv, r, g, i] += p * value[i]
     for task in numba.prange(s_new * hkv):
         s = task // hkv
         kv = task % hkv

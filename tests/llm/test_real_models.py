@@ -10,6 +10,8 @@ import pytest
 from conftest import nmse
 from real_models import REAL_MODELS, real_model
 
+from pxvm.backends.webgpu.ops import quantized as webgpu_quantized
+from pxvm.core import tuning
 from pxvm.llm import load_model
 from pxvm.llm.tokenizer import Tokenizer
 
@@ -40,17 +42,21 @@ def reference(request):
     return str(path), tokenizer, runs
 
 
-@pytest.mark.parametrize("backend", ["numpy", "cpu", "webgpu"])
+@pytest.mark.parametrize("backend", ["numpy", "cpu", "webgpu", "webgpu matvec"])
 def test_real_model_matches_transformers_and_decodes_the_same_text(backend, reference, request):
-    if backend == "webgpu":
+    # "webgpu matvec": decoding's Q4_K, Q6_K and Q8_0 products in `matvec`, which GPUs
+    # take and lavapipe takes only when its shape is forced
+    if backend.startswith("webgpu"):
         request.getfixturevalue("gpu_device")
     path, tokenizer, runs = reference
-    model = load_model(path, backend=backend, progress=False, max_context=64)
-    for ids, hf_logits, hf_tokens in runs if backend != "webgpu" else runs[:1]:
-        model.reset()
-        logits = model.forward_all(ids)
-        assert nmse(logits, hf_logits[: len(ids)]) <= NMSE_HF
-        first = int(np.argmax(logits[-1]))
-        tokens = [first, *model.decode(first, N_GREEDY - 1)]
-        assert tokenizer.decode(tokens) == tokenizer.decode(hf_tokens)
-        assert tokens == hf_tokens
+    shape = (64, 4) if backend == "webgpu matvec" else None
+    with tuning.forcing(webgpu_quantized.MATVEC_TUNED, shape):
+        model = load_model(path, backend=backend.split()[0], progress=False, max_context=64)
+        for ids, hf_logits, hf_tokens in runs if backend in ("numpy", "cpu") else runs[:1]:
+            model.reset()
+            logits = model.forward_all(ids)
+            assert nmse(logits, hf_logits[: len(ids)]) <= NMSE_HF
+            first = int(np.argmax(logits[-1]))
+            tokens = [first, *model.decode(first, N_GREEDY - 1)]
+            assert tokenizer.decode(tokens) == tokenizer.decode(hf_tokens)
+            assert tokens == hf_tokens

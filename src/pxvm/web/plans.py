@@ -54,6 +54,8 @@ class PlanDevice:
     max_groups = MAX_GROUPS_PER_DIM
     #: plans are replayed on whatever adapter the browser has: record the GPU variants
     is_software = False
+    #: .. within the limits every WebGPU device grants (the spec's defaults)
+    limits = {"max-compute-workgroup-storage-size": 16384}
 
     def __init__(self, features: tuple[str, ...] = ()):
         self.features = frozenset(features)

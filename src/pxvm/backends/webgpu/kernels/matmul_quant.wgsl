@@ -455,7 +455,7 @@ fn embed(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) li
     y[s * p.K + k] = dequant(b, k % per_block, scale_d(b), scale_m(b));
 }
 
-// ---- matvec: products of a few rows (decoding) at the memory's speed ---------------------
+// ---- matvec: products of a few rows (decoding) -----------------------------------------
 // For Q4_K, Q6_K and Q8_0 weights (MATVEC_TYPES in ops/quantized.py). A row of W is
 // cut into tasks of 32 values: a Q8_0 block, a 16-byte quarter of a Q4_K group (16 values
 // of each of two sub-blocks), or 8 values of each of a Q6_K half's four parts. A workgroup

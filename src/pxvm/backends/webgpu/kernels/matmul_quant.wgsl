@@ -61,7 +61,7 @@ struct Params {
 // (vec4s: one 16-byte load for 4 gains; the binding covers whole 16-byte units)
 @group(0) @binding(4) var<storage, read> gain: array<vec4<f32>>;
 @group(0) @binding(5) var<storage, read> res: array<f32>;
-// `matvec`'s views of x and W (the buffers of bindings 0 and 1) for loads of 16 bytes:
+// Views of x and W (the buffers of bindings 0 and 1) for loads of 16 bytes:
 // WGSL cannot load a vec4 from an array<f32>. (Eight storage buffers: WebGPU's default
 // limit a shader stage.)
 @group(0) @binding(6) var<storage, read> x_vec: array<vec4<f32>>;
@@ -215,10 +215,11 @@ fn gain_at(k: u32) -> f32 {
     return 1.0;
 }
 
+// x's 4 values at k (a multiple of 4, as K is) of row m, one 16-byte load (the merged
+// attention output for ATTENTION_PARTS).
 fn x4(m: u32, k: u32) -> vec4<f32> {
     if (ATTENTION_PARTS) { return vec4<f32>(merged[k], merged[k + 1u], merged[k + 2u], merged[k + 3u]); }
-    let i = m * p.K + k;
-    return vec4<f32>(x[i], x[i + 1u], x[i + 2u], x[i + 3u]);
+    return x_vec[(m * p.K + k) >> 2u];
 }
 
 fn gain4(k: u32) -> vec4<f32> {
@@ -542,16 +543,10 @@ fn mv_k(t: u32, g: u32) -> u32 {
     }
 }
 
-// x's 4 values at k of row m (the merged attention output for ATTENTION_PARTS).
-fn mv_x4(m: u32, k: u32) -> vec4<f32> {
-    if (ATTENTION_PARTS) { return vec4<f32>(merged[k], merged[k + 1u], merged[k + 2u], merged[k + 3u]); }
-    return x_vec[(m * p.K + k) >> 2u];
-}
-
 // x's 4 values of quad g of task t, times gain for NORM; `squares` gains theirs.
 fn mv_quad(m: u32, t: u32, g: u32, squares: ptr<function, f32>) -> vec4<f32> {
     let k = mv_k(t, g);
-    let v = mv_x4(m, k);
+    let v = x4(m, k);
     *squares = *squares + dot(v, v);
     return v * gain4(k);
 }

@@ -10,6 +10,7 @@ from importlib import resources
 import numpy as np
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -66,6 +67,8 @@ def info(
                        ("numba", "numba"), ("blas", "BLAS (prompts)")):
         table.add_row(label, str(cpu[key]))
     console.print(table)
+    if cpu["thread_pool_warning"]:
+        console.print(f"[yellow]Warning:[/] {escape(cpu['thread_pool_warning'])}")
     _print_cuda(cuda)
     if not adapters:
         console.print(f"[red]No WebGPU adapter:[/] {error or 'none found'}")

@@ -5,7 +5,12 @@ kernels run."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import os
+import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 
 import numpy as np
@@ -165,3 +170,46 @@ def test_a_backend_object_of_its_own_keeps_its_own_packed_weights(rng):
     got = pxvm.ops.matmul_quant(x, raw, qtype="Q4_1", k=32, backend=mine)
     assert got.backend is mine
     np.testing.assert_allclose(got.numpy(), x @ dequantize(raw, "Q4_1", 32).T, rtol=1e-4, atol=1e-4)
+
+
+def _run_parallel_kernel(prelude: str = "") -> dict:
+    """A fresh process (the thread pool is chosen once per process) that runs a CPU
+    kernel and prints the backend's details."""
+    code = (prelude + "import json, numpy as np, pxvm\n"
+            "from pxvm.backends.cpu import backend\n"
+            "from gguf import GGMLQuantizationType, quants\n"
+            "w = quants.quantize(np.random.rand(64, 256).astype(np.float32),\n"
+            "                    GGMLQuantizationType.Q8_0)\n"
+            "x = np.random.rand(1, 256).astype(np.float32)\n"
+            "pxvm.ops.matmul_quant(x, w, qtype='Q8_0', k=256, backend='cpu').numpy()\n"
+            "print(json.dumps(pxvm.get_backend('cpu').details()))\n")
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_THREADING_LAYER"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=env, timeout=300, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("numba") is None, reason="needs numba")
+def test_kernels_run_on_tbb_from_a_plain_pip_install():
+    # the tbb wheel's library lies outside the loader's path in a venv; the backend
+    # loads it itself, so numba's TBB pool runs and nothing is reported missing
+    try:
+        metadata.distribution("tbb")
+    except metadata.PackageNotFoundError:
+        pytest.skip("the tbb package is not installed here")
+    details = _run_parallel_kernel()
+    assert details["thread_pool"] == "tbb"
+    assert details["thread_pool_warning"] is None
+
+
+def test_a_tbb_that_cannot_load_is_reported_with_the_pool_used_instead(monkeypatch):
+    # (loading itself cannot be made to fail here: this Python's own library path may
+    # hold libtbb; a fresh venv's does not, which is what the backend's loader is for)
+    monkeypatch.delenv("NUMBA_THREADING_LAYER", raising=False)
+    monkeypatch.setattr(cpu_module, "_tbb_problem", "libtbb.so.12 did not load: gone")
+    warning = cpu_module._thread_pool_warning("omp")
+    assert "TBB could not be loaded (libtbb.so.12 did not load: gone)" in warning
+    assert "run on omp" in warning and "PXVM_CPU_THREADS=1" in warning
+    assert cpu_module._thread_pool_warning("tbb") is None
+    monkeypatch.setenv("NUMBA_THREADING_LAYER", "omp")   # the user's own choice
+    assert cpu_module._thread_pool_warning("omp") is None

@@ -45,16 +45,50 @@ def cpu_threads() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+#: Why TBB's library could not be loaded (None: loaded, or not tried yet).
+_tbb_problem: str | None = None
+
+# The tbb wheel's library, by platform: the wheel puts it in the environment's lib/ (or
+# Library/bin on Windows), where the dynamic loader does not look.
+_TBB_LIBRARY = {"linux": "libtbb.so.12", "darwin": "libtbb.12.dylib", "win32": "tbb12.dll"}
+
+
+def _load_tbb() -> str | None:
+    """Load the tbb wheel's library into the process, so that numba's TBB pool (linked
+    against it by name) finds it. Returns why it could not, or None."""
+    import ctypes
+    import sys
+    from importlib import metadata
+    name = _TBB_LIBRARY.get(sys.platform)
+    if name is None:
+        return f"no TBB library known for {sys.platform}"
+    try:
+        files = metadata.distribution("tbb").files or []
+    except metadata.PackageNotFoundError:
+        return "the tbb package is not installed (pip install tbb)"
+    path = next((f.locate() for f in files if f.name == name), None)
+    if path is None:
+        return f"the tbb package has no {name}"
+    try:
+        if sys.platform == "win32":
+            os.add_dll_directory(str(path.parent))
+        ctypes.CDLL(str(path), mode=getattr(ctypes, "RTLD_GLOBAL", 0))
+    except OSError as err:
+        return f"{path} did not load: {err}"
+    return None
+
+
 def _configure_numba() -> None:
     """Pick numba's threads once, before its first parallel kernel. A parallel region
     costs far less with the TBB or OpenMP thread pools than with numba's own
     (workqueue), and a decoded token runs over a hundred of them. TBB first: with another
     process busy on the same cores, OpenMP's spinning threads slowed a kernel by orders
     of magnitude, TBB's did not (docs/benchmarks-log.md)."""
-    global _threads
+    global _threads, _tbb_problem
     with _threads_lock:
         if _threads is not None:
             return
+        _tbb_problem = _load_tbb()
         import numba  # here, not at import: numba is slow to import
         if "NUMBA_THREADING_LAYER" not in os.environ:
             numba.config.THREADING_LAYER_PRIORITY = ["tbb", "omp", "workqueue"]
@@ -270,14 +304,12 @@ class CpuBackend(HostBackend):
         import numba
         from llvmlite import binding
         from threadpoolctl import threadpool_info
-        features = binding.get_host_cpu_features()
-        simd = next((name for name in ("avx512f", "avx2", "neon", "sse4.2")
-                     if features.get(name)), "no wide SIMD")
         blas = [f"{i['internal_api']} {i['version']}" for i in threadpool_info()
                 if i["user_api"] == "blas"][:1]
-        return {"numba": numba.__version__, "threads": _threads,
-                "thread_pool": _thread_pool(), "cpu": binding.get_host_cpu_name(),
-                "simd": simd, "blas": blas[0] if blas else "none found"}
+        pool = _thread_pool()
+        return {"numba": numba.__version__, "threads": _threads, "thread_pool": pool,
+                "thread_pool_warning": _thread_pool_warning(pool), **_simd(binding),
+                "blas": blas[0] if blas else "none found"}
 
     def empty(self, shape, dtype) -> Tensor:
         dtype = np.dtype(dtype)
@@ -312,6 +344,31 @@ class CpuBackend(HostBackend):
     def context(self, *, timestamps: bool = False, profile: bool = False,
                 capture: bool = False) -> CpuContext:
         return CpuContext(self, timestamps=timestamps, profile=profile, capture=capture)
+
+
+def _simd(binding) -> dict:
+    """The CPU numba compiles for (the host's, or NUMBA_CPU_NAME's) and its widest SIMD,
+    with VNNI (8-bit dot products, which quantized products use where present)."""
+    if os.environ.get("NUMBA_CPU_NAME"):
+        name = os.environ["NUMBA_CPU_NAME"]
+        return {"cpu": f"{name} (NUMBA_CPU_NAME)",
+                "simd": f"{name}'s, per LLVM (NUMBA_CPU_FEATURES: "
+                        f"{os.environ.get('NUMBA_CPU_FEATURES') or 'default'})"}
+    features = binding.get_host_cpu_features()
+    simd = next((name for name in ("avx512f", "avx2", "neon", "sse4.2")
+                 if features.get(name)), "no wide SIMD")
+    vnni = features.get("avx512vnni") or features.get("avxvnni")
+    return {"cpu": binding.get_host_cpu_name(),
+            "simd": simd + (" with VNNI" if vnni and simd.startswith("avx") else "")}
+
+
+def _thread_pool_warning(pool: str) -> str | None:
+    """Why the kernels do not run on TBB, where pxvm asked for it and could not load it."""
+    if pool == "tbb" or "NUMBA_THREADING_LAYER" in os.environ or _tbb_problem is None:
+        return None
+    return (f"TBB could not be loaded ({_tbb_problem}), so the kernels run on {pool}, "
+            "whose threads slow down many-fold while other programs use the cores; "
+            "install TBB (pip install tbb) or set PXVM_CPU_THREADS=1 on a busy machine")
 
 
 def _thread_pool() -> str:

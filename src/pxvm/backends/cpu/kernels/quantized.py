@@ -5,9 +5,13 @@ well, both keeping its integer values:
 
 - `Nibbles` (Q4_0, Q4_1, Q4_K): 4-bit values q in 0..15 with a scale and an offset per
   32 values of a row (value = scale * q + offset);
-- `Bytes` (Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q5_K, Q6_K): 8-bit signed values with a scale
-  per block of a row (32 values, 16 for Q2_K, Q3_K and Q6_K; value = scale * q), and an
-  offset for Q5_1, Q2_K and Q5_K (value = scale * q + offset).
+- `Bytes` (Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q5_K): 8-bit signed values with a scale per
+  block of a row (32 values, 16 for Q2_K and Q3_K; value = scale * q), and an offset for
+  Q5_1, Q2_K and Q5_K (value = scale * q + offset);
+- `SixBits` (Q6_K): 6-bit values q in 0..63 as Nibbles' 4-bit lanes and a lane of their
+  high 2 bits, with a scale per 16 values of a row (value = scale * (q - 32)): 7 bits a
+  value where Bytes would take 9, for the type of most large models' output and of half
+  their down projections.
 
 Rows are grouped in tiles of TILE_ROWS, a row a 32-bit SIMD lane: the lanes of a tile
 hold the same few values of every row next to each other ([tile, block, group, row]), so
@@ -56,6 +60,8 @@ from .vectors import (
     nibble_pairs,
     nibbles,
     signed_bytes,
+    six_bit_pairs,
+    six_bits,
     splat,
     store_floats,
     zeros,
@@ -101,6 +107,27 @@ class Bytes:
     offset: np.ndarray | None
     n: int
     k: int
+
+
+@dataclass(frozen=True)
+class SixBits:
+    """6-bit values, 16 a block: q (tiles, K / 16, 2, TILE_ROWS) uint32 of their low 4
+    bits, lane [t, b, g, r] laid out as Nibbles' (values 8g..8g+7 of block b of row r);
+    crumbs (tiles, K / 16, TILE_ROWS) uint32 of their high 2 bits, value 8g + 2i + h at
+    bit CRUMB_AT[4g + i] of half h; scale (tiles, K / 16, TILE_ROWS), float32 or float16
+    bits (HALF). All three are views into one buffer, a record per tile and block."""
+
+    q: np.ndarray
+    crumbs: np.ndarray
+    scale: np.ndarray
+    n: int
+    k: int
+
+
+#: Where SixBits keeps the high 2 bits of a value in its half of a crumbs lane, by 4g + i
+#: (value 8g + 2i + h): at bits 4.. for group 0, so that a right shift and a mask put
+#: them above the value's nibble (bits 4..5); group 1 fills the rest.
+CRUMB_AT = (4, 6, 8, 10, 12, 14, 0, 2)
 
 
 @dataclass(frozen=True)
@@ -242,10 +269,9 @@ def _split_q6_k(raw, n, k):
 
 _NIBBLE_TYPES = {T.Q4_0: _split_q4_0, T.Q4_1: _split_q4_1, T.Q4_K: _split_q4_k}
 _BYTE_TYPES = {T.Q5_0: _split_q5_0, T.Q5_1: _split_q5_1, T.Q8_0: _split_q8_0,
-               T.Q2_K: _split_q2_k, T.Q3_K: _split_q3_k, T.Q5_K: _split_q5_k,
-               T.Q6_K: _split_q6_k}
+               T.Q2_K: _split_q2_k, T.Q3_K: _split_q3_k, T.Q5_K: _split_q5_k}
 #: The GGML types this module multiplies by.
-TYPES = (T.F32, T.F16, T.BF16, *_NIBBLE_TYPES, *_BYTE_TYPES)
+TYPES = (T.F32, T.F16, T.BF16, *_NIBBLE_TYPES, *_BYTE_TYPES, T.Q6_K)
 
 
 def _tiled(a: np.ndarray, n: int) -> np.ndarray:
@@ -287,7 +313,25 @@ def _records(*parts: np.ndarray) -> list[np.ndarray]:
     return views
 
 
-def pack(raw: np.ndarray, qtype: str, k: int) -> Nibbles | Bytes | Dense:
+def _nibble_lanes(q: np.ndarray) -> np.ndarray:
+    """Values q (..., groups * 8) in 0..15 as Nibbles' lanes (..., groups) uint32: value
+    8g + 2i + h in bits 4i.. of half h of lane g, so the lane's bytes hold values (0, 2),
+    (4, 6), (1, 3), (5, 7) of the group, low nibble first."""
+    q = q.astype(np.uint8).reshape(*q.shape[:-1], -1, 8)
+    lanes = q[..., [0, 4, 1, 5]] | (q[..., [2, 6, 3, 7]] << 4)
+    return np.ascontiguousarray(lanes).view(np.uint32)[..., 0]
+
+
+def _crumb_lanes(high: np.ndarray) -> np.ndarray:
+    """High 2 bits (..., 16) of a SixBits block as its crumbs lane (...) uint32."""
+    high = high.astype(np.uint32).reshape(*high.shape[:-1], 8, 2)   # [.., 4g + i, h]
+    lanes = np.zeros(high.shape[:-2], np.uint32)
+    for j, at in enumerate(CRUMB_AT):
+        lanes |= (high[..., j, 0] << at) | (high[..., j, 1] << (at + 16))
+    return lanes
+
+
+def pack(raw: np.ndarray, qtype: str, k: int) -> Nibbles | Bytes | SixBits | Dense:
     """The raw GGUF rows (N, row bytes) of a weight of type `qtype`, `k` values a row,
     repacked for the products here."""
     raw = np.ascontiguousarray(raw, np.uint8)
@@ -301,11 +345,7 @@ def pack(raw: np.ndarray, qtype: str, k: int) -> Nibbles | Bytes | Dense:
         return Dense(bits.view(_F32), n, k)
     if qtype in _NIBBLE_TYPES:
         q, scale, offset = _NIBBLE_TYPES[qtype](raw, n, k)
-        # value 8g + 2i + h of a block -> bits 4i.. of half h of lane g: the lane's bytes
-        # hold values (0, 2), (4, 6), (1, 3), (5, 7) of the group, low nibble first
-        q = q.astype(np.uint8).reshape(n, k // 32, 4, 8)
-        lanes = q[..., [0, 4, 1, 5]] | (q[..., [2, 6, 3, 7]] << 4)
-        lanes = np.ascontiguousarray(lanes).view(np.uint32)[..., 0]      # (N, K/32, 4)
+        lanes = _nibble_lanes(q)                                          # (N, K/32, 4)
         scale, offset = _scales(scale, offset)
         return Nibbles(*_records(_tiled(lanes, n), _tiled(scale, n), _tiled(offset, n)), n, k)
     if qtype in _BYTE_TYPES:
@@ -315,6 +355,12 @@ def pack(raw: np.ndarray, qtype: str, k: int) -> Nibbles | Bytes | Dense:
         lanes = np.ascontiguousarray(lanes).view(np.uint32)[..., 0]      # (N, blocks, size/4)
         parts = _records(_tiled(lanes, n), *(_tiled(part, n) for part in _scales(*scales)))
         return Bytes(parts[0], parts[1], parts[2] if len(parts) > 2 else None, n, k)
+    if qtype == T.Q6_K:
+        q, scale = _split_q6_k(raw, n, k)
+        values = (q.astype(np.int16) + 32).astype(np.uint8)                # 0..63
+        parts = _records(_tiled(_nibble_lanes(values & 15), n),
+                         _tiled(_crumb_lanes(values >> 4), n), _tiled(_scales(scale)[0], n))
+        return SixBits(*parts, n, k)
     raise ValueError(f"no CPU kernel for GGML type {qtype.name}")
 
 
@@ -322,12 +368,14 @@ def pack(raw: np.ndarray, qtype: str, k: int) -> Nibbles | Bytes | Dense:
 # Decoding multiplies integers: each int32 lane adds the products of pairs of int16
 # (vectors.dot_pairs: pmaddwd, or vpdpwssd with AVX512-VNNI, 32 multiply-adds an
 # instruction), the weights' values times x quantized a block at a time, and a block's
-# sums become floats once. x is two int16 terms, x ~ scale * (high + low / 2^15): one
-# alone (its error up to 1/65534 of the block's largest |x|) would make products about
-# 1e-5 of their size apart from float ones, the second brings that below float32's own
-# rounding, for twice the multiply-adds but the same unpacking of the weights and the
-# same memory traffic, which is what decoding waits on. No block's sum wraps: |high| <=
-# 32767, |low| <= 16384 and |w| <= 128 over at most 32 values, < 2^28.
+# sums become floats once. x is one or two int16 terms, x ~ scale * (high + low / 2^15).
+# high alone errs by up to 1/65534 of the block's largest |x|: where that is within
+# ONE_TERM_PEAK times the block's mean |x|, at most 1.3e-4 of it (products about 1e-9
+# of float ones apart, NMSE), and one term it is, for a third fewer instructions
+# (decoding waits on them on AVX2 without VNNI, not only on memory). A block with an
+# outlier (LLM activations have features 100-1000x the rest) takes the second term too,
+# which brings the others' products below float32's own rounding. No block's sum wraps: |high| <= 32767,
+# |low| <= 16384 and |w| <= 128 over at most 32 values, < 2^28.
 _kernel = numba.njit(parallel=True, fastmath=True, cache=True, nogil=True)
 _serial_kernel = numba.njit(fastmath=True, cache=True, nogil=True)
 _inline = numba.njit(inline="always")
@@ -337,30 +385,38 @@ _inline = numba.njit(inline="always")
 _X_MAX = 32767
 #: low's unit, in units of high.
 _LOW = 1.0 / 32768
+#: A block whose largest |x| is at most this many times its mean |x| takes one term
+#: (see above; Gaussian blocks of 32: about 3-4).
+ONE_TERM_PEAK = 8.0
 
 
 @_serial_kernel
 def _quantized_activations(x, size):
     """x in blocks of `size` values, x ~ scale * (high + low * _LOW): high and low as
     int16, a pair of neighbours in each int32 word (the first in the low half), each
-    block's scale and the sum of its x (a block holding a NaN or an infinity gets the
-    scale NaN, so that its products are NaN as float ones are)."""
+    block's scale, the sum of its x and whether it takes both terms (a block holding a
+    NaN or an infinity gets the scale NaN, so that its products are NaN as float ones
+    are)."""
     n = x.shape[0]
     bits = x.view(np.int32)  # fastmath assumes no NaN: found by their bits instead
     high = np.empty(n, np.int16)
     low = np.empty(n, np.int16)
     scale = np.empty(n // size, _F32)
     total = np.empty(n // size, _F32)
+    both = np.empty(n // size, np.bool_)
     for b in range(n // size):
         top = _F32(0)
         s = _F32(0)
+        magnitude = _F32(0)
         special = 0
         for i in range(b * size, (b + 1) * size):
             top = max(top, abs(x[i]))
             s += x[i]
+            magnitude += abs(x[i])
             special |= bits[i] & 0x7F800000 == 0x7F800000
         total[b] = s
         scale[b] = top / _F32(_X_MAX) if not special else np.nan
+        both[b] = top * size > _F32(ONE_TERM_PEAK) * magnitude
         # of the float32 scale, in float64 (out of float32's range for a tiny scale)
         inverse = 1 / np.float64(scale[b]) if not special and scale[b] > 0 else 0.0
         for i in range(b * size, (b + 1) * size):
@@ -368,37 +424,70 @@ def _quantized_activations(x, size):
             h = np.rint(v)
             high[i] = np.int16(h)
             low[i] = np.int16(np.rint((v - h) / _LOW))  # v - h in -0.5..0.5
-    return high.view(np.int32), low.view(np.int32), scale, total
+    return high.view(np.int32), low.view(np.int32), scale, total, both
 
 
 @_inline
-def _nibbles_dot(s, r, lanes, high, low, w):
-    """(s, r) + the products of a lane's 8 nibbles (4 pairs) with the pairs of x
-    words w..w+3 (high, low)."""
-    pairs = nibble_pairs(lanes, 0)
-    s, r = dot_pairs(s, pairs, high[w]), dot_pairs(r, pairs, low[w])
-    pairs = nibble_pairs(lanes, 4)
-    s, r = dot_pairs(s, pairs, high[w + 1]), dot_pairs(r, pairs, low[w + 1])
-    pairs = nibble_pairs(lanes, 8)
-    s, r = dot_pairs(s, pairs, high[w + 2]), dot_pairs(r, pairs, low[w + 2])
-    pairs = nibble_pairs(lanes, 12)
-    return dot_pairs(s, pairs, high[w + 3]), dot_pairs(r, pairs, low[w + 3])
+def _nibbles_block(s, q, unused, t, b, r, x):
+    """s + the products of block b of rows r..r+15 of tile t (Nibbles: 4 lanes of 8
+    values) with x's words 16b.. (a pair each)."""
+    for g in range(4):
+        lanes = load_ints(q, (t, b, g, r))
+        w = b * 16 + g * 4
+        s = dot_pairs(s, nibble_pairs(lanes, 0), x[w])
+        s = dot_pairs(s, nibble_pairs(lanes, 4), x[w + 1])
+        s = dot_pairs(s, nibble_pairs(lanes, 8), x[w + 2])
+        s = dot_pairs(s, nibble_pairs(lanes, 12), x[w + 3])
+    return s
 
 
 @_inline
-def _bytes_dot(s, r, lanes, high, low, w):
-    """(s, r) + the products of a lane's 4 bytes (2 pairs) with the pairs of x words
-    w, w + 1 (high, low)."""
-    pairs = low_byte_pairs(lanes)
-    s, r = dot_pairs(s, pairs, high[w]), dot_pairs(r, pairs, low[w])
-    pairs = high_byte_pairs(lanes)
-    return dot_pairs(s, pairs, high[w + 1]), dot_pairs(r, pairs, low[w + 1])
+def _bytes_block(s, q, unused, t, b, r, x):
+    """s + the products of block b of rows r..r+15 of tile t (Bytes: lanes of 4 values)
+    with x's words from (b * lanes) * 2 on."""
+    groups = q.shape[2]
+    for g in range(groups):
+        lanes = load_ints(q, (t, b, g, r))
+        w = (b * groups + g) * 2
+        s = dot_pairs(s, low_byte_pairs(lanes), x[w])
+        s = dot_pairs(s, high_byte_pairs(lanes), x[w + 1])
+    return s
 
 
 @_inline
-def _sum(s, r, x_scale):
-    """The sum of products of a block, from the sums with high (s) and low (r)."""
-    return multiply_add(multiply_add(splat(0), s, x_scale), r, x_scale * _F32(_LOW))
+def _six_bits_block(s, q, crumbs, t, b, r, x):
+    """s + the products of block b of rows r..r+15 of tile t (SixBits: 2 nibble lanes and
+    a crumbs lane of 16 values) with x's words 8b.. (shifts of CRUMB_AT, less 4)."""
+    c = load_ints(crumbs, (t, b, r))
+    first, second = load_ints(q, (t, b, 0, r)), load_ints(q, (t, b, 1, r))
+    w = b * 8
+    s = dot_pairs(s, six_bit_pairs(first, 0, c, 0), x[w])
+    s = dot_pairs(s, six_bit_pairs(first, 4, c, 2), x[w + 1])
+    s = dot_pairs(s, six_bit_pairs(first, 8, c, 4), x[w + 2])
+    s = dot_pairs(s, six_bit_pairs(first, 12, c, 6), x[w + 3])
+    s = dot_pairs(s, six_bit_pairs(second, 0, c, 8), x[w + 4])
+    s = dot_pairs(s, six_bit_pairs(second, 4, c, 10), x[w + 5])
+    s = dot_pairs(s, six_bit_pairs(second, 8, c, -4), x[w + 6])
+    return dot_pairs(s, six_bit_pairs(second, 12, c, -2), x[w + 7])
+
+
+@_inline
+def _block_sums(q, extra, t, b, high, low, both, x_scale, block):
+    """The sums of products of block b of tile t's 4 groups of 16 rows with x, as floats:
+    `block`'s products (one of the three above) with high, and with low too where the
+    block takes both terms."""
+    f = x_scale[b]
+    v0 = multiply_add(splat(0), block(zeros(), q, extra, t, b, 0, high), f)
+    v1 = multiply_add(splat(0), block(zeros(), q, extra, t, b, 16, high), f)
+    v2 = multiply_add(splat(0), block(zeros(), q, extra, t, b, 32, high), f)
+    v3 = multiply_add(splat(0), block(zeros(), q, extra, t, b, 48, high), f)
+    if both[b]:  # the same for every lane: a branch that is taken or not for the block
+        f = f * _F32(_LOW)
+        v0 = multiply_add(v0, block(zeros(), q, extra, t, b, 0, low), f)
+        v1 = multiply_add(v1, block(zeros(), q, extra, t, b, 16, low), f)
+        v2 = multiply_add(v2, block(zeros(), q, extra, t, b, 32, low), f)
+        v3 = multiply_add(v3, block(zeros(), q, extra, t, b, 48, low), f)
+    return v0, v1, v2, v3
 
 
 @_inline
@@ -421,27 +510,21 @@ def _store_tile(a0, a1, a2, a3, t, y):
 def nibbles_matvec(q, scale, offset, x, y):
     """y[n] = sum_k w[n, k] x[k] for Nibbles (q, scale, offset); y holds the N outputs.
     A tile's rows are 4 vectors of 16 (a row a lane), each with its own sums."""
-    tiles, blocks, groups, _ = q.shape
-    high, low, x_scale, x_sum = _quantized_activations(x, 32)
+    tiles, blocks = q.shape[:2]
+    high, low, x_scale, x_sum, both = _quantized_activations(x, 32)
     for tile in numba.prange(tiles):
         t = np.intp(tile)  # prange's index is unsigned
         a0 = a1 = a2 = a3 = splat(0)
         for b in range(blocks):
-            s0 = s1 = s2 = s3 = r0 = r1 = r2 = r3 = zeros()
-            for g in range(groups):
-                w = b * 16 + g * 4
-                s0, r0 = _nibbles_dot(s0, r0, load_ints(q, (t, b, g, 0)), high, low, w)
-                s1, r1 = _nibbles_dot(s1, r1, load_ints(q, (t, b, g, 16)), high, low, w)
-                s2, r2 = _nibbles_dot(s2, r2, load_ints(q, (t, b, g, 32)), high, low, w)
-                s3, r3 = _nibbles_dot(s3, r3, load_ints(q, (t, b, g, 48)), high, low, w)
-            f, xs = x_scale[b], x_sum[b]
-            a0 = multiply_add(multiply_add(a0, _sum(s0, r0, f), load_floats(scale, (t, b, 0))),
+            v0, v1, v2, v3 = _block_sums(q, q, t, b, high, low, both, x_scale, _nibbles_block)
+            xs = x_sum[b]
+            a0 = multiply_add(multiply_add(a0, v0, load_floats(scale, (t, b, 0))),
                               load_floats(offset, (t, b, 0)), xs)
-            a1 = multiply_add(multiply_add(a1, _sum(s1, r1, f), load_floats(scale, (t, b, 16))),
+            a1 = multiply_add(multiply_add(a1, v1, load_floats(scale, (t, b, 16))),
                               load_floats(offset, (t, b, 16)), xs)
-            a2 = multiply_add(multiply_add(a2, _sum(s2, r2, f), load_floats(scale, (t, b, 32))),
+            a2 = multiply_add(multiply_add(a2, v2, load_floats(scale, (t, b, 32))),
                               load_floats(offset, (t, b, 32)), xs)
-            a3 = multiply_add(multiply_add(a3, _sum(s3, r3, f), load_floats(scale, (t, b, 48))),
+            a3 = multiply_add(multiply_add(a3, v3, load_floats(scale, (t, b, 48))),
                               load_floats(offset, (t, b, 48)), xs)
         _store_tile(a0, a1, a2, a3, t, y)
 
@@ -451,29 +534,43 @@ def bytes_matvec(q, scale, offset, x, y):
     """y[n] = sum_k w[n, k] x[k] for Bytes (q, scale, offset or None); y holds the N
     outputs."""
     tiles, blocks, groups, _ = q.shape
-    high, low, x_scale, x_sum = _quantized_activations(x, 4 * groups)
+    high, low, x_scale, x_sum, both = _quantized_activations(x, 4 * groups)
     for tile in numba.prange(tiles):
         t = np.intp(tile)
         a0 = a1 = a2 = a3 = splat(0)
         for b in range(blocks):
-            s0 = s1 = s2 = s3 = r0 = r1 = r2 = r3 = zeros()
-            for g in range(groups):
-                w = (b * groups + g) * 2
-                s0, r0 = _bytes_dot(s0, r0, load_ints(q, (t, b, g, 0)), high, low, w)
-                s1, r1 = _bytes_dot(s1, r1, load_ints(q, (t, b, g, 16)), high, low, w)
-                s2, r2 = _bytes_dot(s2, r2, load_ints(q, (t, b, g, 32)), high, low, w)
-                s3, r3 = _bytes_dot(s3, r3, load_ints(q, (t, b, g, 48)), high, low, w)
-            f = x_scale[b]
-            a0 = multiply_add(a0, _sum(s0, r0, f), load_floats(scale, (t, b, 0)))
-            a1 = multiply_add(a1, _sum(s1, r1, f), load_floats(scale, (t, b, 16)))
-            a2 = multiply_add(a2, _sum(s2, r2, f), load_floats(scale, (t, b, 32)))
-            a3 = multiply_add(a3, _sum(s3, r3, f), load_floats(scale, (t, b, 48)))
+            v0, v1, v2, v3 = _block_sums(q, q, t, b, high, low, both, x_scale, _bytes_block)
+            a0 = multiply_add(a0, v0, load_floats(scale, (t, b, 0)))
+            a1 = multiply_add(a1, v1, load_floats(scale, (t, b, 16)))
+            a2 = multiply_add(a2, v2, load_floats(scale, (t, b, 32)))
+            a3 = multiply_add(a3, v3, load_floats(scale, (t, b, 48)))
             if offset is not None:  # None compiles without this branch
                 xs = x_sum[b]
                 a0 = multiply_add(a0, load_floats(offset, (t, b, 0)), xs)
                 a1 = multiply_add(a1, load_floats(offset, (t, b, 16)), xs)
                 a2 = multiply_add(a2, load_floats(offset, (t, b, 32)), xs)
                 a3 = multiply_add(a3, load_floats(offset, (t, b, 48)), xs)
+        _store_tile(a0, a1, a2, a3, t, y)
+
+
+@_kernel
+def six_bits_matvec(q, crumbs, scale, x, y):
+    """y[n] = sum_k w[n, k] x[k] for SixBits (q, crumbs, scale); y holds the N outputs."""
+    tiles, blocks = q.shape[:2]
+    high, low, x_scale, x_sum, both = _quantized_activations(x, 16)
+    for tile in numba.prange(tiles):
+        t = np.intp(tile)
+        a0 = a1 = a2 = a3 = splat(0)
+        for b in range(blocks):
+            v0, v1, v2, v3 = _block_sums(q, crumbs, t, b, high, low, both, x_scale,
+                                         _six_bits_block)
+            m = _F32(-32) * x_sum[b]  # value = scale * (q - 32)
+            s0, s1 = load_floats(scale, (t, b, 0)), load_floats(scale, (t, b, 16))
+            s2, s3 = load_floats(scale, (t, b, 32)), load_floats(scale, (t, b, 48))
+            a0 = multiply_add(multiply_add(a0, v0, s0), s0, m)
+            a1 = multiply_add(multiply_add(a1, v1, s1), s1, m)
+            a2 = multiply_add(multiply_add(a2, v2, s2), s2, m)
+            a3 = multiply_add(multiply_add(a3, v3, s3), s3, m)
         _store_tile(a0, a1, a2, a3, t, y)
 
 
@@ -530,17 +627,42 @@ def bytes_dequantize(q, scale, offset, first_tile, out):
                     _store_column(out, i, (b * groups + g) * 4 + j, values, scratch)
 
 
-def dequantize_rows(w: Nibbles | Bytes | Dense, first_tile: int, out: np.ndarray) -> None:
+@_serial_kernel
+def six_bits_dequantize(q, crumbs, scale, first_tile, out):
+    """Rows of tiles first_tile.. as float32 into out (rows, K), as many as it holds
+    (fastest with out's rows contiguous: a Fortran-ordered array, or the .T of one)."""
+    blocks = q.shape[1]
+    scratch = np.empty(16, _F32)
+    for i in range(0, out.shape[0], 16):
+        t = first_tile + i // TILE_ROWS
+        r = i % TILE_ROWS
+        for b in range(blocks):
+            s = load_floats(scale, (t, b, r))
+            o = multiply_add(splat(0), s, -32.0)
+            c = load_ints(crumbs, (t, b, r))
+            for g in range(2):
+                lanes = load_ints(q, (t, b, g, r))
+                for j in range(8):  # value 8g + j: nibble j // 2 of half j % 2
+                    at = CRUMB_AT[4 * g + (j >> 1)] + (j & 1) * 16
+                    values = six_bits(lanes, (j & 1) * 16 + (j >> 1) * 4, c, at)
+                    _store_column(out, i, b * 16 + g * 8 + j, multiply_add(o, values, s),
+                                  scratch)
+
+
+def dequantize_rows(w: Nibbles | Bytes | SixBits | Dense, first_tile: int,
+                    out: np.ndarray) -> None:
     """Fill out (rows, K) with the weight's rows from tile `first_tile` on."""
     if isinstance(w, Nibbles):
         nibbles_dequantize(w.q, w.scale, w.offset, first_tile, out)
     elif isinstance(w, Bytes):
         bytes_dequantize(w.q, w.scale, w.offset, first_tile, out)
+    elif isinstance(w, SixBits):
+        six_bits_dequantize(w.q, w.crumbs, w.scale, first_tile, out)
     else:
         out[...] = w.w[first_tile * TILE_ROWS: first_tile * TILE_ROWS + out.shape[0]]
 
 
-def matmul(x: np.ndarray, w: Nibbles | Bytes | Dense, out: np.ndarray | None = None) -> np.ndarray:
+def matmul(x: np.ndarray, w: Nibbles | Bytes | SixBits | Dense, out: np.ndarray | None = None) -> np.ndarray:
     """x (M, K) float32 @ W^T: (M, N) float32, into `out` when given."""
     x = np.ascontiguousarray(x, _F32)
     m = x.shape[0]
@@ -551,6 +673,8 @@ def matmul(x: np.ndarray, w: Nibbles | Bytes | Dense, out: np.ndarray | None = N
     if m == 1:
         if isinstance(w, Nibbles):
             nibbles_matvec(w.q, w.scale, w.offset, x[0], out[0])
+        elif isinstance(w, SixBits):
+            six_bits_matvec(w.q, w.crumbs, w.scale, x[0], out[0])
         else:
             bytes_matvec(w.q, w.scale, w.offset, x[0], out[0])
         return out
@@ -586,7 +710,7 @@ def _pool(threads: int) -> ThreadPoolExecutor:
         return _pools[threads]
 
 
-def dequantize(w: Nibbles | Bytes | Dense) -> np.ndarray:
+def dequantize(w: Nibbles | Bytes | SixBits | Dense) -> np.ndarray:
     """The whole weight as float32 (N, K) (tests compare it with gguf's dequantization)."""
     out = np.empty((w.n, w.k), _F32, order="F")
     dequantize_rows(w, 0, out)

@@ -192,6 +192,42 @@ def nibble_pairs(typingctx, lanes, shift):
     return ints(lanes, shift), codegen
 
 
+@intrinsic
+def six_bit_pairs(typingctx, nibble_lanes, nibble_shift, crumb_lanes, crumb_shift):
+    """Pairs of int16 in 0..63 (a pair a lane), each half's bits 0..3 from bits
+    nibble_shift.. of the same half of `nibble_lanes` and bits 4..5 from bits
+    4 + crumb_shift.. of the same half of `crumb_lanes` (a negative crumb_shift: bits
+    below 4). Constant shifts fold to one shift each."""
+    def codegen(context, builder, sig, args):
+        nib, nib_shift, crumbs, crumb_shift = args
+        low = builder.lshr(builder.bitcast(nib, _PAIRS),
+                           _splat(builder, builder.trunc(nib_shift, _I16), _PAIRS))
+        low = builder.and_(low, ir.Constant(_PAIRS, [15] * 2 * LANES))
+        halves = builder.bitcast(crumbs, _PAIRS)
+        shift = builder.trunc(crumb_shift, _I16)
+        right = builder.lshr(halves, _splat(builder, shift, _PAIRS))
+        left = builder.shl(halves, _splat(builder, builder.neg(shift), _PAIRS))
+        up = builder.select(builder.icmp_signed(">=", shift, ir.Constant(_I16, 0)), right, left)
+        high = builder.and_(up, ir.Constant(_PAIRS, [48] * 2 * LANES))
+        return builder.bitcast(builder.or_(low, high), _INTS)
+    return ints(nibble_lanes, nibble_shift, crumb_lanes, crumb_shift), codegen
+
+
+@intrinsic
+def six_bits(typingctx, nibble_lanes, nibble_shift, crumb_lanes, crumb_shift):
+    """int32 lanes in 0..63: bits 0..3 from bits nibble_shift.. of `nibble_lanes`, bits
+    4..5 from bits crumb_shift.. of `crumb_lanes`."""
+    def codegen(context, builder, sig, args):
+        nib, nib_shift, crumbs, crumb_shift = args
+        low = builder.lshr(nib, _splat(builder, _int32(builder, nib_shift), _INTS))
+        low = builder.and_(low, ir.Constant(_INTS, [15] * LANES))
+        high = builder.lshr(crumbs, _splat(builder, _int32(builder, crumb_shift), _INTS))
+        high = builder.shl(builder.and_(high, ir.Constant(_INTS, [3] * LANES)),
+                           ir.Constant(_INTS, [4] * LANES))
+        return builder.or_(low, high)
+    return ints(nibble_lanes, nibble_shift, crumb_lanes, crumb_shift), codegen
+
+
 def _byte_pairs(high: bool):
     """Codegen of the high or the low bytes of each 16-bit half, sign-extended."""
     def codegen(context, builder, sig, args):

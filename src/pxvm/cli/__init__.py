@@ -28,6 +28,13 @@ for _commands in (device_commands, cuda_commands, vm_commands, llm_commands, ben
     _commands.register(app)
 
 
+def error_text(exc: PxvmError) -> str:
+    """`exc`'s message for the command line: another backend to try named by its flag."""
+    if exc.other_backend is None:
+        return str(exc)
+    return f"{exc.reason}; or run it with --backend {exc.other_backend}"
+
+
 def main() -> None:
     """Entry point: runs the app. pxvm's own errors (bad files, bad inputs, no device)
     become one line and exit code 1, usage errors exit 2 (typer), an interrupt 130, and
@@ -37,7 +44,7 @@ def main() -> None:
     try:
         app()
     except PxvmError as exc:
-        typer.secho(f"error: {exc}", err=True, fg="red")
+        typer.secho(f"error: {error_text(exc)}", err=True, fg="red")
         sys.exit(1)
     except KeyboardInterrupt:
         typer.secho("interrupted", err=True)

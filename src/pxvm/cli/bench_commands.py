@@ -69,7 +69,8 @@ def _backend(name: str):
     if name.lower() != "auto":
         reason = unavailable_reason(name)
         if reason is not None:
-            raise PxvmError(f"backend {name} is not available here: {reason}")
+            raise PxvmError(f"backend {name} is not available here: {reason}; pick another "
+                            "with --backend (cpu runs everywhere)")
     return get_backend(name)
 
 

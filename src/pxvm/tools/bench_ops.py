@@ -777,8 +777,11 @@ def _time_pxvm_and_check(row: Row, case: BenchCase, arrays, params, backend, rep
             row.status = "FAIL"
             row.note = (f"pxvm's result is off its numpy reference: NMSE {row.nmse:.2e} > "
                         f"{case.nmse_limit:.0e}")
-    except (Skip, PxvmError) as exc:
+    except Skip as exc:
         row.status, row.note = "skipped", str(exc)
+        row.pxvm_seconds = row.pxvm_clock = None
+    except PxvmError as exc:  # why it was skipped; not another backend to run it on
+        row.status, row.note = "skipped", exc.reason
         row.pxvm_seconds = row.pxvm_clock = None
     except MemoryError:
         row.status, row.note = "skipped", "out of memory"

@@ -61,3 +61,12 @@ def test_show_refuses_a_picture_past_its_bound_and_a_scale_past_64(tmp_path):
     assert proc.returncode == 1 and "192,000,000 pixels" in proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "view.png").exists()
     assert pxvm("show", str(pxi), "-o", str(tmp_path / "v.png"), "--scale", "65").returncode == 2
+
+
+def test_digits_chooses_its_backend_before_any_result():
+    # the backend is settled (and a fallback notice printed) before the seconds of training
+    # and results, so a backend that cannot be had stops it at once, with nothing printed
+    proc = pxvm("digits", "--backend", "no-such-backend")
+    assert proc.returncode == 1
+    assert "unknown backend 'no-such-backend'" in proc.stderr
+    assert "accuracy" not in proc.stdout

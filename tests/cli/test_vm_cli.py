@@ -4,7 +4,8 @@ import re
 import subprocess
 import sys
 
-from PIL import Image
+import numpy as np
+from PIL import Image, ImageFont
 
 
 def pxvm(*args, cwd=None):
@@ -70,3 +71,20 @@ def test_digits_chooses_its_backend_before_any_result():
     assert proc.returncode == 1
     assert "unknown backend 'no-such-backend'" in proc.stderr
     assert "accuracy" not in proc.stdout
+
+
+def test_show_names_each_instruction_whole(tmp_path):
+    # row 0 of the picture's label band holds the names; each one's drawn text spans (read
+    # upwards) as many pixels as PIL's font says the whole name takes, not a 4-letter stub
+    src = tmp_path / "p.pxs"
+    src.write_text(".size 16 16\nMATMUL_I8 1 2 3\nARGMAX_I32 1 1\nHALT\n")
+    pxi, png = tmp_path / "p.pxi", tmp_path / "view.png"
+    assert pxvm("asm", str(src), "-o", str(pxi)).returncode == 0
+    assert pxvm("show", str(pxi), "-o", str(png), "--scale", "8").returncode == 0
+    picture = np.asarray(Image.open(png).convert("RGB")).astype(int)
+    font = ImageFont.load_default()
+    label_ink = (picture[..., 0] > 150) & (picture[..., 2] < 200)  # the labels' yellow
+    for column, name in ((0, "MATMUL_I8"), (1, "ARGMAX_I32")):
+        rows = np.nonzero(label_ink[:, column * 8:column * 8 + 8].any(axis=1))[0]
+        rows = rows[rows < picture.shape[0] - 16 * 8]  # the band above the program's cells
+        assert rows.max() - rows.min() + 1 >= font.getlength(name) - 2, name

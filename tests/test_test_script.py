@@ -12,6 +12,8 @@ def test_every_install_step_is_announced_first():
             if line.strip() and not line.strip().startswith("#")]
     installs = [i for i, line in enumerate(code) if re.search(r"\$PIP |apt-get install", line)]
     assert len(installs) >= 5  # torch, pxvm[test], two models, system packages
-    for i in installs:
-        before = code[i][:code[i].index("$PIP")] if "$PIP" in code[i] else ""
-        assert re.search(r"\bstep \"|echo \"installing", before + code[i - 1]), code[i]
+    for previous, i in zip([-1, *installs], installs):
+        # said since the install before: on its line (`cond || { step ...; $PIP ...; }`)
+        # or the lines before it
+        said = " ".join(code[previous + 1:i]) + code[i].split("$PIP")[0]
+        assert re.search(r"\bstep \"|echo \"installing", said), code[i]

@@ -286,3 +286,11 @@ def test_products_in_flops_alone_run_without_the_copy(tmp_path):
     data = json.loads(out.read_text())
     assert {r["case"] for r in data["rows"]} == {"matmul"} and data["copy_bandwidth"] is None
     assert "no copy ran" in " ".join(result.output.split())
+
+
+@pytest.mark.parametrize("option", ["--json", "--plot"])
+def test_an_output_in_a_missing_folder_is_refused_before_measuring(option, tmp_path):
+    proc = run_pxvm("bench", "ops", "--backend", "numpy", "--quick", option,
+                    str(tmp_path / "missing" / "out.file"))
+    assert proc.returncode == 1 and "does not exist" in proc.stderr
+    assert proc.stdout == ""  # no table: nothing was measured

@@ -283,3 +283,23 @@ def test_a_model_that_does_not_fit_is_one_line_exit_1(tmp_path, monkeypatch, cap
     assert info.value.code == 1
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "does not fit" in err and "--context" in err, err
+
+
+def test_bench_llm_writes_no_file_unless_asked(scripted, tmp_path, monkeypatch):
+    scripted("x")
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["bench", "llm", "--prompt-tokens", "6", "--gen-tokens", "2",
+                                 "--repeats", "1"])
+    assert result.exit_code == 0, result.output
+    assert list(tmp_path.iterdir()) == [] and "wrote" not in result.output
+
+
+@pytest.mark.parametrize("where", ["missing/bench.json", "."])
+def test_bench_llm_refuses_an_output_it_cannot_write_before_measuring(scripted, tmp_path,
+                                                                      where):
+    made = scripted("x")
+    result = runner.invoke(app, ["bench", "llm", "--prompt-tokens", "6", "--gen-tokens", "2",
+                                 "--repeats", "1", "-o", str(tmp_path / where)])
+    assert isinstance(result.exception, PxvmError), result.output
+    assert ("does not exist" if "missing" in where else "is a folder") in str(result.exception)
+    assert made == []  # no model was loaded, nothing measured

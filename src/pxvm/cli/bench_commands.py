@@ -19,6 +19,7 @@ from ..core import get_backend, unavailable_reason
 from ..core.selection import names
 from ..tools import bench_ops
 from ..core.errors import PxvmError
+from .output_paths import check_output_file
 
 bench = typer.Typer(help="Benchmarks: `ops` (pxvm's kernels against numpy and PyTorch) and "
                     "`llm` (a model's prefill and decode speed).", no_args_is_help=True)
@@ -247,6 +248,8 @@ def ops(
     size_list = None if sizes is None else [_size(s) for s in sizes.split(",") if s.strip()]
     if sizes is not None and not size_list:
         raise typer.BadParameter("--sizes names no size; e.g. --sizes 1024,4096")
+    check_output_file(json_path, "--json")
+    check_output_file(plot_path, "--plot")
     chosen = _backend(backend)
     repeats = repeats or (3 if quick else 10)
     if plot_path is not None and _matplotlib_missing():

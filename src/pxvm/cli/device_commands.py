@@ -23,6 +23,7 @@ from ..tools import tune as tuner
 from ..core.errors import NoAdapterError, PxvmError
 from ..vm import load_pxi, run_program_cpu, run_program_gpu
 from .cuda_commands import cuda_summary
+from .output_paths import check_output_folder
 
 console = Console()
 
@@ -156,6 +157,7 @@ def tune(
     unknown = sorted(set(only or ()) - set(tuning.TUNABLES))
     if unknown:
         raise PxvmError(f"no tunable {', '.join(unknown)}; `pxvm tune --list` names them")
+    check_output_folder(tuning.cache_dir(), "the tuning")
     be = _gpu_backend(backend)
     wanted = set(only) if only else None
     total = tuner.steps(be, quick, crossovers, wanted)

@@ -20,6 +20,7 @@ from ..llm.gguf_model import summarize
 from ..llm.sampling import SamplingParams
 from ..llm.tokenizer import Tokenizer
 from .bench_commands import bench
+from .output_paths import check_output_file
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
@@ -195,13 +196,15 @@ def bench_llm(
     warmup: int = typer.Option(1, min=0, max=MAX_RUNS, help="Unmeasured runs first."),
     context: int = typer.Option(None, "--context", min=1, help=CONTEXT_HELP),
     kv_cache: str = typer.Option("auto", "--kv-cache", help=KV_CACHE_HELP),
-    output: Path = typer.Option(Path("bench_llm.json"), "--output", "-o",
-                                help="Where to write the JSON result."),
+    output: Path = typer.Option(None, "--output", "-o",
+                                help="Also write the result (speeds, device, settings) as "
+                                     "JSON to this file."),
     profile: bool = typer.Option(False, help="Also show where one decoded token's time goes "
                                  "(host encoding, GPU time of the step and per kernel, readback)."),
 ):
     """Measure prefill tokens/s (one long prompt) and decode tokens/s (one token at a time),
     as llama-bench's pp and tg tests: both start from an empty context unless --depth."""
+    check_output_file(output, "--output")
     lm, tok = _load(model, backend, context, warm_up=False,  # its own warm-up runs
                     kv_cache=kv_cache)
     with err_console.status(f"benchmarking on {lm.device_name}"):
@@ -217,8 +220,9 @@ def bench_llm(
     at = f" after {depth} tokens of context" if depth else ""
     console.print(f"prefill ({prompt_tokens} tokens{at}): {prefill:.1f} tokens/s")
     console.print(f"decode ({gen_tokens} tokens{at}): {decode:.1f} tokens/s")
-    output.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    console.print(f"wrote {output}")
+    if output is not None:
+        output.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        console.print(f"wrote {output}")
 
 
 def models(

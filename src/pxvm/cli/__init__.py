@@ -11,8 +11,8 @@ import traceback
 import typer
 
 from ..core.errors import PxvmError
-from . import (bench_commands, cuda_commands, device_commands, llm_commands, vm_commands,
-               web_commands)
+from . import (bench_commands, cuda_commands, device_commands, help_format, llm_commands,
+               vm_commands, web_commands)
 
 app = typer.Typer(
     name="pxvm",
@@ -21,11 +21,13 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=help_format.MARKUP_MODE,
 )
 
 for _commands in (device_commands, cuda_commands, vm_commands, llm_commands, bench_commands,
                   web_commands):
     _commands.register(app)
+help_format.apply(app)
 
 
 def error_text(exc: PxvmError) -> str:

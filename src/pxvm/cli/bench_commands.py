@@ -19,10 +19,12 @@ from ..core import get_backend, unavailable_reason
 from ..core.selection import names
 from ..tools import bench_ops
 from ..core.errors import PxvmError
+from . import help_format
 from .output_paths import check_output_file
 
 bench = typer.Typer(help="Benchmarks: `ops` (pxvm's kernels against numpy and PyTorch) and "
-                    "`llm` (a model's prefill and decode speed).", no_args_is_help=True)
+                    "`llm` (a model's prefill and decode speed).", no_args_is_help=True,
+                    rich_markup_mode=help_format.MARKUP_MODE)
 
 #: Bounds of options that only cost time: a typo of a few more digits is refused.
 MAX_REPEATS = 1000

@@ -1,5 +1,5 @@
 """`pxvm --help` and every subcommand's: descriptions read as whole sentences, switches
-show no `<bool>`."""
+show no `<bool>`, and every option says what it does."""
 
 from __future__ import annotations
 
@@ -32,6 +32,13 @@ def _help(*path):
                           text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
+
+
+@pytest.mark.parametrize("path", [path for path, _ in COMMANDS], ids=" ".join)
+def test_every_option_of_every_command_has_help(path):
+    command = dict(COMMANDS)[path]
+    missing = [p.name for p in command.params if not (getattr(p, "help", None) or "").strip()]
+    assert missing == [], f"pxvm {' '.join(path)}: no help for {missing}"
 
 
 @pytest.mark.parametrize("path", [path for path, _ in COMMANDS], ids=" ".join)

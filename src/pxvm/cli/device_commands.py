@@ -203,7 +203,8 @@ def _print_cuda(cuda: dict) -> None:
 
 
 def demo(
-    backend: str = typer.Option("auto", help=", ".join(names())),
+    backend: str = typer.Option("auto", help="Where to run: " + ", ".join(names())
+                                + " (auto: the best WebGPU GPU, else cpu)."),
     size: int = typer.Option(1024, min=1, max=8192, help="Matrix size for the matmul."),
 ):
     """Run a matmul and the dot-product pixel program; print the backend and the times."""

@@ -35,6 +35,14 @@ CONTEXT_HELP = ("Positions the KV cache holds (default: the model's context, at 
 KV_CACHE_HELP = ("What the KV cache holds: f32, f16 (half the memory, so a longer --context "
                  "fits, and faster decoding at long contexts; keys and values rounded to "
                  "float16) or auto (f16 where the backend's attention reads it, else f32).")
+TEMPERATURE_HELP = ("Sampling temperature: 0 picks the most likely token every time "
+                    "(greedy, the same text each run); higher values, e.g. 0.7, vary it more.")
+TOP_K_HELP = "Sample only among the k most likely tokens (0 = no limit)."
+TOP_P_HELP = ("Nucleus sampling: sample only among the most likely tokens whose "
+              "probabilities add up to this (1 = no limit; e.g. 0.9).")
+REPEAT_PENALTY_HELP = ("Make tokens already in the text less likely by this factor, "
+                       "against loops (1 = off; e.g. 1.1).")
+SEED_HELP = "Seed for sampling: the same seed gives the same text (default: a new one each run)."
 #: Bounds of options that only cost time: a typo of a few more digits is refused.
 MAX_RUNS = 1000
 
@@ -109,11 +117,11 @@ def generate(
     backend: str = typer.Option("auto", help=BACKEND_HELP),
     max_tokens: int = typer.Option(None, "--max-tokens", "-n", min=0,
                                    help="Most new tokens (default 128)."),
-    temperature: float = typer.Option(0.0, help="0 = greedy."),
-    top_k: int = typer.Option(0, "--top-k", help="Keep the k most likely tokens (0 = off)."),
-    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass (1 = off)."),
-    repeat_penalty: float = typer.Option(1.0, "--repeat-penalty", help="1 = off."),
-    seed: int = typer.Option(None, help="Seed for sampling (reproducible output)."),
+    temperature: float = typer.Option(0.0, help=TEMPERATURE_HELP),
+    top_k: int = typer.Option(0, "--top-k", help=TOP_K_HELP),
+    top_p: float = typer.Option(1.0, "--top-p", help=TOP_P_HELP),
+    repeat_penalty: float = typer.Option(1.0, "--repeat-penalty", help=REPEAT_PENALTY_HELP),
+    seed: int = typer.Option(None, help=SEED_HELP),
     chat: bool = typer.Option(False, "--chat", help="Wrap the prompt in the chat template."),
     stop: list[str] = typer.Option(None, "--stop", help="Stop at this string (repeatable)."),
     context: int = typer.Option(None, "--context", min=1, help=CONTEXT_HELP),
@@ -136,11 +144,11 @@ def chat(
     backend: str = typer.Option("auto", help=BACKEND_HELP),
     max_tokens: int = typer.Option(None, "--max-tokens", "-n", min=1,
                                    help="Most tokens a reply (default 256)."),
-    temperature: float = typer.Option(0.0, help="0 = greedy."),
-    top_k: int = typer.Option(0, "--top-k"),
-    top_p: float = typer.Option(1.0, "--top-p"),
-    repeat_penalty: float = typer.Option(1.0, "--repeat-penalty"),
-    seed: int = typer.Option(None),
+    temperature: float = typer.Option(0.0, help=TEMPERATURE_HELP),
+    top_k: int = typer.Option(0, "--top-k", help=TOP_K_HELP),
+    top_p: float = typer.Option(1.0, "--top-p", help=TOP_P_HELP),
+    repeat_penalty: float = typer.Option(1.0, "--repeat-penalty", help=REPEAT_PENALTY_HELP),
+    seed: int = typer.Option(None, help=SEED_HELP),
     system: str = typer.Option(None, help="A system message for the conversation."),
     context: int = typer.Option(None, "--context", min=1, help=CONTEXT_HELP),
     kv_cache: str = typer.Option("auto", "--kv-cache", help=KV_CACHE_HELP),
@@ -186,8 +194,12 @@ def chat(
 def bench_llm(
     model: Path = typer.Option(None, "--model", "-m", help=MODEL_HELP),
     backend: str = typer.Option("auto", help=BACKEND_HELP),
-    prompt_tokens: int = typer.Option(512, "--prompt-tokens", min=1),
-    gen_tokens: int = typer.Option(128, "--gen-tokens", min=1),
+    prompt_tokens: int = typer.Option(512, "--prompt-tokens", min=1,
+                                      help="Length of the prompt whose prefill is timed "
+                                           "(llama-bench's -p)."),
+    gen_tokens: int = typer.Option(128, "--gen-tokens", min=1,
+                                   help="Tokens decoded one at a time for the decode speed "
+                                        "(llama-bench's -n)."),
     depth: int = typer.Option(0, "--depth", "-d", min=0,
                               help="Tokens already in the context before each measured run "
                                    "(llama-bench's -d; decoding slows as the context grows)."),

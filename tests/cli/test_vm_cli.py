@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 from PIL import Image, ImageFont
 
 
@@ -88,3 +89,23 @@ def test_show_names_each_instruction_whole(tmp_path):
         rows = np.nonzero(label_ink[:, column * 8:column * 8 + 8].any(axis=1))[0]
         rows = rows[rows < picture.shape[0] - 16 * 8]  # the band above the program's cells
         assert rows.max() - rows.min() + 1 >= font.getlength(name) - 2, name
+
+
+@pytest.mark.parametrize("backend", ["cpu", "numpy", "cuda"])
+def test_compare_says_what_it_compares_when_the_backend_has_no_gpu_executor(backend, tmp_path):
+    pxi = tmp_path / "p.pxi"
+    (tmp_path / "p.pxs").write_text(".size 16 16\nDOT_RGB 1 2 3\nHALT\n")
+    assert pxvm("asm", str(tmp_path / "p.pxs"), "-o", str(pxi)).returncode == 0
+    proc = pxvm("compare", str(pxi), "--backend", backend)
+    assert proc.returncode == 1, proc.stdout
+    assert "CPU executor and on the GPU executor (WebGPU)" in proc.stderr
+    assert f"--backend {backend} has no GPU executor" in proc.stderr
+    assert proc.stderr.strip().count("\n") == 0
+
+
+def test_compare_runs_on_a_webgpu_device_asked_for_by_flag(gpu_device, tmp_path):
+    pxi = tmp_path / "p.pxi"
+    (tmp_path / "p.pxs").write_text(".size 16 16\nDOT_RGB 1 2 3\nHALT\n")
+    assert pxvm("asm", str(tmp_path / "p.pxs"), "-o", str(pxi)).returncode == 0
+    proc = pxvm("compare", str(pxi), "--backend", "webgpu")
+    assert proc.returncode == 0 and "IDENTICAL" in proc.stdout, proc.stderr

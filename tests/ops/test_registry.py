@@ -105,7 +105,7 @@ def test_an_op_runs_its_reference_on_numpy_and_its_kernel_once_declared(throwawa
     assert registry_test_negate(x, backend="numpy").numpy().tolist() == [-1.5, 2.0, -0.0]
     with pytest.raises(MissingKernelError,
                        match="op registry_test_negate has no webgpu kernel yet "
-                             r"\(it has none\); run it with backend='numpy'"):
+                             r"\(it has none\); or run it with backend='numpy'"):
         registry_test_negate(x, backend="webgpu")
     with Batch("webgpu"), pytest.raises(MissingKernelError, match="registry_test_negate.*webgpu"):
         registry_test_negate(x)

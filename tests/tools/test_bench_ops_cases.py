@@ -170,3 +170,13 @@ def test_copies_are_cut_to_what_the_device_holds_in_a_tensor():
     # sizes asked for are run as asked (and skipped where they do not fit)
     named = bench_ops.plan(bench_ops.select(["copy"]), [1 << 16], max_tensor_bytes=128 << 20)
     assert [s for _, s in named] == [(1 << 16, bench_ops.ROW)]
+
+
+def test_a_row_where_pxvm_ran_numpys_reference_claims_no_speedup():
+    own = bench_ops.Row("rmsnorm", "rmsnorm", "shape", 1.0, "B", pxvm_seconds=1.0,
+                        pxvm_runs="kernel")
+    reference = bench_ops.Row("rmsnorm", "rmsnorm", "shape", 1.0, "B", pxvm_seconds=1.0,
+                              pxvm_runs="reference")
+    assert own.speedup(2.0) == 2.0
+    assert reference.speedup(2.0) is None and reference.as_dict()["pxvm_vs_numpy"] is None
+

@@ -11,8 +11,8 @@ import traceback
 import typer
 
 from ..core.errors import PxvmError
-from . import (bench_commands, cuda_commands, device_commands, llm_commands, vm_commands,
-               web_commands)
+from . import (bench_commands, cuda_commands, device_commands, help_format, llm_commands,
+               vm_commands, web_commands)
 
 app = typer.Typer(
     name="pxvm",
@@ -21,11 +21,20 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=help_format.MARKUP_MODE,
 )
 
 for _commands in (device_commands, cuda_commands, vm_commands, llm_commands, bench_commands,
                   web_commands):
     _commands.register(app)
+help_format.apply(app)
+
+
+def error_text(exc: PxvmError) -> str:
+    """`exc`'s message for the command line: another backend to try named by its flag."""
+    if exc.other_backend is None:
+        return str(exc)
+    return f"{exc.reason}; or run it with --backend {exc.other_backend}"
 
 
 def main() -> None:
@@ -37,7 +46,7 @@ def main() -> None:
     try:
         app()
     except PxvmError as exc:
-        typer.secho(f"error: {exc}", err=True, fg="red")
+        typer.secho(f"error: {error_text(exc)}", err=True, fg="red")
         sys.exit(1)
     except KeyboardInterrupt:
         typer.secho("interrupted", err=True)

@@ -19,9 +19,12 @@ from ..core import get_backend, unavailable_reason
 from ..core.selection import names
 from ..tools import bench_ops
 from ..core.errors import PxvmError
+from . import help_format
+from .output_paths import check_output_file
 
 bench = typer.Typer(help="Benchmarks: `ops` (pxvm's kernels against numpy and PyTorch) and "
-                    "`llm` (a model's prefill and decode speed).", no_args_is_help=True)
+                    "`llm` (a model's prefill and decode speed).", no_args_is_help=True,
+                    rich_markup_mode=help_format.MARKUP_MODE)
 
 #: Bounds of options that only cost time: a typo of a few more digits is refused.
 MAX_REPEATS = 1000
@@ -69,7 +72,8 @@ def _backend(name: str):
     if name.lower() != "auto":
         reason = unavailable_reason(name)
         if reason is not None:
-            raise PxvmError(f"backend {name} is not available here: {reason}")
+            raise PxvmError(f"backend {name} is not available here: {reason}; pick another "
+                            "with --backend (cpu runs everywhere)")
     return get_backend(name)
 
 
@@ -108,7 +112,8 @@ def _copy_note(reference: bench_ops.Row | None) -> str:
 
 def _check(row: bench_ops.Row) -> str:
     if row.status == "ok":
-        return "[green]ok[/]" + ("" if row.pxvm_runs == "kernel" else f" [dim]({row.pxvm_runs})[/]")
+        how = escape(row.note) if row.note else row.pxvm_runs  # e.g. no cpu kernel
+        return "[green]ok[/]" + ("" if row.pxvm_runs == "kernel" else f" [dim]({how})[/]")
     if row.status == "FAIL":
         return "[bold red]FAIL[/]"
     if row.status == "error":
@@ -246,6 +251,8 @@ def ops(
     size_list = None if sizes is None else [_size(s) for s in sizes.split(",") if s.strip()]
     if sizes is not None and not size_list:
         raise typer.BadParameter("--sizes names no size; e.g. --sizes 1024,4096")
+    check_output_file(json_path, "--json")
+    check_output_file(plot_path, "--plot")
     chosen = _backend(backend)
     repeats = repeats or (3 if quick else 10)
     if plot_path is not None and _matplotlib_missing():

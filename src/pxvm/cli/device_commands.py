@@ -21,9 +21,10 @@ from ..backends.webgpu.runtime.adapters import KEY_FEATURES, KEY_LIMITS
 from ..core import Backend, get_backend, tuning, unavailable_reason
 from ..core.selection import names
 from ..tools import tune as tuner
-from ..core.errors import PxvmError
+from ..core.errors import NoAdapterError, PxvmError
 from ..vm import load_pxi, run_program_cpu, run_program_gpu
 from .cuda_commands import cuda_summary
+from .output_paths import check_output_folder
 
 console = Console()
 
@@ -38,13 +39,13 @@ def info(
     try:
         adapters = list_adapters()
     except PxvmError as exc:
-        adapters, error = [], str(exc)
+        adapters, error = [], exc.reason
     else:
         error = None
     try:
         chosen, reason = choose_adapter("auto", adapters) if adapters else (None, error or "")
     except PxvmError as exc:
-        chosen, reason = None, str(exc)
+        chosen, reason = None, exc.reason
     cpu = get_backend("cpu").details()
     cuda = cuda_summary()
     tuned = _tuning_summary(bool(cuda["devices"]))
@@ -61,7 +62,7 @@ def info(
             "reason": reason,
         }, indent=2))
         return
-    table = Table(title="CPU backend (backend='cpu')", title_justify="left", show_header=False)
+    table = Table(title="CPU backend (--backend cpu)", title_justify="left", show_header=False)
     for key, label in (("cpu", "CPU (LLVM's name)"), ("simd", "widest SIMD"),
                        ("threads", "threads (PXVM_CPU_THREADS)"), ("thread_pool", "thread pool"),
                        ("numba", "numba"), ("blas", "BLAS (prompts)")):
@@ -72,7 +73,7 @@ def info(
     _print_cuda(cuda)
     if not adapters:
         console.print(f"[red]No WebGPU adapter:[/] {error or 'none found'}")
-        console.print("pxvm will run on the CPU backend (backend='cpu').")
+        console.print("pxvm will run on the CPU backend (--backend cpu).")
         return
     for a in adapters:
         mark = "[green]auto -> [/]" if chosen is not None and a.index == chosen.index else ""
@@ -159,6 +160,7 @@ def tune(
     unknown = sorted(set(only or ()) - set(tuning.TUNABLES))
     if unknown:
         raise PxvmError(f"no tunable {', '.join(unknown)}; `pxvm tune --list` names them")
+    check_output_folder(tuning.cache_dir(), "the tuning")
     be = _gpu_backend(backend)
     wanted = set(only) if only else None
     total = tuner.steps(be, quick, crossovers, wanted)
@@ -178,7 +180,10 @@ def tune(
 def _gpu_backend(name: str) -> Backend:
     if name not in ("auto", "webgpu", "wgpu", "gpu", "cuda"):
         raise PxvmError(f"pxvm tune tunes a GPU backend (webgpu or cuda), not {name!r}")
-    be = get_backend(name)
+    try:
+        be = get_backend(name)
+    except NoAdapterError as exc:  # its remedy, the CPU backend, is nothing to tune
+        raise PxvmError(f"no GPU to tune: {exc.reason}") from None
     if be.name not in ("webgpu", "cuda"):
         raise PxvmError(f"no GPU to tune: auto picked {be.describe()}; ask for one with "
                         "--backend webgpu (and PXVM_DEVICE for a software adapter)")
@@ -187,10 +192,10 @@ def _gpu_backend(name: str) -> Backend:
 
 def _print_cuda(cuda: dict) -> None:
     if not cuda["devices"]:
-        console.print(f"No CUDA backend (backend='cuda'): {cuda['unavailable']}")
+        console.print(f"No CUDA backend (--backend cuda): {cuda['unavailable']}")
         return
     for d in cuda["devices"]:
-        table = Table(title=f"CUDA [{d['index']}] {d['name']} (backend='cuda')",
+        table = Table(title=f"CUDA [{d['index']}] {d['name']} (--backend cuda)",
                       title_justify="left", show_header=False)
         table.add_row("compute capability", f"{d['compute_capability']} ({d['arch']})")
         table.add_row("memory", f"{d['memory_bytes'] / 2**30:.1f} GiB")
@@ -201,7 +206,8 @@ def _print_cuda(cuda: dict) -> None:
 
 
 def demo(
-    backend: str = typer.Option("auto", help=", ".join(names())),
+    backend: str = typer.Option("auto", help="Where to run: " + ", ".join(names())
+                                + " (auto: the best WebGPU GPU, else cpu)."),
     size: int = typer.Option(1024, min=1, max=8192, help="Matrix size for the matmul."),
 ):
     """Run a matmul and the dot-product pixel program; print the backend and the times."""

@@ -20,6 +20,7 @@ from ..llm.gguf_model import summarize
 from ..llm.sampling import SamplingParams
 from ..llm.tokenizer import Tokenizer
 from .bench_commands import bench
+from .output_paths import check_output_file
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
@@ -34,6 +35,14 @@ CONTEXT_HELP = ("Positions the KV cache holds (default: the model's context, at 
 KV_CACHE_HELP = ("What the KV cache holds: f32, f16 (half the memory, so a longer --context "
                  "fits, and faster decoding at long contexts; keys and values rounded to "
                  "float16) or auto (f16 where the backend's attention reads it, else f32).")
+TEMPERATURE_HELP = ("Sampling temperature: 0 picks the most likely token every time "
+                    "(greedy, the same text each run); higher values, e.g. 0.7, vary it more.")
+TOP_K_HELP = "Sample only among the k most likely tokens (0 = no limit)."
+TOP_P_HELP = ("Nucleus sampling: sample only among the most likely tokens whose "
+              "probabilities add up to this (1 = no limit; e.g. 0.9).")
+REPEAT_PENALTY_HELP = ("Make tokens already in the text less likely by this factor, "
+                       "against loops (1 = off; e.g. 1.1).")
+SEED_HELP = "Seed for sampling: the same seed gives the same text (default: a new one each run)."
 #: Bounds of options that only cost time: a typo of a few more digits is refused.
 MAX_RUNS = 1000
 
@@ -108,11 +117,11 @@ def generate(
     backend: str = typer.Option("auto", help=BACKEND_HELP),
     max_tokens: int = typer.Option(None, "--max-tokens", "-n", min=0,
                                    help="Most new tokens (default 128)."),
-    temperature: float = typer.Option(0.0, help="0 = greedy."),
-    top_k: int = typer.Option(0, "--top-k", help="Keep the k most likely tokens (0 = off)."),
-    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling mass (1 = off)."),
-    repeat_penalty: float = typer.Option(1.0, "--repeat-penalty", help="1 = off."),
-    seed: int = typer.Option(None, help="Seed for sampling (reproducible output)."),
+    temperature: float = typer.Option(0.0, help=TEMPERATURE_HELP),
+    top_k: int = typer.Option(0, "--top-k", help=TOP_K_HELP),
+    top_p: float = typer.Option(1.0, "--top-p", help=TOP_P_HELP),
+    repeat_penalty: float = typer.Option(1.0, "--repeat-penalty", help=REPEAT_PENALTY_HELP),
+    seed: int = typer.Option(None, help=SEED_HELP),
     chat: bool = typer.Option(False, "--chat", help="Wrap the prompt in the chat template."),
     stop: list[str] = typer.Option(None, "--stop", help="Stop at this string (repeatable)."),
     context: int = typer.Option(None, "--context", min=1, help=CONTEXT_HELP),
@@ -135,11 +144,11 @@ def chat(
     backend: str = typer.Option("auto", help=BACKEND_HELP),
     max_tokens: int = typer.Option(None, "--max-tokens", "-n", min=1,
                                    help="Most tokens a reply (default 256)."),
-    temperature: float = typer.Option(0.0, help="0 = greedy."),
-    top_k: int = typer.Option(0, "--top-k"),
-    top_p: float = typer.Option(1.0, "--top-p"),
-    repeat_penalty: float = typer.Option(1.0, "--repeat-penalty"),
-    seed: int = typer.Option(None),
+    temperature: float = typer.Option(0.0, help=TEMPERATURE_HELP),
+    top_k: int = typer.Option(0, "--top-k", help=TOP_K_HELP),
+    top_p: float = typer.Option(1.0, "--top-p", help=TOP_P_HELP),
+    repeat_penalty: float = typer.Option(1.0, "--repeat-penalty", help=REPEAT_PENALTY_HELP),
+    seed: int = typer.Option(None, help=SEED_HELP),
     system: str = typer.Option(None, help="A system message for the conversation."),
     context: int = typer.Option(None, "--context", min=1, help=CONTEXT_HELP),
     kv_cache: str = typer.Option("auto", "--kv-cache", help=KV_CACHE_HELP),
@@ -153,10 +162,14 @@ def chat(
     console.print(f"chatting on {lm.backend_name} ({lm.device_name}); 'exit' or Ctrl-D ends",
                   style="dim")
     history: list[dict] = [{"role": "system", "content": system}] if system else []
+    # A token spells at most the vocabulary's longest token: a longer line than the context
+    # holds of those cannot fit, and is refused before it is tokenized (which costs memory
+    # and time in proportion to its length).
+    most_chars = context_length(lm) * max(map(len, tok.tokens))
     while True:
         try:
             line = _text(input("> "), "that line")
-        except EOFError:
+        except (EOFError, KeyboardInterrupt):  # Ctrl-D or Ctrl-C at the prompt: leave
             _write("\n")
             break
         except (UnicodeDecodeError, typer.BadParameter):
@@ -166,27 +179,50 @@ def chat(
             break
         if not line.strip():
             continue
-        history.append({"role": "user", "content": line})
-        # Forget the oldest exchanges rather than fail once the history outgrows the context.
-        first = 1 if system else 0
-        while (len(encode_prompt(lm, tok, messages=history)) + 1 >= context_length(lm)
-               and len(history) - first > 1):
-            del history[first:first + 2]
-        if len(encode_prompt(lm, tok, messages=history)) + 1 >= context_length(lm):
-            history.pop()
-            raise PromptTooLongError("this message alone does not fit in the model's context")
-        result = run_generation(lm, tok, max_tokens=max_tokens, sampling=params,
-                                messages=history, stream=_write)
-        _write("\n")
-        console.print(_stats(result, lm), style="dim", soft_wrap=True)
-        history.append({"role": "assistant", "content": result.text})
+        if len(line) > most_chars:
+            err_console.print(f"that line is {len(line):,} characters, more than the model's "
+                              f"context of {context_length(lm):,} tokens can hold; type a "
+                              "shorter one", style="red", soft_wrap=True)
+            continue
+        try:
+            _reply(lm, tok, history, line, first=1 if system else 0, max_tokens=max_tokens,
+                   params=params)
+        except PromptTooLongError as exc:
+            err_console.print(str(exc), style="red", soft_wrap=True)
+        except KeyboardInterrupt:  # Ctrl-C while it replies: stop the reply, keep chatting
+            _write("\n")
+            err_console.print("reply stopped; that exchange is left out of the conversation",
+                              style="yellow")
+
+
+def _reply(lm, tok, history: list[dict], line: str, first: int, max_tokens: int,
+           params) -> None:
+    """Stream the model's reply to `line`; `history` gains the exchange only once the
+    reply is whole (an interrupted or refused one leaves it as it was)."""
+    asked = [*history, {"role": "user", "content": line}]
+    # Forget the oldest exchanges rather than fail once the history outgrows the context.
+    while (len(encode_prompt(lm, tok, messages=asked)) + 1 >= context_length(lm)
+           and len(asked) - first > 1):
+        del asked[first:first + 2]
+    if len(encode_prompt(lm, tok, messages=asked)) + 1 >= context_length(lm):
+        raise PromptTooLongError("that message alone does not fit in the model's context; "
+                                 "type a shorter one")
+    result = run_generation(lm, tok, max_tokens=max_tokens, sampling=params, messages=asked,
+                            stream=_write)
+    _write("\n")
+    console.print(_stats(result, lm), style="dim", soft_wrap=True)
+    history[:] = [*asked, {"role": "assistant", "content": result.text}]
 
 
 def bench_llm(
     model: Path = typer.Option(None, "--model", "-m", help=MODEL_HELP),
     backend: str = typer.Option("auto", help=BACKEND_HELP),
-    prompt_tokens: int = typer.Option(512, "--prompt-tokens", min=1),
-    gen_tokens: int = typer.Option(128, "--gen-tokens", min=1),
+    prompt_tokens: int = typer.Option(512, "--prompt-tokens", min=1,
+                                      help="Length of the prompt whose prefill is timed "
+                                           "(llama-bench's -p)."),
+    gen_tokens: int = typer.Option(128, "--gen-tokens", min=1,
+                                   help="Tokens decoded one at a time for the decode speed "
+                                        "(llama-bench's -n)."),
     depth: int = typer.Option(0, "--depth", "-d", min=0,
                               help="Tokens already in the context before each measured run "
                                    "(llama-bench's -d; decoding slows as the context grows)."),
@@ -195,13 +231,15 @@ def bench_llm(
     warmup: int = typer.Option(1, min=0, max=MAX_RUNS, help="Unmeasured runs first."),
     context: int = typer.Option(None, "--context", min=1, help=CONTEXT_HELP),
     kv_cache: str = typer.Option("auto", "--kv-cache", help=KV_CACHE_HELP),
-    output: Path = typer.Option(Path("bench_llm.json"), "--output", "-o",
-                                help="Where to write the JSON result."),
+    output: Path = typer.Option(None, "--output", "-o",
+                                help="Also write the result (speeds, device, settings) as "
+                                     "JSON to this file."),
     profile: bool = typer.Option(False, help="Also show where one decoded token's time goes "
                                  "(host encoding, GPU time of the step and per kernel, readback)."),
 ):
     """Measure prefill tokens/s (one long prompt) and decode tokens/s (one token at a time),
     as llama-bench's pp and tg tests: both start from an empty context unless --depth."""
+    check_output_file(output, "--output")
     lm, tok = _load(model, backend, context, warm_up=False,  # its own warm-up runs
                     kv_cache=kv_cache)
     with err_console.status(f"benchmarking on {lm.device_name}"):
@@ -217,8 +255,9 @@ def bench_llm(
     at = f" after {depth} tokens of context" if depth else ""
     console.print(f"prefill ({prompt_tokens} tokens{at}): {prefill:.1f} tokens/s")
     console.print(f"decode ({gen_tokens} tokens{at}): {decode:.1f} tokens/s")
-    output.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    console.print(f"wrote {output}")
+    if output is not None:
+        output.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        console.print(f"wrote {output}")
 
 
 def models(

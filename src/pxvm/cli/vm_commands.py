@@ -9,9 +9,9 @@ import numpy as np
 import typer
 from rich.console import Console
 
-from ..backends.webgpu import WebGPUBackend, webgpu_backend
-from ..core import get_backend
-from ..core.selection import names
+from ..backends.webgpu import WebGPUBackend
+from ..core import get_backend, unavailable_reason
+from ..core.selection import canonical, names
 from ..vm import load_pxi, run_program_cpu, run_program_gpu, save_pxi
 from ..vm.assembler import assemble, disassemble
 from ..vm.digits import report
@@ -71,10 +71,13 @@ def run(program: Path = typer.Argument(..., help="A .pxi program."),
         console.print(f"wrote {output}")
 
 
-def compare(program: Path = typer.Argument(..., help="A .pxi program.")):
+def compare(program: Path = typer.Argument(..., help="A .pxi program."),
+            backend: str = typer.Option("auto", help="Where the GPU executor runs: "
+                                        + ", ".join(names()) + " (auto: the best WebGPU GPU; "
+                                        "only a WebGPU device has a GPU executor to compare).")):
     """Run a program on both executors, time both, and check the images are identical."""
     img = _load(program)
-    be = webgpu_backend()
+    be = _gpu_executor_backend(backend)
     run_program_gpu(img, be)  # compile the interpreter once before timing
     t0 = time.perf_counter()
     cpu = run_program_cpu(img)
@@ -90,6 +93,23 @@ def compare(program: Path = typer.Argument(..., help="A .pxi program.")):
     console.print("[red]DIFFERENT[/]:")
     console.print("\n".join(_changes(cpu, gpu)))
     raise typer.Exit(1)
+
+
+def _gpu_executor_backend(name: str) -> WebGPUBackend:
+    """The WebGPU backend `compare` runs the GPU executor on; a one-line error saying what
+    compare compares, and why it cannot here, otherwise."""
+    what = ("compare runs a program on the CPU executor and on the GPU executor (WebGPU) "
+            "and checks the images match")
+    if str(name).lower() != "auto" and canonical(name) != "webgpu":
+        if canonical(name) is None:
+            get_backend(name)  # an unknown name: its own error
+        raise ProgramError(f"{what}; --backend {name} has no GPU executor. Use --backend "
+                           f"webgpu, or `pxvm run --backend {name}` to run the program alone")
+    reason = unavailable_reason("webgpu")
+    if reason is not None:
+        raise ProgramError(f"{what}, but there is no WebGPU device here: {reason}. Or run the "
+                           "program alone with `pxvm run --backend cpu`")
+    return get_backend("webgpu")
 
 
 def show(program: Path = typer.Argument(..., help="A .pxi program."),

@@ -11,7 +11,18 @@ def shortened(text: str, limit: int = 80) -> str:
 
 
 class PxvmError(Exception):
-    """Base of every error pxvm raises on purpose."""
+    """Base of every error pxvm raises on purpose.
+
+    `reason` is the message; `other_backend`, where given, names a backend that runs what
+    failed here. str() words that for the Python API (backend='cpu'); the CLI and the web
+    page word it their own way from the two (`--backend cpu`)."""
+
+    def __init__(self, *args, other_backend: str | None = None):
+        self.reason = str(args[0]) if args else ""
+        self.other_backend = other_backend
+        if other_backend is not None:
+            args = (f"{self.reason}; or run it with backend={other_backend!r}", *args[1:])
+        super().__init__(*args)
 
 
 class NoAdapterError(PxvmError):

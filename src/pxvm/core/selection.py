@@ -102,9 +102,9 @@ def unavailable_reason(name: str) -> str | None:
     if entry.name not in _failures:
         try:
             entry.make()
-        except PxvmError as exc:
-            _failures[entry.name] = str(exc)
-            return str(exc)
+        except PxvmError as exc:  # why, without the remedy: asking for another backend
+            _failures[entry.name] = exc.reason
+            return exc.reason
         return None
     return _failures[entry.name]
 

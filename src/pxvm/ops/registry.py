@@ -238,7 +238,7 @@ class Op(Generic[P]):
         if kernel is None:
             raise MissingKernelError(
                 f"op {self.name} has no {backend.name} kernel yet (it has "
-                f"{', '.join(sorted(self.kernels)) or 'none'}); run it with backend='numpy'")
+                f"{', '.join(sorted(self.kernels)) or 'none'})", other_backend="numpy")
         narrowed = self.kernel_dtypes.get(backend.name)
         if narrowed is not None:
             for index, allowed in narrowed.items():
@@ -246,7 +246,7 @@ class Op(Generic[P]):
                     raise MissingKernelError(
                         f"op {self.name}'s {backend.name} kernel takes {self.inputs[index]} "
                         f"of {' or '.join(str(d) for d in allowed)} only, not "
-                        f"{np.dtype(tensors[index].dtype)}; run it with backend='numpy'")
+                        f"{np.dtype(tensors[index].dtype)}", other_backend="numpy")
         return kernel(context, *tensors, **params)
 
     def _recorded_reference(self, context: RecordingContext, tensors: list[Tensor],

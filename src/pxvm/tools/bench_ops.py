@@ -662,8 +662,9 @@ class Row:
         return None if not seconds else self.work / seconds
 
     def speedup(self, peer_seconds: float | None) -> float | None:
-        """The peer's time over pxvm's: above 1, pxvm is faster."""
-        if not peer_seconds or not self.pxvm_seconds:
+        """The peer's time over pxvm's: above 1, pxvm is faster. None where pxvm ran numpy's
+        own reference (no kernel of the backend's): no speed-up of pxvm's to claim."""
+        if not peer_seconds or not self.pxvm_seconds or self.pxvm_runs == "reference":
             return None
         return peer_seconds / self.pxvm_seconds
 
@@ -767,6 +768,9 @@ def _time_pxvm_and_check(row: Row, case: BenchCase, arrays, params, backend, rep
         if op is None:
             raise Skip(f"this pxvm has no op {case.op}")
         row.pxvm_runs = op.implementation(backend)
+        if row.pxvm_runs == "reference":
+            row.note = ("numpy reference" if backend.name == "numpy"
+                        else f"no {backend.name} kernel: numpy reference")
         _fits(backend, arrays)
         # every copy holds the same values: any run's result is checked the same
         turns = itertools.cycle(input_copies(backend, arrays, case.cold_inputs, repeats + 1))
@@ -777,8 +781,11 @@ def _time_pxvm_and_check(row: Row, case: BenchCase, arrays, params, backend, rep
             row.status = "FAIL"
             row.note = (f"pxvm's result is off its numpy reference: NMSE {row.nmse:.2e} > "
                         f"{case.nmse_limit:.0e}")
-    except (Skip, PxvmError) as exc:
+    except Skip as exc:
         row.status, row.note = "skipped", str(exc)
+        row.pxvm_seconds = row.pxvm_clock = None
+    except PxvmError as exc:  # why it was skipped; not another backend to run it on
+        row.status, row.note = "skipped", exc.reason
         row.pxvm_seconds = row.pxvm_clock = None
     except MemoryError:
         row.status, row.note = "skipped", "out of memory"

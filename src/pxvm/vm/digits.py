@@ -125,6 +125,7 @@ def predictions(result: np.ndarray, out: Matrix) -> np.ndarray:
 
 def report(output=None, hidden: int = 32, backend: str = "auto", console=None):
     say = console.print if console is not None else print
+    be = get_backend(backend)  # first: a notice that auto fell back comes before the results
     compiled = compile_digits(hidden)
     img = compiled.image
     say(f"digits MLP 64-{hidden}-10, {len(compiled.labels)} held-out digits; program "
@@ -133,7 +134,6 @@ def report(output=None, hidden: int = 32, backend: str = "auto", console=None):
     cpu = run_program_cpu(img)
     acc_cpu = float(np.mean(predictions(cpu, compiled.out) == compiled.labels))
     say(f".pxi on the CPU executor:  {acc_cpu * 100:.2f}%")
-    be = get_backend(backend)
     if isinstance(be, WebGPUBackend):
         gpu = run_program_gpu(img, be)
         acc_gpu = float(np.mean(predictions(gpu, compiled.out) == compiled.labels))

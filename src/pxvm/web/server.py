@@ -86,8 +86,8 @@ class NativeBenchmarks:
     def _measure(self, reps: int) -> dict:
         try:
             backend = webgpu_backend()
-        except PxvmError as exc:
-            return {"device": None, "error": str(exc), "results": {}}
+        except PxvmError as exc:  # the page words no remedy of the Python API's
+            return {"device": None, "error": exc.reason, "results": {}}
         results = {}
         for name in BENCHMARKS:
             if name not in REGISTRY:

@@ -99,9 +99,8 @@ def choose_adapter(
     if not adapters:
         raise NoAdapterError(
             "no WebGPU adapter found: install a GPU driver with Vulkan/Metal/DX12 "
-            "support (on Debian without a GPU: `apt-get install mesa-vulkan-drivers`), "
-            "or run with backend='cpu'"
-        )
+            "support (on Debian without a GPU: `apt-get install mesa-vulkan-drivers`)",
+            other_backend="cpu")
     req = str(request).strip()
     if req.lower() == "auto":
         hardware = [a for a in adapters if not a.is_software]
@@ -110,8 +109,7 @@ def choose_adapter(
             raise NoAdapterError(
                 f"only software adapters are present ({names}); auto never picks them. "
                 "Ask for one explicitly with PXVM_DEVICE=<index or name>, e.g. "
-                "PXVM_DEVICE=llvmpipe, or use backend='cpu'"
-            )
+                "PXVM_DEVICE=llvmpipe", other_backend="cpu")
         best = min(hardware, key=AdapterDescription.rank)
         return best, f"auto: best hardware adapter ({best.adapter_type} on {best.backend})"
     if req.isdigit():

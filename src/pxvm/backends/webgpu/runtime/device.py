@@ -124,8 +124,8 @@ class Device:
         if self._lost_reason is not None:
             raise DeviceLostError(
                 f"the GPU device {self.name!r} was lost ({self._lost_reason}); "
-                "create a new pxvm device (pxvm.backends.reset_backends()) or use "
-                "backend='numpy'")
+                "create a new pxvm device (pxvm.backends.reset_backends())",
+                other_backend="numpy")
 
     def mark_lost(self, reason: str) -> None:
         self._lost_reason = reason

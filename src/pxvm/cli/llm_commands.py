@@ -45,13 +45,14 @@ def _load(model: Path | None, backend: str, context: int | None = None, warm_up:
     if kv_cache.lower() not in llm.KV_CACHE_CHOICES:
         raise typer.BadParameter(f"--kv-cache must be one of {', '.join(llm.KV_CACHE_CHOICES)}, "
                                  f"not {kv_cache!r}")
-    loaded = llm.load_model(str(model) if model is not None else None, backend=backend,
+    path = str(model) if model is not None else llm.default_model_path()
+    loaded = llm.load_model(path, backend=backend,
                             progress=sys.stderr.isatty(), warm_up=warm_up, max_context=context,
                             kv_cache=kv_cache)
     if loaded.backend_reason:
         err_console.print(f"running on {loaded.backend_name} ({loaded.device_name}): "
                           f"{loaded.backend_reason}")
-    return loaded, Tokenizer(loaded.metadata)
+    return loaded, Tokenizer(loaded.metadata, source=path)
 
 
 def _text(value: str | None, option: str) -> str | None:

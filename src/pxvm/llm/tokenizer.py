@@ -101,7 +101,9 @@ class Tokenizer:
     templates need) and adds BOS only where the file asks for it; `decode(ids)` is its
     inverse (decode(encode(s)) == s, except where Phi-3's tokens swallow whitespace)."""
 
-    def __init__(self, metadata: dict):
+    def __init__(self, metadata: dict, source: str | None = None):
+        #: the model file's path, for messages (None: "the model file")
+        self.source = source
         kind = metadata.get("tokenizer.ggml.model")
         tokens = metadata.get("tokenizer.ggml.tokens")
         if not tokens:

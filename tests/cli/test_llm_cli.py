@@ -190,6 +190,24 @@ def test_a_hostile_chat_template_is_one_line_exit_1(tmp_path, template):
     assert err.count("\n") == 0 and "chat template of" in err and str(model) in err, err
 
 
+def test_token_text_reaches_the_terminal_with_its_escapes_shown(scripted):
+    # a vocabulary can spell ESC (the <0x1B> byte token, or an entry holding it): the
+    # stream would retitle and clear the user's terminal
+    scripted("hi\x1b]0;pwned\x07\x1b[2J there")
+    result = runner.invoke(app, ["generate", "Say hi", "--max-tokens", "40"])
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("hi\\x1b]0;pwned\\x07\\x1b[2J there\n")
+    assert "\x1b" not in result.output and "\x07" not in result.output
+
+
+def test_models_prints_names_with_markup_and_escapes_as_written(tmp_path):
+    model = _tiny_model(tmp_path / "named.gguf", name="[/] evil [bold]\x1b]0;pwned\x07")
+    run = run_pxvm("models", str(model))
+    assert run.returncode == 0, run.stderr
+    assert "[/] evil [bold]\\x1b]0;pwned\\x07" in run.stdout
+    assert "\x1b" not in run.stdout
+
+
 def test_bench_llm_runs_a_model_whose_vocabulary_cannot_spell_text(tmp_path):
     # The tiny file's vocabulary is "t0".."t299": no text encodes, yet speed can be measured.
     model = _tiny_model(tmp_path / "tiny.gguf")

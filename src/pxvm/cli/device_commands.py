@@ -23,6 +23,7 @@ from ..tools import tune as tuner
 from ..core.errors import PxvmError
 from ..vm import load_pxi, run_program_cpu, run_program_gpu
 from .cuda_commands import cuda_summary
+from .terminal import plain
 
 console = Console()
 
@@ -84,7 +85,7 @@ def info(
             table.add_row("all features", ", ".join(a.features))
         console.print(table)
     if chosen is not None:
-        console.print(f"auto picks [bold][{chosen.index}] {chosen.name}[/]: {reason}")
+        console.print(f"auto picks [bold][{chosen.index}] {plain(chosen.name)}[/]: {reason}")
     else:
         console.print(f"[yellow]auto picks no adapter:[/] {reason}")
     console.print("Override with PXVM_DEVICE=<index or part of a name>.")

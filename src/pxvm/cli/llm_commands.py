@@ -20,6 +20,7 @@ from ..llm.gguf_model import summarize
 from ..llm.sampling import SamplingParams
 from ..llm.tokenizer import Tokenizer
 from .bench_commands import bench
+from .terminal import plain, visible
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
@@ -92,7 +93,8 @@ def _sampling(temperature, top_k, top_p, repeat_penalty, seed):
 
 
 def _write(piece: str) -> None:
-    sys.stdout.write(piece)
+    # token texts come from the model file: no escape sequence reaches the terminal
+    sys.stdout.write(visible(piece))
     sys.stdout.flush()
 
 
@@ -234,13 +236,13 @@ def models(
         try:
             summaries.append(summarize(str(path)))
         except llm.ModelFileError as exc:
-            err_console.print(f"error: {exc}", soft_wrap=True)
+            err_console.print(f"error: {plain(str(exc))}", soft_wrap=True)
             failed = True
     if as_json:
         print(json.dumps([asdict(s) for s in summaries], indent=2))
     for s in [] if as_json else summaries:
-        table = Table(title=Path(s.path).name, title_justify="left", show_header=False)
-        table.add_row("family", s.architecture + (f" ({s.name})" if s.name else ""))
+        table = Table(title=plain(Path(s.path).name), title_justify="left", show_header=False)
+        table.add_row("family", plain(s.architecture + (f" ({s.name})" if s.name else "")))
         table.add_row("size", f"{s.file_bytes / 1e6:,.1f} MB, {s.parameters / 1e6:,.1f} M "
                               "parameters")
         table.add_row("tensor types", ", ".join(f"{name} x{count}" for name, count in
@@ -248,7 +250,7 @@ def models(
         table.add_row("context length", "-" if s.context_length is None
                       else f"{s.context_length:,}")
         table.add_row("layers", "-" if s.layers is None else str(s.layers))
-        table.add_row("pxvm runs it", "[green]yes[/]" if s.runs else f"[red]no[/]: {s.reason}")
+        table.add_row("pxvm runs it", "[green]yes[/]" if s.runs else f"[red]no[/]: {plain(s.reason)}")
         console.print(table)
     if failed:
         raise typer.Exit(1)

@@ -178,5 +178,6 @@ def special_token_texts(metadata: dict) -> dict:
     for name, key in (("bos_token", "bos_token_id"), ("eos_token", "eos_token_id"),
                       ("unk_token", "unknown_token_id"), ("pad_token", "padding_token_id")):
         idx = metadata.get(f"tokenizer.ggml.{key}")
-        out[name] = tokens[idx] if idx is not None and 0 <= idx < len(tokens) else ""
+        valid = isinstance(idx, int) and not isinstance(idx, bool) and 0 <= idx < len(tokens)
+        out[name] = tokens[idx] if valid else ""
     return out

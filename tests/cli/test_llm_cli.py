@@ -167,14 +167,45 @@ def test_missing_and_bad_model_files_are_one_line_errors(tmp_path):
     assert damaged.stderr.strip().count("\n") == 0 and "GGUF" in damaged.stderr
 
 
-def _tiny_model(path: Path) -> Path:
+def _tiny_model(path: Path, **spec) -> Path:
     import numpy as np
     from make_tiny_gguf import TinySpec, write_tiny_gguf
 
-    write_tiny_gguf(str(path), TinySpec(n_layers=1, dim=32, n_heads=2, n_kv_heads=1, ffn_dim=64,
-                                        vocab_size=300, context_length=64),
+    write_tiny_gguf(str(path), TinySpec(**{"n_layers": 1, "dim": 32, "n_heads": 2,
+                                           "n_kv_heads": 1, "ffn_dim": 64, "vocab_size": 300,
+                                           "context_length": 64, **spec}),
                     np.random.default_rng(0))
     return path
+
+
+@pytest.mark.parametrize("template", [
+    "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+    "{{ 'a' * 3000000000 }}", "{{ 1 // 0 }}", "{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}"])
+def test_a_hostile_chat_template_is_one_line_exit_1(tmp_path, template):
+    model = _tiny_model(tmp_path / "hostile.gguf",
+                        strings={"tokenizer.chat_template": template})
+    run = run_pxvm("generate", "--chat", "hi", "--model", str(model), "--backend", "numpy")
+    assert run.returncode == 1, run.stderr
+    err = run.stderr.strip()
+    assert err.count("\n") == 0 and "chat template of" in err and str(model) in err, err
+
+
+def test_token_text_reaches_the_terminal_with_its_escapes_shown(scripted):
+    # a vocabulary can spell ESC (the <0x1B> byte token, or an entry holding it): the
+    # stream would retitle and clear the user's terminal
+    scripted("hi\x1b]0;pwned\x07\x1b[2J there")
+    result = runner.invoke(app, ["generate", "Say hi", "--max-tokens", "40"])
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("hi\\x1b]0;pwned\\x07\\x1b[2J there\n")
+    assert "\x1b" not in result.output and "\x07" not in result.output
+
+
+def test_models_prints_names_with_markup_and_escapes_as_written(tmp_path):
+    model = _tiny_model(tmp_path / "named.gguf", name="[/] evil [bold]\x1b]0;pwned\x07")
+    run = run_pxvm("models", str(model))
+    assert run.returncode == 0, run.stderr
+    assert "[/] evil [bold]\\x1b]0;pwned\\x07" in run.stdout
+    assert "\x1b" not in run.stdout
 
 
 def test_bench_llm_runs_a_model_whose_vocabulary_cannot_spell_text(tmp_path):

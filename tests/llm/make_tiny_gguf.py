@@ -39,6 +39,8 @@ class TinySpec:
     extra_tensors: dict | None = None
     #: the vocabulary (vocab_size tokens; default "t0", "t1", .., which spell no text)
     tokens: list | None = None
+    #: further string metadata under its full key, e.g. {"tokenizer.chat_template": ...}
+    strings: dict | None = None
 
 
 # The tensors each architecture's layers carry besides attn_norm, attn_output, ffn_norm
@@ -88,6 +90,8 @@ def write_tiny_gguf(path, spec: TinySpec, rng: np.random.Generator) -> dict:
         w.add_string(f"{spec.arch}.rope.scaling.type", spec.rope_scaling)
     w.add_string("tokenizer.ggml.model", "llama")
     w.add_array("tokenizer.ggml.tokens", spec.tokens or [f"t{i}" for i in range(spec.vocab_size)])
+    for key, text in (spec.strings or {}).items():
+        w.add_string(key, text)
 
     stored = {}
 

@@ -13,6 +13,7 @@ import typer
 from ..core.errors import PxvmError
 from . import (bench_commands, cuda_commands, device_commands, help_format, llm_commands,
                vm_commands, web_commands)
+from .terminal import visible
 
 app = typer.Typer(
     name="pxvm",
@@ -46,7 +47,7 @@ def main() -> None:
     try:
         app()
     except PxvmError as exc:
-        typer.secho(f"error: {error_text(exc)}", err=True, fg="red")
+        typer.secho(f"error: {visible(error_text(exc))}", err=True, fg="red")
         sys.exit(1)
     except KeyboardInterrupt:
         typer.secho("interrupted", err=True)
@@ -57,6 +58,6 @@ def main() -> None:
     except Exception as exc:  # noqa: BLE001 - the last line of defence: no traceback
         if os.environ.get("PXVM_DEBUG") == "1":
             traceback.print_exc()
-        typer.secho(f"internal error: {type(exc).__name__}: {exc}. This is a bug in pxvm; "
+        typer.secho(f"internal error: {type(exc).__name__}: {visible(str(exc))}. This is a bug in pxvm; "
                     "please report it (PXVM_DEBUG=1 shows where it happened)", err=True, fg="red")
         sys.exit(3)

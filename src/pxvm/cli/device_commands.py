@@ -25,6 +25,7 @@ from ..core.errors import NoAdapterError, PxvmError
 from ..vm import load_pxi, run_program_cpu, run_program_gpu
 from .cuda_commands import cuda_summary
 from .output_paths import check_output_folder
+from .terminal import plain
 
 console = Console()
 
@@ -88,7 +89,7 @@ def info(
             table.add_row("all features", ", ".join(a.features))
         console.print(table)
     if chosen is not None:
-        console.print(f"auto picks [bold][{chosen.index}] {chosen.name}[/]: {reason}")
+        console.print(f"auto picks [bold][{chosen.index}] {plain(chosen.name)}[/]: {reason}")
     else:
         console.print(f"[yellow]auto picks no adapter:[/] {reason}")
     console.print("Override with PXVM_DEVICE=<index or part of a name>.")

@@ -21,6 +21,7 @@ from ..llm.sampling import SamplingParams
 from ..llm.tokenizer import Tokenizer
 from .bench_commands import bench
 from .output_paths import check_output_file
+from .terminal import plain, visible
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
@@ -54,13 +55,14 @@ def _load(model: Path | None, backend: str, context: int | None = None, warm_up:
     if kv_cache.lower() not in llm.KV_CACHE_CHOICES:
         raise typer.BadParameter(f"--kv-cache must be one of {', '.join(llm.KV_CACHE_CHOICES)}, "
                                  f"not {kv_cache!r}")
-    loaded = llm.load_model(str(model) if model is not None else None, backend=backend,
+    path = str(model) if model is not None else llm.default_model_path()
+    loaded = llm.load_model(path, backend=backend,
                             progress=sys.stderr.isatty(), warm_up=warm_up, max_context=context,
                             kv_cache=kv_cache)
     if loaded.backend_reason:
         err_console.print(f"running on {loaded.backend_name} ({loaded.device_name}): "
                           f"{loaded.backend_reason}")
-    return loaded, Tokenizer(loaded.metadata)
+    return loaded, Tokenizer(loaded.metadata, source=path)
 
 
 def _text(value: str | None, option: str) -> str | None:
@@ -100,7 +102,8 @@ def _sampling(temperature, top_k, top_p, repeat_penalty, seed):
 
 
 def _write(piece: str) -> None:
-    sys.stdout.write(piece)
+    # token texts come from the model file: no escape sequence reaches the terminal
+    sys.stdout.write(visible(piece))
     sys.stdout.flush()
 
 
@@ -272,13 +275,13 @@ def models(
         try:
             summaries.append(summarize(str(path)))
         except llm.ModelFileError as exc:
-            err_console.print(f"error: {exc}", soft_wrap=True)
+            err_console.print(f"error: {plain(str(exc))}", soft_wrap=True)
             failed = True
     if as_json:
         print(json.dumps([asdict(s) for s in summaries], indent=2))
     for s in [] if as_json else summaries:
-        table = Table(title=Path(s.path).name, title_justify="left", show_header=False)
-        table.add_row("family", s.architecture + (f" ({s.name})" if s.name else ""))
+        table = Table(title=plain(Path(s.path).name), title_justify="left", show_header=False)
+        table.add_row("family", plain(s.architecture + (f" ({s.name})" if s.name else "")))
         table.add_row("size", f"{s.file_bytes / 1e6:,.1f} MB, {s.parameters / 1e6:,.1f} M "
                               "parameters")
         table.add_row("tensor types", ", ".join(f"{name} x{count}" for name, count in
@@ -286,7 +289,7 @@ def models(
         table.add_row("context length", "-" if s.context_length is None
                       else f"{s.context_length:,}")
         table.add_row("layers", "-" if s.layers is None else str(s.layers))
-        table.add_row("pxvm runs it", "[green]yes[/]" if s.runs else f"[red]no[/]: {s.reason}")
+        table.add_row("pxvm runs it", "[green]yes[/]" if s.runs else f"[red]no[/]: {plain(s.reason)}")
         console.print(table)
     if failed:
         raise typer.Exit(1)

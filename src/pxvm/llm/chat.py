@@ -20,10 +20,11 @@ from functools import lru_cache
 import jinja2.ext
 import jinja2.nodes
 from jinja2.exceptions import SecurityError, TemplateError
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import Namespace
 
-from ..core.errors import PxvmError
+from ..core.errors import PxvmError, shortened
+from .template_sandbox import (MAX_WIDTH, BoundedSandbox, TemplateBoundError, bounded_join,
+                               render_bounded, within)
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
@@ -40,14 +41,25 @@ class ChatTemplateError(PxvmError):
     """The chat template cannot be rendered for these messages."""
 
 
+class _TemplateRaised(TemplateError):
+    """raise_exception(msg) called by the template: it refuses these messages."""
+
+
 def _raise_exception(message):
-    raise TemplateError(message)
+    raise _TemplateRaised(message)
 
 
 def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-    # Jinja's own tojson escapes HTML characters; chat templates expect plain JSON.
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                      sort_keys=sort_keys)
+    # Jinja's own tojson escapes HTML characters; chat templates expect plain JSON. Made
+    # piece by piece, so that its size (each item may take a line of indents) is bounded
+    # as it grows.
+    pad = len(indent) if isinstance(indent, str) else indent
+    if isinstance(pad, int) and pad > MAX_WIDTH:
+        raise TemplateBoundError(f"tojson's indent {pad:,} is over the bound of {MAX_WIDTH:,}")
+    within(value)
+    encoder = json.JSONEncoder(ensure_ascii=ensure_ascii, indent=indent,
+                               separators=separators, sort_keys=sort_keys)
+    return bounded_join(encoder.iterencode(value), "tojson")
 
 
 def _strftime_now(fmt):
@@ -102,8 +114,8 @@ class _GenerationBlock(jinja2.ext.Extension):
 @lru_cache(maxsize=8)
 def _compile(template: str):
     # Templates are code shipped inside downloaded files: run them sandboxed.
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[_GenerationBlock, jinja2.ext.loopcontrols])
+    env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True,
+                         extensions=[_GenerationBlock, jinja2.ext.loopcontrols])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
@@ -128,17 +140,30 @@ def _plain(messages: list[dict]) -> list[dict]:
 def render_chat(messages: list[dict], template: str | None = None,
                 add_generation_prompt: bool = True, bos_token: str = "",
                 eos_token: str = "", tools: list[dict] | None = None,
-                documents: list[dict] | None = None, **extra) -> str:
+                documents: list[dict] | None = None, source: str | None = None,
+                **extra) -> str:
     """The prompt text for `messages` ([{"role": ..., "content": ...}]), ending with the
     assistant's turn opened when `add_generation_prompt`. `extra` reaches the template as
-    variables (other special tokens such as `unk_token`, `enable_thinking`, `date_string`)."""
+    variables (other special tokens such as `unk_token`, `enable_thinking`, `date_string`).
+    `source` names the model file in errors. The template runs sandboxed and bounded
+    (template_sandbox.py); whatever goes wrong in it is one ChatTemplateError."""
+    where = f"the chat template of {source or 'the model file'}"
+    if template is not None and not isinstance(template, str):
+        raise ChatTemplateError(f"{where} (tokenizer.chat_template) is not text but "
+                                f"{type(template).__name__}; use another model file")
     try:
-        return _compile(template or CHATML_TEMPLATE).render(
-            messages=_plain(messages), tools=tools, documents=documents,
-            add_generation_prompt=add_generation_prompt,
-            bos_token=bos_token, eos_token=eos_token, **extra)
-    except TemplateError as exc:
-        raise ChatTemplateError(f"the model's chat template failed: {exc}") from exc
+        return render_bounded(_compile(template or CHATML_TEMPLATE),
+                              messages=_plain(messages), tools=tools, documents=documents,
+                              add_generation_prompt=add_generation_prompt,
+                              bos_token=bos_token, eos_token=eos_token, **extra)
+    except _TemplateRaised as exc:  # the template's own refusal of these messages
+        raise ChatTemplateError(f"{where} refused the messages: "
+                                f"{shortened(str(exc), 300)}") from exc
+    except Exception as exc:
+        detail = str(exc) if isinstance(exc, TemplateError) else f"{type(exc).__name__}: {exc}"
+        raise ChatTemplateError(
+            f"{where} failed: {shortened(detail, 300)}; the template is code inside the "
+            "model file: use another model file") from exc
 
 
 def chat_template_of(metadata: dict) -> str | None:
@@ -153,5 +178,6 @@ def special_token_texts(metadata: dict) -> dict:
     for name, key in (("bos_token", "bos_token_id"), ("eos_token", "eos_token_id"),
                       ("unk_token", "unknown_token_id"), ("pad_token", "padding_token_id")):
         idx = metadata.get(f"tokenizer.ggml.{key}")
-        out[name] = tokens[idx] if idx is not None and 0 <= idx < len(tokens) else ""
+        valid = isinstance(idx, int) and not isinstance(idx, bool) and 0 <= idx < len(tokens)
+        out[name] = tokens[idx] if valid else ""
     return out

@@ -75,7 +75,7 @@ def chat_prompt(tokenizer: Tokenizer, metadata: dict, messages: list[dict]) -> s
     """The rendered chat prompt for `messages`, assistant turn opened; the template gets
     the file's special tokens' texts as transformers gives them."""
     return render_chat(messages, chat_template_of(metadata), add_generation_prompt=True,
-                       **special_token_texts(metadata))
+                       source=tokenizer.source, **special_token_texts(metadata))
 
 
 def encode_prompt(model: LanguageModel, tokenizer: Tokenizer, prompt: str | None = None, chat: bool = False,

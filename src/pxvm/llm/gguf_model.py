@@ -359,6 +359,13 @@ class GGUFModelFile:
                 f"support yet ({supported_names()} are); use a file quantized to one of those")
         shape = self._shapes.get(name) or tuple(reversed(t.dims))  # GGUF lists ne0 first
         raw = self._bytes[t.offset:t.offset + t.n_bytes]
+        # NaN or infinity would make every logit NaN (and divide by zero in kernels)
+        bad = non_finite_count(qtype, raw)
+        if bad:
+            raise NonFiniteWeightError(
+                f"{self.path}: tensor {name!r} ({qtype}) holds {bad:,} "
+                f"{'values' if qtype in ('F32', 'F16', 'BF16') else 'block scales'} that "
+                "are NaN or infinite; the file is damaged: download it again or use another")
         if qtype == "F32":
             data = raw.view("<f4").reshape(shape)
         elif qtype == "F16" and len(shape) == 1:
@@ -368,6 +375,38 @@ class GGUFModelFile:
         else:
             data = raw.reshape(shape[0], -1) if len(shape) == 2 else raw
         return Weight(name, qtype, shape, data)
+
+
+class NonFiniteWeightError(ModelFileError):
+    """A weight tensor holds NaN or infinity (a value, or a quantized block's scale)."""
+
+
+#: Byte offsets of the float16 scales (d, and the minimum dmin where the type has one)
+#: in each block of the quantized types (ggml's block layouts).
+_SCALE_OFFSETS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,),
+                  "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2),
+                  "Q6_K": (208,)}
+#: The exponent bits of float16 and bfloat16: all set means infinity or NaN.
+_HALF_EXPONENT = {"F16": 0x7C00, "BF16": 0x7F80}
+
+
+def non_finite_count(qtype: str, raw: np.ndarray) -> int:
+    """How many values (F32, F16, BF16) or block scales (quantized types) of the raw
+    bytes `raw` of a tensor of type `qtype` are NaN or infinite: an integer test of the
+    exponent bits, on a view of the bytes (no copy of the tensor)."""
+    raw = raw.reshape(-1)
+    if qtype == "F32":
+        bits, exponent = raw.view("<u4"), np.uint32(0x7F800000)
+    elif qtype in _HALF_EXPONENT:
+        bits, exponent = raw.view("<u2"), np.uint16(_HALF_EXPONENT[qtype])
+    else:
+        blocks = raw.reshape(-1, QUANT_TYPES[qtype].block_bytes)
+        count = 0
+        for at in _SCALE_OFFSETS[qtype]:
+            scales = blocks[:, at:at + 2].copy().view("<u2")  # a column: 2 bytes a block
+            count += int(np.count_nonzero(scales & np.uint16(0x7C00) == np.uint16(0x7C00)))
+        return count
+    return int(np.count_nonzero(bits & exponent == exponent))
 
 
 def expected_shapes(cfg: Config) -> dict[str, tuple]:

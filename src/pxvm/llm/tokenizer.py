@@ -31,13 +31,17 @@ writes and runs these files:
 
 from __future__ import annotations
 
+import math
+from array import array
 from collections.abc import Iterable
 from typing import NamedTuple
 
+import numpy as np
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
-from ..core.errors import PxvmError
+from ..core.errors import PxvmError, shortened
+from .gguf_scan import ModelFileError
 
 TOKEN_TYPE_UNKNOWN = 2
 TOKEN_TYPE_CONTROL = 3
@@ -90,8 +94,33 @@ END_OF_GENERATION = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_
 _PHI3_KEEP_SPACE = ("<unk>", "<s>", "<|endoftext|>")
 
 
+#: Bounds of a vocabulary, checked before anything is built, above real ones (Gemma 3:
+#: 262,144 tokens of 2.3 MB in all, the longest 31 characters; Llama 3: 1.1 MB, the
+#: longest 128 characters and 280k merges): building costs time and memory in
+#: proportion to them.
+MAX_TOKENS = 1 << 19
+MAX_VOCAB_BYTES = 16 << 20
+MAX_TOKEN_BYTES = 1024
+MAX_MERGES = 1 << 22
+#: The characters of all merges together (the tokenizers library copies each merge's
+#: two texts): Llama 3's are ~2 MB.
+MAX_MERGE_CHARS = 32 << 20
+#: llama.cpp's token types: 0 undefined, 1 normal, 2 unknown, 3 control, 4 user-defined,
+#: 5 unused, 6 byte.
+TOKEN_TYPES = range(7)
+#: The metadata keys holding token ids.
+_ID_KEYS = ("bos_token_id", "eos_token_id", "unknown_token_id", "padding_token_id",
+            "eot_token_id", "eom_token_id", "seperator_token_id")
+_FLAG_KEYS = ("add_bos_token", "add_eos_token", "add_space_prefix")
+
+
 class TokenizerError(PxvmError):
     """The GGUF file's tokenizer cannot be built or used."""
+
+
+class TokenizerFileError(TokenizerError, ModelFileError):
+    """A tokenizer field of the model file is missing, of the wrong type, out of range or
+    over a bound; the message names the field."""
 
 
 class Tokenizer:
@@ -101,22 +130,22 @@ class Tokenizer:
     templates need) and adds BOS only where the file asks for it; `decode(ids)` is its
     inverse (decode(encode(s)) == s, except where Phi-3's tokens swallow whitespace)."""
 
-    def __init__(self, metadata: dict):
+    def __init__(self, metadata: dict, source: str | None = None):
+        #: the model file's path, for messages (None: "the model file")
+        self.source = source
+        _validate(metadata, source or "the model file")
         kind = metadata.get("tokenizer.ggml.model")
         tokens = metadata.get("tokenizer.ggml.tokens")
-        if not tokens:
-            raise TokenizerError("the GGUF file has no tokenizer.ggml.tokens; it cannot be "
-                                 "used for text generation")
         self.tokens: list[str] = list(tokens)
         self.token_types: list[int] = list(metadata.get("tokenizer.ggml.token_type")
                                            or [1] * len(tokens))
         self.kind = kind
         if kind == "gpt2":
             pre = _pre_tokenizer(metadata)
-            self._tok = _byte_level_bpe(metadata, pre)
+            self._tok = _byte_level_bpe(metadata, pre, source or "the model file")
             default_bos = pre.add_bos
         elif kind == "llama":
-            self._tok = _sentencepiece_bpe(metadata)
+            self._tok = _sentencepiece_bpe(metadata, source or "the model file")
             default_bos = True
         else:
             raise TokenizerError(f"tokenizer.ggml.model {kind!r} is not supported "
@@ -239,6 +268,74 @@ class StreamDecoder:
         return piece
 
 
+def _validate(metadata: dict, source: str) -> None:
+    """TokenizerFileError unless every tokenizer field has its type, length and range and
+    the vocabulary is within its bounds: checked before building anything."""
+    def fail(key: str, problem: str):
+        raise TokenizerFileError(f"{source}: metadata 'tokenizer.ggml.{key}' {problem}; the "
+                                 "file's tokenizer cannot be used (use another model file)")
+
+    def listed(key: str, kinds: tuple, what: str, n: int | None = None) -> list | None:
+        values = metadata.get(f"tokenizer.ggml.{key}")
+        if values is None:
+            return None
+        if not isinstance(values, list):
+            fail(key, f"is {type(values).__name__}; it must be an array of {what}")
+        if n is not None and len(values) != n:
+            fail(key, f"has {len(values):,} values for {n:,} tokens; it must have one a token")
+        if not set(map(type, values)) <= set(kinds):  # exact types: no bool for int
+            bad = next(i for i, v in enumerate(values) if type(v) not in kinds)
+            fail(key, f"holds {type(values[bad]).__name__} at {bad:,}; it must hold {what}")
+        return values
+
+    for key in ("model", "pre"):
+        value = metadata.get(f"tokenizer.ggml.{key}")
+        if value is not None and not isinstance(value, str):
+            fail(key, f"is {type(value).__name__}; it must be text")
+    tokens = listed("tokens", (str,), "strings")
+    if not tokens:
+        raise TokenizerFileError(f"{source} has no tokenizer.ggml.tokens; it cannot be used "
+                                 "for text generation")
+    n = len(tokens)
+    if n > MAX_TOKENS:
+        fail("tokens", f"has {n:,} tokens, over the bound of {MAX_TOKENS:,}")
+    sizes = [len(t.encode("utf-8", "surrogatepass")) for t in tokens]
+    longest = max(range(n), key=sizes.__getitem__)
+    if sizes[longest] > MAX_TOKEN_BYTES:
+        fail("tokens", f"holds a token of {sizes[longest]:,} bytes at {longest:,}, over the "
+                       f"bound of {MAX_TOKEN_BYTES:,}")
+    if sum(sizes) > MAX_VOCAB_BYTES:
+        fail("tokens", f"holds {sum(sizes):,} bytes of text, over the bound of "
+                       f"{MAX_VOCAB_BYTES:,}")
+    types = listed("token_type", (int,), "integers", n)
+    if types is not None:
+        bad = next((i for i, t in enumerate(types) if t not in TOKEN_TYPES), None)
+        if bad is not None:
+            fail("token_type", f"is {types[bad]} at {bad:,}; token types are 0 to 6")
+    scores = listed("scores", (int, float), "numbers", n)
+    if scores is not None and not all(math.isfinite(v) for v in scores):
+        fail("scores", "holds values that are not finite numbers")
+    merges = listed("merges", (str,), "strings")
+    if merges is not None and (len(merges) > MAX_MERGES
+                               or sum(map(len, merges)) > MAX_MERGE_CHARS):
+        fail("merges", f"has {len(merges):,} merges of {sum(map(len, merges)):,} characters, "
+                       f"over the bounds of {MAX_MERGES:,} and {MAX_MERGE_CHARS:,}")
+    for key in _ID_KEYS:
+        value = metadata.get(f"tokenizer.ggml.{key}")
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or not 0 <= value < n):
+            fail(key, f"is {_shown(value)}; it must be a token id from 0 to {n - 1:,}")
+    for key in _FLAG_KEYS:
+        value = metadata.get(f"tokenizer.ggml.{key}")
+        if value is not None and not isinstance(value, bool):
+            fail(key, f"is {_shown(value)}; it must be true or false")
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _pre_tokenizer(metadata: dict) -> _Pre:
     name = metadata.get("tokenizer.ggml.pre") or "default"
     if name not in _PRE_TOKENIZERS:
@@ -248,7 +345,7 @@ def _pre_tokenizer(metadata: dict) -> _Pre:
     return _PRE_TOKENIZERS[name]
 
 
-def _byte_level_bpe(metadata: dict, pre: _Pre):
+def _byte_level_bpe(metadata: dict, pre: _Pre, source: str):
     tokens = metadata["tokenizer.ggml.tokens"]
     merges = metadata.get("tokenizer.ggml.merges")
     if not merges:
@@ -256,8 +353,19 @@ def _byte_level_bpe(metadata: dict, pre: _Pre):
                              "has none")
     vocab = {tok: i for i, tok in enumerate(tokens)}
     pairs = [tuple(m.split(" ", 1)) for m in merges]
-    tok = HFTokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False,
-                                 ignore_merges=pre.ignore_merges))
+    bad = next((i for i, pair in enumerate(pairs) if len(pair) != 2), None)
+    if bad is not None:
+        raise TokenizerFileError(f"{source}: metadata 'tokenizer.ggml.merges' holds "
+                                 f"{_shown(merges[bad])} at {bad:,}, which is not two tokens "
+                                 "apart; the file's tokenizer cannot be used")
+    try:
+        model = models.BPE(vocab=vocab, merges=pairs, fuse_unk=False,
+                           ignore_merges=pre.ignore_merges)
+    except Exception as exc:  # noqa: BLE001 - the library's check of the merges' tokens
+        raise TokenizerFileError(f"{source}: metadata 'tokenizer.ggml.merges' names a token "
+                                 f"the vocabulary lacks ({shortened(str(exc), 200)}); the "
+                                 "file's tokenizer cannot be used") from exc
+    tok = HFTokenizer(model)
     steps = []
     if pre.split_digits:
         steps.append(pre_tokenizers.Digits(individual_digits=True))
@@ -268,22 +376,43 @@ def _byte_level_bpe(metadata: dict, pre: _Pre):
     return tok
 
 
-def _sentencepiece_bpe(metadata: dict):
+def _derived_merges(tokens: list[str], scores: list[float], types: list[int],
+                    vocab: dict[str, int], source: str) -> list[tuple[str, str]]:
+    """SentencePiece's merges: every cut of a normal token into two normal tokens, the
+    merge of the best-scored result first (ties by the parts' ids). Each token's cuts
+    are tried once (a slice of at most MAX_TOKEN_BYTES each): time in proportion to the
+    vocabulary's characters; the merges found are kept as ids in arrays until sorted."""
+    mergeable = {tok for tok, t in zip(tokens, types) if t == 1}
+    made, lefts, rights = array("q"), array("q"), array("q")
+    chars = 0
+    for tok in mergeable:
+        for cut in range(1, len(tok)):
+            left, right = tok[:cut], tok[cut:]
+            if left in mergeable and right in mergeable:
+                made.append(vocab[tok])
+                lefts.append(vocab[left])
+                rights.append(vocab[right])
+                chars += len(tok)
+        if len(made) > MAX_MERGES or chars > MAX_MERGE_CHARS:
+            raise TokenizerFileError(
+                f"{source}: the SentencePiece vocabulary (metadata 'tokenizer.ggml.tokens') "
+                f"makes more than {MAX_MERGES:,} merges or {MAX_MERGE_CHARS:,} characters "
+                "of them; the file's tokenizer cannot be used")
+    score = np.asarray(scores, np.float64)
+    lefts_np, rights_np = np.frombuffer(lefts, np.int64), np.frombuffer(rights, np.int64)
+    order = np.lexsort((rights_np, lefts_np, -score[np.frombuffer(made, np.int64)]))
+    return [(tokens[left], tokens[right])
+            for left, right in zip(lefts_np[order].tolist(), rights_np[order].tolist())]
+
+
+def _sentencepiece_bpe(metadata: dict, source: str):
     """SentencePiece BPE: a piece's score ranks the merge that makes it; bytes missing from
     the vocabulary fall back to <0xNN> tokens; spaces are spelled '▁'."""
     tokens = metadata["tokenizer.ggml.tokens"]
     scores = metadata.get("tokenizer.ggml.scores") or [0.0] * len(tokens)
     types = metadata.get("tokenizer.ggml.token_type") or [1] * len(tokens)
     vocab = {tok: i for i, tok in enumerate(tokens)}
-    mergeable = {tok for tok, t in zip(tokens, types) if t == 1}
-    found = []
-    for tok in mergeable:
-        for cut in range(1, len(tok)):
-            left, right = tok[:cut], tok[cut:]
-            if left in mergeable and right in mergeable:
-                found.append((-scores[vocab[tok]], vocab[left], vocab[right], left, right))
-    found.sort()
-    merges = [(left, right) for *_, left, right in found]
+    merges = _derived_merges(tokens, scores, types, vocab, source)
     unk = metadata.get("tokenizer.ggml.unknown_token_id")
     tok = HFTokenizer(models.BPE(vocab=vocab, merges=merges, byte_fallback=True, fuse_unk=True,
                                  unk_token=tokens[unk] if unk is not None else None))

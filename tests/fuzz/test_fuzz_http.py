@@ -68,6 +68,7 @@ class Served:
     port: int
     stats: FuzzStats
     stderr: Path
+    session: str = ""  # the token uploads carry, from /api/info
 
     def memory_peak(self) -> int:
         text = Path(f"/proc/{self.process.pid}/status").read_text()
@@ -87,6 +88,9 @@ def served(tmp_path_factory):
     found = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
     assert found, f"the server did not start: {line!r} {stderr.read_text()[-2000:]}"
     server = Served(process, int(found.group(1)), FuzzStats(KIND), stderr)
+    _, _, info = exchange(server.port, b"GET /api/info HTTP/1.1\r\nHost: localhost\r\n"
+                                       b"Connection: close\r\n\r\n", False, False)
+    server.session = json.loads(info)["session"]
     yield server
     if process.poll() is None:
         server.stats.peak_rss_bytes = server.memory_peak()
@@ -195,7 +199,7 @@ class Case:
 
 
 @st.composite
-def request(draw, port: int) -> Case:
+def request(draw, port: int, session: str) -> Case:
     method = draw(st.sampled_from(METHODS))
     target = draw(path())
     version = draw(st.sampled_from(VERSIONS))
@@ -217,6 +221,8 @@ def request(draw, port: int) -> Case:
         headers += [f"Content-Length: {len(body)}"] * 2
     elif declared is not None and (body or method == "POST"):
         headers.append(f"Content-Length: {declared}")
+    if draw(st.integers(0, 3)) > 0:  # mostly, so that uploads get past the token check
+        headers.append(f"X-Pxvm-Session: {session}")
     if draw(RARELY):
         headers.append("Transfer-Encoding: chunked")
     if draw(RARELY):
@@ -265,8 +271,9 @@ def _check(served: Served, case: Case) -> None:
 def test_the_page_and_an_upload_are_served(served):
     _check(served, Case(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n", False, False, "GET /"))
     program = encode(page_program(1))
-    data = (b"POST /api/program/upload HTTP/1.1\r\nHost: localhost\r\nContent-Length: "
-            + str(len(program)).encode() + b"\r\n\r\n" + program)
+    data = (b"POST /api/program/upload HTTP/1.1\r\nHost: localhost\r\nX-Pxvm-Session: "
+            + served.session.encode() + b"\r\nContent-Length: " + str(len(program)).encode()
+            + b"\r\n\r\n" + program)
     status, _, body = exchange(served.port, data, False, False)
     assert status == 200 and json.loads(body)["instructions"]
 
@@ -274,14 +281,14 @@ def test_the_page_and_an_upload_are_served(served):
 @FUZZ
 @given(data=st.data())
 def test_fuzz_http_requests(served, data):
-    _check(served, data.draw(request(served.port)))
+    _check(served, data.draw(request(served.port, served.session)))
 
 
 @FUZZ
 @given(body=mutated_pxi(pixels=2, ihdr=2, byte_level=2))
 def test_fuzz_http_uploads(served, body):
-    head = (f"POST /api/program/upload HTTP/1.1\r\nHost: localhost\r\nContent-Length: "
-            f"{len(body)}\r\n\r\n").encode()
+    head = (f"POST /api/program/upload HTTP/1.1\r\nHost: localhost\r\nX-Pxvm-Session: "
+            f"{served.session}\r\nContent-Length: {len(body)}\r\n\r\n").encode()
     _check(served, Case(head + body, False, False, f"upload of {len(body)} bytes"))
 
 

@@ -1,14 +1,17 @@
 """A bounded HTTP/1.1 server, the plumbing of `pxvm serve` (server.py has its routes):
 every refusal a JSON error with a status line, responses capped in size, reads and
 bodies limited in time, connections limited in number and closed without losing the
-answer, requests answered only when addressed to loopback names (when bound there), and
-paths parsed so that nothing that looks like traversal gets through."""
+answer, requests answered only when addressed to loopback names (when bound there), work
+started only for requests from no other site's page (`_same_origin`), and paths parsed so
+that nothing that looks like traversal gets through."""
 
 from __future__ import annotations
 
+import hmac
 import ipaddress
 import json
 import logging
+import secrets
 import select
 import socket
 import threading
@@ -33,6 +36,12 @@ BODY_SECONDS = 20.0
 #: what it still sends is read (and dropped) meanwhile.
 LINGER_SECONDS = 2.0
 DRAIN_LIMIT = 16 << 20
+#: The request header that carries the server's session token (BoundedServer.session).
+#: Browsers send a custom header cross-site only after a CORS preflight, which this server
+#: never grants; and only a page of this server's own origin can read the token.
+SESSION_HEADER = "X-Pxvm-Session"
+#: Sec-Fetch-Site values of requests that did not come from another site's page.
+SAME_SITE_FETCHES = ("same-origin", "none")
 
 
 def is_loopback(host: str) -> bool:
@@ -147,6 +156,35 @@ class BoundedHandler(BaseHTTPRequestHandler):
             name = host.rsplit(":", 1)[0]
         return is_loopback(name)
 
+    def _cross_site(self) -> str | None:
+        """Why the request comes from another site's page, or None: a browser names the
+        page's origin in Origin and how it relates to ours in Sec-Fetch-Site (clients that
+        are not browsers send neither)."""
+        origin = self.headers.get_all("Origin") or []
+        own = "http://" + (self.headers.get("Host") or "").strip().lower()
+        if origin and (len(origin) > 1 or origin[0].strip().lower() != own):
+            return f"Origin {shortened(', '.join(origin))!r} is not this server's ({own})"
+        site = self.headers.get_all("Sec-Fetch-Site") or []
+        if site and (len(site) > 1 or site[0].strip().lower() not in SAME_SITE_FETCHES):
+            return f"Sec-Fetch-Site is {shortened(', '.join(site))!r}"
+        return None
+
+    def _same_origin(self, token: bool) -> bool:
+        """Whether the request may start work: it comes from no other site's page and, when
+        `token`, carries the session token (which only this server's page can read, from
+        /api/info). Refuses it with 403 otherwise."""
+        why = self._cross_site()
+        if why is None and token:
+            sent = (self.headers.get(SESSION_HEADER) or "").encode("latin-1", "replace")
+            if not hmac.compare_digest(sent, self.server.session.encode()):
+                why = f"the {SESSION_HEADER} header does not carry this server's session token"
+        if why is None:
+            return True
+        self.close_connection = True  # a POST's body is never read
+        self._error(HTTPStatus.FORBIDDEN, f"cross-site request refused: {why}; use the page "
+                    "this server serves")
+        return False
+
     def _route(self):
         """(segments, query) of the request path, or None after refusing it."""
         if not self._host_allowed():
@@ -259,6 +297,7 @@ class BoundedServer(ThreadingHTTPServer):
         super().__init__(address, handler)
         self._connections = 0
         self._count_lock = threading.Lock()
+        self.session = secrets.token_urlsafe(32)
 
     @property
     def url(self) -> str:

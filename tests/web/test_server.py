@@ -495,3 +495,56 @@ def test_connections_past_the_cap_get_503_and_are_closed():
             idle.recv(100)  # answered; the connection stays open (keep-alive)
             status, headers, body = raw_exchange(srv, b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n")
             assert status == 503 and b"try again" in body and headers["connection"] == "close"
+
+
+def page_status(srv) -> tuple[int | None, bytes]:
+    """(status, body) of GET /, or (None, b"") when the connection was reset first (a
+    503 answered and closed before the request was all sent)."""
+    try:
+        status, _, body = raw_exchange(srv, b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n",
+                                       half_close=False, timeout=10)
+        return status, body
+    except (OSError, AssertionError):
+        return None, b""
+
+
+def test_clients_trickling_their_headers_lose_their_slots_at_the_header_deadline(monkeypatch):
+    # 70 connections, each sending its request a byte at a time: they fill the 64 slots,
+    # and are closed when HEADER_SECONDS is up (then the lingering close)
+    monkeypatch.setattr(httpd, "HEADER_SECONDS", 2.0)
+    line = b"GET / HTTP/1.1\r\nHost: localhost\r\nX-Slow: " + b"a" * 200
+    with serving() as srv:
+        slow = [socket.create_connection(srv.server_address[:2], timeout=10) for _ in range(70)]
+        stop = threading.Event()
+
+        def trickle():
+            for i in range(len(line)):
+                for conn in slow:
+                    with contextlib.suppress(OSError):  # closed by the server
+                        conn.sendall(line[i:i + 1])
+                if stop.wait(0.25):
+                    return
+
+        sender = threading.Thread(target=trickle, daemon=True)
+        sender.start()
+        try:
+            time.sleep(0.5)
+            assert page_status(srv)[0] == 503  # held while they last
+            start = time.perf_counter()
+            status, body = page_status(srv)
+            while status != 200 and time.perf_counter() - start < 15:
+                time.sleep(0.25)
+                status, body = page_status(srv)
+            assert status == 200 and b"app.js" in body
+            assert time.perf_counter() - start < 2.0 + httpd.LINGER_SECONDS + 2
+            for conn in slow:  # each was closed (past the deadline, or at once with a 503)
+                received = b""
+                with contextlib.suppress(ConnectionResetError):
+                    while part := conn.recv(65536):
+                        received += part
+                assert received in (b"", httpd.BUSY_RESPONSE)
+        finally:
+            stop.set()
+            sender.join()
+            for conn in slow:
+                conn.close()

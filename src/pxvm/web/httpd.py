@@ -8,6 +8,7 @@ that nothing that looks like traversal gets through."""
 from __future__ import annotations
 
 import hmac
+import io
 import ipaddress
 import json
 import logging
@@ -28,9 +29,12 @@ log = logging.getLogger("pxvm.web")
 MAX_RESPONSE = 32 << 20
 #: Connections served at once; one more is answered 503 and closed.
 MAX_CONNECTIONS = 64
-#: A connection's reads and writes time out after this long without progress, and a body
-#: must arrive within BODY_SECONDS in all.
+#: A connection's reads and writes time out after this long without progress; a request's
+#: line and headers must arrive within HEADER_SECONDS in all (an idle keep-alive connection
+#: is closed then too), its body within BODY_SECONDS, so that clients sending a byte now and
+#: then cannot hold the connection slots.
 SOCKET_SECONDS = 30.0
+HEADER_SECONDS = 10.0
 BODY_SECONDS = 20.0
 #: How long a closing connection waits for the client to close its end, and how much of
 #: what it still sends is read (and dropped) meanwhile.
@@ -54,6 +58,29 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+class DeadlineReader(io.RawIOBase):
+    """A socket's reads, each waiting no longer than what is left until `deadline`
+    (time.monotonic()); past it a read raises TimeoutError."""
+
+    def __init__(self, sock: socket.socket):
+        super().__init__()
+        self.sock = sock
+        self.deadline = float("inf")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request did not arrive in time")
+        self.sock.settimeout(min(left, SOCKET_SECONDS))
+        try:
+            return self.sock.recv_into(buffer)
+        finally:
+            self.sock.settimeout(SOCKET_SECONDS)  # writes keep their own limit
+
+
 class BoundedHandler(BaseHTTPRequestHandler):
     """Request plumbing for a subclass's do_GET / do_POST (which run their work through
     `_guarded`)."""
@@ -65,7 +92,16 @@ class BoundedHandler(BaseHTTPRequestHandler):
     def log_message(self, fmt, *args):
         log.info("%s %s", self.address_string(), fmt % args)
 
+    def setup(self):
+        super().setup()
+        self.rfile.close()  # the socket's own reader, unused: reads go through the deadline
+        self.reader = DeadlineReader(self.connection)
+        self.rfile = io.BufferedReader(self.reader)
+
     def handle_one_request(self):
+        # the request line and headers (or, on a kept-alive connection, the next request)
+        # within HEADER_SECONDS; BaseHTTPRequestHandler closes the connection past it
+        self.reader.deadline = time.monotonic() + HEADER_SECONDS
         try:
             super().handle_one_request()
         except ConnectionError:  # reset or broken pipe: the client has gone
@@ -128,6 +164,7 @@ class BoundedHandler(BaseHTTPRequestHandler):
             self.wfile.write(body)
 
     def _discard(self, length: int) -> None:
+        self.reader.deadline = time.monotonic() + BODY_SECONDS
         while length > 0:
             chunk = self.rfile.read(min(length, 1 << 16))
             if not chunk:
@@ -247,15 +284,10 @@ class BoundedHandler(BaseHTTPRequestHandler):
     def _read_body(self, length: int) -> bytes | None:
         """The body, or None after answering a client that sent less than it declared
         (it closed its end, or did not send it all within BODY_SECONDS)."""
-        deadline = time.monotonic() + BODY_SECONDS
+        self.reader.deadline = time.monotonic() + BODY_SECONDS
         parts, got, late = [], 0, False
         try:
             while got < length:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    late = True
-                    break
-                self.connection.settimeout(min(left, SOCKET_SECONDS))
                 chunk = self.rfile.read1(min(length - got, 1 << 16))
                 if not chunk:
                     break
@@ -263,8 +295,6 @@ class BoundedHandler(BaseHTTPRequestHandler):
                 got += len(chunk)
         except TimeoutError:
             late = True
-        finally:
-            self.connection.settimeout(SOCKET_SECONDS)
         if got < length:
             self.close_connection = True
             why = f"did not arrive within {BODY_SECONDS:g} s" if late else "ended"
@@ -289,6 +319,9 @@ class BoundedServer(ThreadingHTTPServer):
 
     daemon_threads = True
     max_connections = MAX_CONNECTIONS
+    # the listen backlog: socketserver's 5 drops the connections a page opens at once past
+    # it, each then retried a second later, and past the cap they are answered 503 anyway
+    request_queue_size = 2 * MAX_CONNECTIONS
 
     def __init__(self, address, handler):
         host = address[0]
@@ -315,8 +348,13 @@ class BoundedServer(ThreadingHTTPServer):
                 request.settimeout(1.0)
                 request.sendall(BUSY_RESPONSE)
                 request.shutdown(socket.SHUT_WR)
-                while request.recv(1 << 16, socket.MSG_DONTWAIT):  # what it sent already
-                    pass
+                # what it sent already, up to a bound; non-blocking, since with a timeout
+                # set a recv waits for more, and a client trickling bytes would hold the
+                # thread that accepts every connection
+                request.setblocking(False)
+                for _ in range(16):
+                    if not request.recv(1 << 16):
+                        break
             except OSError:
                 pass
             self.close_request(request)

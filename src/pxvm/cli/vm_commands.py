@@ -11,6 +11,7 @@ from rich.console import Console
 
 from ..backends.webgpu import WebGPUBackend, webgpu_backend
 from ..core import get_backend
+from ..core.files import check_regular_file
 from ..core.selection import names
 from ..vm import load_pxi, run_program_cpu, run_program_gpu, save_pxi
 from ..vm.assembler import assemble, disassemble
@@ -40,6 +41,7 @@ def _changes(before: np.ndarray, after: np.ndarray, limit: int = 20) -> list[str
 def asm(source: Path = typer.Argument(..., help="Assembly text (.pxs)."),
         output: Path = typer.Option(..., "-o", "--output", help="The .pxi to write.")):
     """Assemble pxVM assembly text into a .pxi program image."""
+    check_regular_file(source, ".pxs assembly", ProgramError)
     try:
         text = source.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:

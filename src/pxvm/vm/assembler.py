@@ -42,9 +42,18 @@ def _tokens(text: str, most: int, lineno: int, what: str) -> list[str]:
     return tokens
 
 
+#: The longest integer token read: every value is at most 32 bits (in binary with
+#: underscores, under 50 characters); longer ones are refused before being converted.
+MAX_INT_CHARS = 64
+
+
 def _ints(tokens, lineno, what) -> list[int]:
     values = []
     for t in tokens:
+        if len(t) > MAX_INT_CHARS:
+            raise AssemblyError(f"line {lineno}: {what}: {shortened(t, 40)!r} has {len(t):,} "
+                                f"characters; a value here has at most {MAX_INT_CHARS} (every "
+                                "value is at most 32 bits)")
         try:
             values.append(int(t, 0))
         except ValueError:

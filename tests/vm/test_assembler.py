@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from pxvm.vm.assembler import AssemblyError, assemble, disassemble
+from pxvm.vm.assembler import AssemblyError, assemble, disassemble, disassembly_lines
 from programs import random_program
 
 
@@ -128,3 +128,20 @@ def test_a_huge_integer_literal_is_one_short_error(literal):
     message = str(caught.value)
     assert message.startswith("line 2: DOT_RGB arguments: ") and len(message) < 200
     assert f"has {len(literal):,} characters; a value here has at most 64" in message
+
+
+def test_a_large_image_is_disassembled_in_bounded_memory():
+    import tracemalloc
+
+    img = np.random.default_rng(1).integers(0, 256, (2048, 2048, 4), dtype=np.uint8)
+    text_bytes = 2 * img.nbytes  # its .row lines, in hex
+    tracemalloc.start()
+    try:
+        written = sum(len(line) + 1 for line in disassembly_lines(img))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert written > text_bytes
+    assert peak < text_bytes / 16  # a row's text at a time, not the whole
+    small = img[:64, :64].copy()
+    assert "".join(line + "\n" for line in disassembly_lines(small)) == disassemble(small)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from ..core import get_backend
 from ..core.files import check_regular_file
 from ..core.selection import names
 from ..vm import load_pxi, run_program_cpu, run_program_gpu, save_pxi
-from ..vm.assembler import assemble, disassemble
+from ..vm.assembler import assemble, disassembly_lines
 from ..vm.digits import report
 from ..vm.protocol import ProgramError
 from ..vm.render import render_program
@@ -53,7 +54,8 @@ def asm(source: Path = typer.Argument(..., help="Assembly text (.pxs)."),
 
 def disasm(program: Path = typer.Argument(..., help="A .pxi program.")):
     """Print a .pxi program as assembly text (assembles back to the same bytes)."""
-    print(disassemble(_load(program)), end="")
+    for line in disassembly_lines(_load(program)):  # streamed: the text is twice the image
+        sys.stdout.write(line + "\n")
 
 
 def run(program: Path = typer.Argument(..., help="A .pxi program."),

@@ -2,10 +2,13 @@
 serve --port 0`, under an RLIMIT_AS of 1.5 GB and without PXVM_DEVICE, so that no GPU is
 touched), and requests drawn from a grammar: methods, paths with traversal and encodings,
 query strings, Host headers, Content-Length lies, chunked and Expect headers, HTTP
-versions, and upload bodies from mutated .pxi files (pxi_mutations.py). Every request,
+versions, Origin / Sec-Fetch-Site / Content-Type headers, and upload bodies from mutated
+.pxi files (pxi_mutations.py). Every request,
 sent with a 30 s client timeout, must be answered with a status below 500 and a body (a
 JSON error for every refusal), never a hang; the server must be alive and within its
-memory limit at the end. The server process is the bounded one here, not a BoundedWorker:
+memory limit at the end; and every request that a browser marks as sent by another site's
+page (test_fuzz_http_cross_site) must be refused with 403 before it starts any work, the
+session token or not. The server process is the bounded one here, not a BoundedWorker:
 its outcomes and peak memory (VmHWM) are saved as the "http" figures."""
 
 from __future__ import annotations
@@ -54,6 +57,17 @@ SEEDS = ["0", "1", "4294967295", "4294967296", "-1", "1.5", "0x10", "", "9" * 50
 HOSTS = ["localhost", "localhost:{port}", "127.0.0.1", "127.0.0.1:{port}", "[::1]", "[::1]:{port}",
          "attacker.example", "attacker.example:{port}", "", "localhost.", "127.0.0.2", "0.0.0.0",
          "LOCALHOST", "[::1", "x" * 1000, "localhost:abc", "[::ffff:127.0.0.1]", None]
+# what pages of other sites send (their origin, or "null" from a sandboxed frame or a
+# file), and how browsers say where a request comes from
+FOREIGN_ORIGINS = ["http://attacker.example", "null", "http://localhost.attacker.example:{port}",
+                   "https://localhost:{port}", "http://localhost:1", "http://127.0.0.1:{port}.x",
+                   "http://[::1]:{port}", "", "http://localhost:{port}/", "x" * 3000,
+                   "http://localhost:{port}, http://attacker.example"]
+FOREIGN_SITES = ["cross-site", "same-site", "CROSS-SITE", " cross-site ", "same-origin, cross-site",
+                 "", "bogus", "cross-site\x00"]
+CONTENT_TYPES = ["text/plain", "text/plain; charset=utf-8", "application/x-www-form-urlencoded",
+                 "multipart/form-data; boundary=x", "application/json", "image/png", "",
+                 "application/octet-stream"]
 VERSIONS = ["HTTP/1.1"] * 6 + ["HTTP/1.0", "HTTP/1.0", "HTTP/2.0", "HTTP/0.9", "HTTP/1.1.1",
                                "http/1.1", "HTTP/x", None]
 
@@ -68,6 +82,7 @@ class Served:
     port: int
     stats: FuzzStats
     stderr: Path
+    session: str = ""  # the token uploads carry, from /api/info
 
     def memory_peak(self) -> int:
         text = Path(f"/proc/{self.process.pid}/status").read_text()
@@ -87,6 +102,9 @@ def served(tmp_path_factory):
     found = re.search(r"http://127\.0\.0\.1:(\d+)/", line)
     assert found, f"the server did not start: {line!r} {stderr.read_text()[-2000:]}"
     server = Served(process, int(found.group(1)), FuzzStats(KIND), stderr)
+    _, _, info = exchange(server.port, b"GET /api/info HTTP/1.1\r\nHost: localhost\r\n"
+                                       b"Connection: close\r\n\r\n", False, False)
+    server.session = json.loads(info)["session"]
     yield server
     if process.poll() is None:
         server.stats.peak_rss_bytes = server.memory_peak()
@@ -195,7 +213,7 @@ class Case:
 
 
 @st.composite
-def request(draw, port: int) -> Case:
+def request(draw, port: int, session: str) -> Case:
     method = draw(st.sampled_from(METHODS))
     target = draw(path())
     version = draw(st.sampled_from(VERSIONS))
@@ -217,6 +235,14 @@ def request(draw, port: int) -> Case:
         headers += [f"Content-Length: {len(body)}"] * 2
     elif declared is not None and (body or method == "POST"):
         headers.append(f"Content-Length: {declared}")
+    if draw(st.integers(0, 3)) > 0:  # mostly, so that uploads get past the token check
+        headers.append(f"X-Pxvm-Session: {session}")
+    if draw(RARELY):
+        headers.append(f"Origin: {draw(st.sampled_from(FOREIGN_ORIGINS)).format(port=port)}")
+    if draw(RARELY):
+        headers.append(f"Sec-Fetch-Site: {draw(st.sampled_from(FOREIGN_SITES + ['same-origin']))}")
+    if draw(RARELY):
+        headers.append(f"Content-Type: {draw(st.sampled_from(CONTENT_TYPES))}")
     if draw(RARELY):
         headers.append("Transfer-Encoding: chunked")
     if draw(RARELY):
@@ -234,7 +260,49 @@ def request(draw, port: int) -> Case:
                 f"{line[:120]!r} + {len(headers)} headers, body {len(body)} B, length {length}")
 
 
-def _check(served: Served, case: Case) -> None:
+#: Routes that start work (an upload, the native benchmarks) or compute test data, and the
+#: page's info (which holds the session token)
+API_ROUTES = ["/api/program/upload", "/api/bench/native", "/api/case/add", "/api/info",
+              "/api/program/random?seed=1", "/api/program/example/dot_test.pxi",
+              "/api/bench/matmul"]
+
+
+@st.composite
+def cross_site_request(draw, port: int, session: str) -> Case:
+    """A request a page elsewhere could make a browser send (with or without the session
+    token, which it cannot read, and any content type): at least one foreign Origin or
+    Sec-Fetch-Site header."""
+    method = draw(st.sampled_from(["GET", "HEAD", "POST", "POST"]))
+    target = draw(st.sampled_from(API_ROUTES))
+    host = draw(st.sampled_from(["localhost:{port}", "127.0.0.1:{port}", "[::1]:{port}",
+                                 "localhost"])).format(port=port)
+    foreign = draw(st.sampled_from(["origin", "site", "both"]))
+    headers = [f"Host: {host}"]
+    if foreign in ("origin", "both"):
+        foreign_origin = st.sampled_from(FOREIGN_ORIGINS).map(lambda o: o.format(port=port)) \
+            .filter(lambda o: o.lower() != f"http://{host}".lower())
+        for _ in range(draw(st.integers(1, 2))):  # a second Origin header is foreign too
+            headers.append(f"Origin: {draw(foreign_origin)}")
+    elif draw(st.booleans()):
+        headers.append(f"Origin: http://{host}")  # its own origin, with a foreign site
+    if foreign in ("site", "both"):
+        headers.append(f"Sec-Fetch-Site: {draw(st.sampled_from(FOREIGN_SITES))}")
+    elif draw(st.booleans()):
+        headers.append(f"Sec-Fetch-Site: {draw(st.sampled_from(['same-origin', 'none']))}")
+    if draw(st.booleans()):
+        headers.append(f"X-Pxvm-Session: {session}")
+    if draw(st.booleans()):
+        headers.append(f"Content-Type: {draw(st.sampled_from(CONTENT_TYPES))}")
+    body = encode(page_program(draw(st.integers(0, 2**32 - 1)))) if method == "POST" else b""
+    if method == "POST":
+        headers.append(f"Content-Length: {len(body)}")
+    headers = draw(st.permutations(headers))
+    head = f"{method} {target} HTTP/1.1\r\n" + "".join(h + "\r\n" for h in headers) + "\r\n"
+    return Case(head.encode("utf-8", "surrogatepass") + body, False, method == "HEAD",
+                f"{method} {target} + {headers!r}"[:600])
+
+
+def _check(served: Served, case: Case, expected: int | None = None) -> None:
     start = time.perf_counter()
     stats = served.stats
     try:
@@ -253,6 +321,8 @@ def _check(served: Served, case: Case) -> None:
                 outcome, message = "crash", f"status {status} without an error: {body[:300]!r}"
         elif not case.head and not body:
             outcome, message = "crash", f"status {status} with an empty body"
+    if expected is not None and outcome in ("ok", "error") and status != expected:
+        outcome, message = "crash", f"status {status}, not {expected}: {body[:300]!r}"
     seconds = time.perf_counter() - start
     stats.outcomes[outcome] += 1
     stats.slowest_seconds = max(stats.slowest_seconds, seconds)
@@ -265,8 +335,9 @@ def _check(served: Served, case: Case) -> None:
 def test_the_page_and_an_upload_are_served(served):
     _check(served, Case(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n", False, False, "GET /"))
     program = encode(page_program(1))
-    data = (b"POST /api/program/upload HTTP/1.1\r\nHost: localhost\r\nContent-Length: "
-            + str(len(program)).encode() + b"\r\n\r\n" + program)
+    data = (b"POST /api/program/upload HTTP/1.1\r\nHost: localhost\r\nX-Pxvm-Session: "
+            + served.session.encode() + b"\r\nContent-Length: " + str(len(program)).encode()
+            + b"\r\n\r\n" + program)
     status, _, body = exchange(served.port, data, False, False)
     assert status == 200 and json.loads(body)["instructions"]
 
@@ -274,15 +345,21 @@ def test_the_page_and_an_upload_are_served(served):
 @FUZZ
 @given(data=st.data())
 def test_fuzz_http_requests(served, data):
-    _check(served, data.draw(request(served.port)))
+    _check(served, data.draw(request(served.port, served.session)))
 
 
 @FUZZ
 @given(body=mutated_pxi(pixels=2, ihdr=2, byte_level=2))
 def test_fuzz_http_uploads(served, body):
-    head = (f"POST /api/program/upload HTTP/1.1\r\nHost: localhost\r\nContent-Length: "
-            f"{len(body)}\r\n\r\n").encode()
+    head = (f"POST /api/program/upload HTTP/1.1\r\nHost: localhost\r\nX-Pxvm-Session: "
+            f"{served.session}\r\nContent-Length: {len(body)}\r\n\r\n").encode()
     _check(served, Case(head + body, False, False, f"upload of {len(body)} bytes"))
+
+
+@FUZZ
+@given(data=st.data())
+def test_fuzz_http_cross_site(served, data):
+    _check(served, data.draw(cross_site_request(served.port, served.session)), expected=403)
 
 
 def test_the_server_is_alive_and_within_its_bounds_at_the_end(served):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from pxvm.vm.assembler import AssemblyError, assemble, disassemble
+from pxvm.vm.assembler import AssemblyError, assemble, disassemble, disassembly_lines
 from programs import random_program
 
 
@@ -93,7 +93,7 @@ def test_the_ends_of_every_range_assemble_exactly():
     (".size 4 4\nDOT_RGB 1.5 2 3", r"DOT_RGB arguments must be integers, got '1.5'"),
     (".size 4 4\nDOT_RGB nan 2 3", r"must be integers, got 'nan'"),
     (".size 4 4\nDOT_RGB \"1 2 3", r"must be integers, got '\"1'"),
-    (".size 4 4\nDOT_RGB " + "9" * 5000 + " 2 3", r"must be integers, got '9999"),
+    (".size 4 4\nDOT_RGB " + "9" * 5000 + " 2 3", r"DOT_RGB arguments: .9999.* has 5,000 characters"),
     (".size 4 4\nDOT_RGB 1 2 3 4", r"DOT_RGB takes at most 3 values here"),
     (".size 4 4\n.vector", r".vector needs a row number"),
     (".size 4 4\n.row", r".row needs a row number"),
@@ -118,3 +118,30 @@ def test_a_line_carrying_more_values_than_its_item_can_place_is_refused_unsplit(
                                                 "line has more"):
             assemble(".size 8 8\n" + line)
         assert time.perf_counter() - start < 0.5  # not split into 3 million tokens
+
+
+@pytest.mark.parametrize("literal", ["0x" + "f" * 5000, "9" * 5000, "0b" + "1" * 100_000,
+                                     "-0x" + "0" * 10_000 + "1"])
+def test_a_huge_integer_literal_is_one_short_error(literal):
+    with pytest.raises(AssemblyError) as caught:
+        assemble(f".size 4 4\nDOT_RGB {literal} 2 3\n")
+    message = str(caught.value)
+    assert message.startswith("line 2: DOT_RGB arguments: ") and len(message) < 200
+    assert f"has {len(literal):,} characters; a value here has at most 64" in message
+
+
+def test_a_large_image_is_disassembled_in_bounded_memory():
+    import tracemalloc
+
+    img = np.random.default_rng(1).integers(0, 256, (2048, 2048, 4), dtype=np.uint8)
+    text_bytes = 2 * img.nbytes  # its .row lines, in hex
+    tracemalloc.start()
+    try:
+        written = sum(len(line) + 1 for line in disassembly_lines(img))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert written > text_bytes
+    assert peak < text_bytes / 16  # a row's text at a time, not the whole
+    small = img[:64, :64].copy()
+    assert "".join(line + "\n" for line in disassembly_lines(small)) == disassemble(small)

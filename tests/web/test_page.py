@@ -17,6 +17,7 @@ import importlib.util
 import os
 import shutil
 import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
@@ -158,3 +159,72 @@ def test_page_explains_missing_webgpu(page_url):
             assert page.get_attribute("#suite-summary", "data-state") == "no-webgpu"
         finally:
             browser.close()
+
+
+ATTACKER_PAGE = """<!doctype html><script>
+// what any page on the web can do without a CORS preflight
+window.attack = async (target, program) => {
+  await fetch(target + "api/program/upload", { method: "POST", mode: "no-cors",
+    headers: { "Content-Type": "text/plain" }, body: new Uint8Array(program) }).catch(() => {});
+  await new Promise((done) => {
+    const img = new Image();
+    img.onload = img.onerror = done;
+    img.src = target + "api/bench/native";
+  });
+};
+</script>"""
+
+
+class _AttackerPage(BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = ATTACKER_PAGE.encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_page_of_another_site_cannot_run_an_upload_or_the_benchmarks():
+    """A page of another origin (a second loopback server, as localhost: Chromium's local
+    network checks let a loopback page reach loopback) posts a program as text/plain and
+    loads the native benchmarks as an image: both reach the server, which runs neither."""
+    from importlib import resources
+
+    from playwright.sync_api import sync_playwright
+
+    from pxvm.web.server import PxvmRequestHandler, PxvmServer
+
+    answered = {}
+
+    class Recording(PxvmRequestHandler):  # notes each answer's status
+        def send_response(self, code, message=None):
+            answered[self.path.rsplit("/", 1)[-1]] = code
+            super().send_response(code, message)
+
+    srv = PxvmServer(("127.0.0.1", 0), Recording)
+    ran = []
+    srv.planner.run = lambda *a: ran.append("upload") or ("error", "ran")
+    srv.native.measure = lambda: ran.append("bench") or {"results": {}}
+    other = HTTPServer(("127.0.0.1", 0), _AttackerPage)
+    for server in (srv, other):
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    program = list(resources.files("pxvm.examples").joinpath("dot_test.pxi").read_bytes())
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+            try:
+                page = browser.new_page()
+                page.goto(f"http://localhost:{other.server_address[1]}/attacker.html")
+                page.evaluate("([t, p]) => window.attack(t, p)", [srv.url, program])
+                assert answered == {"upload": 403, "native": 403}, answered
+                assert ran == []
+            finally:
+                browser.close()
+    finally:
+        for server in (srv, other):
+            server.shutdown()
+            server.server_close()

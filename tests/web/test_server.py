@@ -56,6 +56,19 @@ def request(srv, method, path, body=None, headers=None):
         conn.close()
 
 
+def session(srv) -> str:
+    """The session token the page reads from /api/info (uploads must carry it)."""
+    status, body = request(srv, "GET", "/api/info")
+    assert status == 200
+    return json.loads(body)["session"]
+
+
+def with_session(srv, data: bytes) -> bytes:
+    """Raw request bytes with the session header added after the request line."""
+    line, _, rest = data.partition(b"\r\n")
+    return line + b"\r\n" + httpd.SESSION_HEADER.encode() + b": " + session(srv).encode() + b"\r\n" + rest
+
+
 def test_binds_to_loopback_by_default(served):
     assert served.server_address[0] == "127.0.0.1"
     assert inspect.signature(web_server.make_server).parameters["host"].default == "127.0.0.1"
@@ -92,10 +105,12 @@ def test_paths_outside_the_served_files_are_refused(served, path):
 def test_upload_runs_a_program_and_returns_the_cpu_result(served):
     pytest.importorskip("pxvm.vm")
     data = resources.files("pxvm.examples").joinpath("dot_test.pxi").read_bytes()
-    status, body = request(served, "POST", "/api/program/upload", data, {"Content-Type": "image/png"})
+    token = {httpd.SESSION_HEADER: session(served)}
+    status, body = request(served, "POST", "/api/program/upload", data,
+                           {"Content-Type": "image/png", **token})
     plan = json.loads(body)
     assert status == 200 and plan["instructions"] == ["DOT_RGB"] and plan["dispatches"]
-    status, body = request(served, "POST", "/api/program/upload", b"not a png at all")
+    status, body = request(served, "POST", "/api/program/upload", b"not a png at all", token)
     assert status == 400 and b"PNG" in body
 
 
@@ -104,13 +119,15 @@ def test_oversized_uploads_are_refused_unread(served):
     try:
         conn.putrequest("POST", "/api/program/upload")
         conn.putheader("Content-Length", str(1 << 30))
+        conn.putheader(httpd.SESSION_HEADER, session(served))
         conn.endheaders()  # no body sent: a huge upload is refused from the header alone
         resp = conn.getresponse()
         assert resp.status == 413
     finally:
         conn.close()
     # a little too large: the client sending it all still gets a clean 413
-    status, body = request(served, "POST", "/api/program/upload", b"x" * (web_server.MAX_UPLOAD + 1))
+    status, body = request(served, "POST", "/api/program/upload", b"x" * (web_server.MAX_UPLOAD + 1),
+                           {httpd.SESSION_HEADER: session(served)})
     assert status == 413 and b"4 MiB" in body
 
 
@@ -158,10 +175,13 @@ def png_of_zeros(width, height, depth=8) -> bytes:
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
 
 
-def upload(srv, data, timeout=60):
+def upload(srv, data, timeout=60, headers=None):
+    """POST `data` as the page does (its session token, an image/png body); `headers` adds
+    to or replaces those headers."""
+    sent = {"Content-Type": "image/png", httpd.SESSION_HEADER: session(srv), **(headers or {})}
     conn = http.client.HTTPConnection(*srv.server_address[:2], timeout=timeout)
     try:
-        conn.request("POST", "/api/program/upload", body=data, headers={"Content-Type": "image/png"})
+        conn.request("POST", "/api/program/upload", body=data, headers=sent)
         resp = conn.getresponse()
         return resp.status, json.loads(resp.read())
     finally:
@@ -234,8 +254,9 @@ def wait_for(condition, seconds=20.0):
 def test_others_are_served_while_an_upload_is_planned_and_a_gone_client_stops_it(served, slow_upload):
     stopped = served.planner.stopped
     client = socket.create_connection(served.server_address[:2], timeout=30)
-    client.sendall(b"POST /api/program/upload HTTP/1.1\r\nHost: localhost\r\nContent-Length: "
-                   + str(len(slow_upload)).encode() + b"\r\n\r\n" + slow_upload)
+    client.sendall(with_session(served, b"POST /api/program/upload HTTP/1.1\r\nHost: localhost\r\n"
+                                b"Content-Length: " + str(len(slow_upload)).encode() + b"\r\n\r\n"
+                                + slow_upload))
     wait_for(lambda: served.planner.running)
     start = time.perf_counter()
     status, body = request(served, "GET", "/api/info")
@@ -285,6 +306,73 @@ def test_no_response_exceeds_the_cap(served, monkeypatch):
     monkeypatch.setattr(httpd, "MAX_RESPONSE", 100)
     status, body = request(served, "GET", "/api/info")
     assert status == 500 and len(body) < 200 and b"over the server's limit of 100" in body
+
+
+# ---- requests from other sites' pages --------------------------------------------------
+@pytest.fixture
+def native_runs(served, monkeypatch):
+    """How many times the native benchmarks were asked to run."""
+    runs = []
+    monkeypatch.setattr(served.native, "measure", lambda: runs.append(1) or {"results": {}})
+    return runs
+
+
+def test_a_cross_site_text_plain_post_runs_nothing(served, planner_calls):
+    # what a page elsewhere can send without a preflight: text/plain, its own Origin
+    data = resources.files("pxvm.examples").joinpath("dot_test.pxi").read_bytes()
+    port = served.server_address[1]
+    status, body = request(served, "POST", "/api/program/upload", data,
+                           {"Content-Type": "text/plain", "Origin": "http://attacker.example",
+                            "Sec-Fetch-Site": "cross-site"})
+    assert status == 403 and "cross-site request refused" in json.loads(body)["error"]
+    # the same without the session token (a browser without Origin or Sec-Fetch-Site)
+    status, body = request(served, "POST", "/api/program/upload", data,
+                           {"Content-Type": "text/plain", "Host": f"localhost:{port}"})
+    assert status == 403 and "X-Pxvm-Session header" in json.loads(body)["error"]
+    assert planner_calls == []
+
+
+def test_an_img_get_of_the_native_benchmark_from_another_site_starts_nothing(served, native_runs):
+    img = {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "no-cors", "Sec-Fetch-Dest": "image"}
+    status, body = request(served, "GET", "/api/bench/native", headers=img)
+    assert status == 403 and "Sec-Fetch-Site is 'cross-site'" in json.loads(body)["error"]
+    status, _ = request(served, "GET", "/api/bench/native")  # no token
+    assert status == 403 and native_runs == []
+    status, _ = request(served, "GET", "/api/bench/native",
+                        headers={httpd.SESSION_HEADER: session(served)})
+    assert status == 200 and native_runs == [1]
+
+
+@pytest.mark.parametrize("headers", [
+    {"Origin": "http://attacker.example"}, {"Origin": "null"},
+    {"Origin": "http://localhost.attacker.example:{port}"}, {"Origin": "https://127.0.0.1:{port}"},
+    {"Origin": "http://127.0.0.1:1"}, {"Sec-Fetch-Site": "same-site"},
+    {"Sec-Fetch-Site": "cross-site"}, {"Sec-Fetch-Site": "same-origin, cross-site"},
+])
+def test_cross_site_api_requests_get_403_with_a_json_error(served, planner_calls, headers):
+    port = served.server_address[1]
+    sent = {k: v.format(port=port) for k, v in headers.items()}
+    for method, path in (("GET", "/api/case/add"), ("GET", "/api/info")):
+        status, body = request(served, method, path, headers=sent)
+        assert status == 403 and "cross-site request refused" in json.loads(body)["error"]
+    status, body = upload(served, resources.files("pxvm.examples").joinpath("dot_test.pxi")
+                          .read_bytes(), headers=sent)
+    assert status == 403 and planner_calls == []
+
+
+def test_same_origin_requests_from_the_page_are_served(served):
+    data = resources.files("pxvm.examples").joinpath("dot_test.pxi").read_bytes()
+    port = served.server_address[1]
+    page = {"Host": f"127.0.0.1:{port}", "Origin": f"http://127.0.0.1:{port}",
+            "Sec-Fetch-Site": "same-origin"}
+    status, body = upload(served, data, headers=page)
+    assert status == 200 and body["instructions"] == ["DOT_RGB"]
+    status, _ = request(served, "GET", "/api/case/add", headers=page)
+    assert status == 200
+    # the page itself may be opened from a link elsewhere, or typed in
+    for site in ("cross-site", "none"):
+        status, body = request(served, "GET", "/", headers={"Sec-Fetch-Site": site})
+        assert status == 200 and b"app.js" in body
 
 
 # ---- hostile requests -------------------------------------------------------------------
@@ -350,6 +438,8 @@ def raw_exchange(srv, data: bytes, half_close=True, timeout=30) -> tuple[int, di
      b"path refused"),
 ])
 def test_malformed_requests_get_a_clear_json_4xx_with_a_status_line(served, data, status, message):
+    if data.startswith(b"POST"):  # refused for want of the token before anything else
+        data = with_session(served, data)
     got, headers, body = raw_exchange(served, data)
     assert got == status, body
     assert headers["content-type"] == "application/json" and message in body
@@ -378,8 +468,9 @@ def test_a_case_plan_uses_the_subgroup_variants_only_where_the_page_asks(served)
 def test_a_body_that_does_not_arrive_in_time_is_answered_400(served, monkeypatch):
     monkeypatch.setattr(httpd, "BODY_SECONDS", 0.5)
     start = time.perf_counter()
-    status, _, body = raw_exchange(served, b"POST /api/program/upload HTTP/1.1\r\nHost: localhost"
-                                           b"\r\nContent-Length: 100\r\n\r\nabc", half_close=False)
+    data = with_session(served, b"POST /api/program/upload HTTP/1.1\r\nHost: localhost\r\n"
+                                b"Content-Length: 100\r\n\r\nabc")
+    status, _, body = raw_exchange(served, data, half_close=False)
     assert status == 400 and b"did not arrive within 0.5 s: 3 of the 100 bytes" in body
     assert time.perf_counter() - start < 5
 
@@ -404,3 +495,56 @@ def test_connections_past_the_cap_get_503_and_are_closed():
             idle.recv(100)  # answered; the connection stays open (keep-alive)
             status, headers, body = raw_exchange(srv, b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n")
             assert status == 503 and b"try again" in body and headers["connection"] == "close"
+
+
+def page_status(srv) -> tuple[int | None, bytes]:
+    """(status, body) of GET /, or (None, b"") when the connection was reset first (a
+    503 answered and closed before the request was all sent)."""
+    try:
+        status, _, body = raw_exchange(srv, b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n",
+                                       half_close=False, timeout=10)
+        return status, body
+    except (OSError, AssertionError):
+        return None, b""
+
+
+def test_clients_trickling_their_headers_lose_their_slots_at_the_header_deadline(monkeypatch):
+    # 70 connections, each sending its request a byte at a time: they fill the 64 slots,
+    # and are closed when HEADER_SECONDS is up (then the lingering close)
+    monkeypatch.setattr(httpd, "HEADER_SECONDS", 2.0)
+    line = b"GET / HTTP/1.1\r\nHost: localhost\r\nX-Slow: " + b"a" * 200
+    with serving() as srv:
+        slow = [socket.create_connection(srv.server_address[:2], timeout=10) for _ in range(70)]
+        stop = threading.Event()
+
+        def trickle():
+            for i in range(len(line)):
+                for conn in slow:
+                    with contextlib.suppress(OSError):  # closed by the server
+                        conn.sendall(line[i:i + 1])
+                if stop.wait(0.25):
+                    return
+
+        sender = threading.Thread(target=trickle, daemon=True)
+        sender.start()
+        try:
+            time.sleep(0.5)
+            assert page_status(srv)[0] == 503  # held while they last
+            start = time.perf_counter()
+            status, body = page_status(srv)
+            while status != 200 and time.perf_counter() - start < 15:
+                time.sleep(0.25)
+                status, body = page_status(srv)
+            assert status == 200 and b"app.js" in body
+            assert time.perf_counter() - start < 2.0 + httpd.LINGER_SECONDS + 2
+            for conn in slow:  # each was closed (past the deadline, or at once with a 503)
+                received = b""
+                with contextlib.suppress(ConnectionResetError):
+                    while part := conn.recv(65536):
+                        received += part
+                assert received in (b"", httpd.BUSY_RESPONSE)
+        finally:
+            stop.set()
+            sender.join()
+            for conn in slow:
+                conn.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -11,9 +12,10 @@ from rich.console import Console
 
 from ..backends.webgpu import WebGPUBackend
 from ..core import get_backend, unavailable_reason
+from ..core.files import check_regular_file
 from ..core.selection import canonical, names
 from ..vm import load_pxi, run_program_cpu, run_program_gpu, save_pxi
-from ..vm.assembler import assemble, disassemble
+from ..vm.assembler import assemble, disassembly_lines
 from ..vm.digits import report
 from ..vm.protocol import ProgramError
 from ..vm.render import render_program
@@ -40,6 +42,7 @@ def _changes(before: np.ndarray, after: np.ndarray, limit: int = 20) -> list[str
 def asm(source: Path = typer.Argument(..., help="Assembly text (.pxs)."),
         output: Path = typer.Option(..., "-o", "--output", help="The .pxi to write.")):
     """Assemble pxVM assembly text into a .pxi program image."""
+    check_regular_file(source, ".pxs assembly", ProgramError)
     try:
         text = source.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -51,7 +54,8 @@ def asm(source: Path = typer.Argument(..., help="Assembly text (.pxs)."),
 
 def disasm(program: Path = typer.Argument(..., help="A .pxi program.")):
     """Print a .pxi program as assembly text (assembles back to the same bytes)."""
-    print(disassemble(_load(program)), end="")
+    for line in disassembly_lines(_load(program)):  # streamed: the text is twice the image
+        sys.stdout.write(line + "\n")
 
 
 def run(program: Path = typer.Argument(..., help="A .pxi program."),

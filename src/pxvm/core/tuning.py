@@ -7,9 +7,10 @@ measured); backends declare what can be tuned with `tunable(...)` next to their 
 the candidates, and benchmark cases that make inputs and the expected result. The
 measurements are kept on disk, one JSON file per device, keyed by the backend's identity
 (adapter and driver) and pxvm's version: another device, driver or pxvm runs on the defaults until tuned again. A file
-that does not parse, or a value that is not among a tunable's candidates, is ignored
-(the kernels' own rules again), so a stale or edited file can never pick a kernel that
-does not exist.
+that does not parse, an entry not of the file's schema (`_validated`; ignored with a warning
+naming the file), or a value that is not among a tunable's candidates, is ignored (the
+kernels' own rules again), so a stale or edited file can never pick a kernel that does not
+exist, nor stop `pxvm info`.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Callable
 import numpy as np
 
 from .backend import Backend
+from .errors import shortened
 
 log = logging.getLogger("pxvm.tuning")
 
@@ -145,16 +147,59 @@ def _read(empty: Tuning) -> Tuning:
         data = json.loads(path.read_text())
         if not isinstance(data, dict) or data.get("identity") != empty.identity:
             raise ValueError("not this device's file")
-        configs, crossovers = data.get("configs", {}), data.get("crossovers", {})
-        if not isinstance(configs, dict) or not isinstance(crossovers, dict):
-            raise ValueError("configs and crossovers must be objects")
-        return Tuning(empty.identity, configs,
-                      {k: v for k, v in crossovers.items()
-                       if isinstance(v, int) and not isinstance(v, bool) and v >= 0},
-                      data.get("measured", {}) if isinstance(data.get("measured"), dict) else {})
-    except (OSError, ValueError) as exc:
+        found, ignored = _validated(empty.identity, data)
+    except (OSError, ValueError, RecursionError) as exc:  # RecursionError: nesting too deep
         log.warning("pxvm: ignoring the tuning file %s (%s); run `pxvm tune` again", path, exc)
         return empty
+    if ignored:
+        log.warning("pxvm: ignoring %d entries of the tuning file %s that are not what `pxvm "
+                    "tune` writes (%s); run `pxvm tune` again", len(ignored), path,
+                    shortened("; ".join(ignored), 300))
+    return found
+
+
+# The tuning file's schema, checked entry by entry (the file is JSON written by `pxvm
+# tune`; an edited or damaged entry is dropped, never passed on to a kernel or to `pxvm
+# info`): configs name -> a JSON scalar or a flat list of them (a tunable's candidate);
+# crossovers op -> elements >= 0; measured key -> a scalar, a flat list, or an object of
+# them, "tuned at" a string and "crossover OP" an object whose gpu_faster_from is an
+# integer or null.
+def _scalar(value) -> bool:
+    return value is None or isinstance(value, (str, int, float, bool))
+
+
+def _flat(value) -> bool:
+    return _scalar(value) or (isinstance(value, list) and all(_scalar(v) for v in value))
+
+
+def _measured_entry(key: str, value) -> bool:
+    if key == "tuned at":
+        return isinstance(value, str)
+    if isinstance(value, dict) and all(_flat(v) for v in value.values()):
+        faster = value.get("gpu_faster_from")
+        return not key.startswith("crossover ") or faster is None or (
+            isinstance(faster, int) and not isinstance(faster, bool))
+    return _flat(value) and not key.startswith("crossover ")
+
+
+def _validated(identity: str, data: dict) -> tuple[Tuning, list[str]]:
+    """The file's valid entries as a Tuning, and a description of each one dropped."""
+    found, ignored = Tuning(identity), []
+    checks = (("configs", found.configs, lambda _, v: _flat(v)),
+              ("crossovers", found.crossovers,
+               lambda _, v: isinstance(v, int) and not isinstance(v, bool) and v >= 0),
+              ("measured", found.measured, _measured_entry))
+    for section, kept, valid in checks:
+        entries = data.get(section, {})
+        if not isinstance(entries, dict):
+            ignored.append(f"{section} is not an object")
+            continue
+        for key, value in entries.items():
+            if valid(key, value):
+                kept[key] = value
+            else:
+                ignored.append(f"{section} {shortened(key, 40)!r}")
+    return found, ignored
 
 
 def forget() -> None:

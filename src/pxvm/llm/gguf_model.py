@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFValueType
 
+from ..core.files import check_regular_file
 from ..ops.attention import MAX_HEAD_DIM
 from ..ops.quant_types import QUANT_TYPES, supported_names
 from .families import FAMILIES, Family
@@ -119,6 +120,7 @@ class GGUFModelFile:
 
     def __init__(self, path: str):
         self.path = os.fspath(path)
+        check_regular_file(self.path, ".gguf model", ModelFileError)
         try:
             with open(self.path, "rb") as f:
                 head = f.read(4)
@@ -478,6 +480,7 @@ def summarize(path: str) -> FileSummary:
     """The FileSummary of the GGUF file at `path` (its header read by the bounded scan);
     ModelFileError when it is no GGUF file one can read."""
     path = os.fspath(path)
+    check_regular_file(path, ".gguf model", ModelFileError)
     try:
         data = np.memmap(path, dtype=np.uint8, mode="r")
     except (OSError, ValueError) as exc:

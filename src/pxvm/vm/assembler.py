@@ -42,9 +42,18 @@ def _tokens(text: str, most: int, lineno: int, what: str) -> list[str]:
     return tokens
 
 
+#: The longest integer token read: every value is at most 32 bits (in binary with
+#: underscores, under 50 characters); longer ones are refused before being converted.
+MAX_INT_CHARS = 64
+
+
 def _ints(tokens, lineno, what) -> list[int]:
     values = []
     for t in tokens:
+        if len(t) > MAX_INT_CHARS:
+            raise AssemblyError(f"line {lineno}: {what}: {shortened(t, 40)!r} has {len(t):,} "
+                                f"characters; a value here has at most {MAX_INT_CHARS} (every "
+                                "value is at most 32 bits)")
         try:
             values.append(int(t, 0))
         except ValueError:
@@ -216,34 +225,40 @@ def _matrix(img, head, rest, lineno):
 
 def disassemble(img: np.ndarray) -> str:
     """Readable text that assembles back to exactly `img`."""
+    return "".join(line + "\n" for line in disassembly_lines(img))
+
+
+def disassembly_lines(img: np.ndarray):
+    """disassemble's lines, one at a time: a large image's text (twice its bytes, in hex)
+    is written out as it is made instead of being held whole."""
     h, w = img.shape[:2]
-    lines = [f"; pxVM program, Pixel Protocol {PROTOCOL_VERSION}", f".size {w} {h}"]
+    yield f"; pxVM program, Pixel Protocol {PROTOCOL_VERSION}"
+    yield f".size {w} {h}"
     notes = {}
     try:
         prog = validate_program(img)
         for ins in prog.instructions:
             notes[ins.x] = _describe(ins)
     except ProgramError as exc:
-        lines.append(f"; note: this program does not validate: {exc}")
+        yield f"; note: this program does not validate: {exc}"
     x = 0
     while x < w:  # instructions are placed in order from column 0: decode up to the first
         r, g, b, a = (int(v) for v in img[0, x])  # HALT or unknown opcode
         if r not in MNEMONICS:
             break
         text = f"{MNEMONICS[r]} {g} {b} {a}"
-        lines.append(text + (f"    ; {notes[x]}" if x in notes else ""))
+        yield text + (f"    ; {notes[x]}" if x in notes else "")
         x += 1
         if r == OP_HALT:
             break
     for col in x + np.flatnonzero(np.any(img[0, x:] != 0, axis=1)):
-        lines.append(".pixel {} 0 {} {} {} {}".format(int(col), *(int(v) for v in img[0, col])))
+        yield ".pixel {} 0 {} {} {} {}".format(int(col), *(int(v) for v in img[0, col]))
     for y in range(1, h):
         row = img[y]
         nz = np.flatnonzero(np.any(row != 0, axis=1))
         if nz.size:
             data = row[: nz[-1] + 1].tobytes().hex()
-            lines.append(f".row {y} {data}")
-    return "\n".join(lines) + "\n"
+            yield f".row {y} {data}"
 
 
 def _describe(ins) -> str:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from ..core.files import check_regular_file
 from .protocol import MAX_PIXELS, ProgramError, check_image
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -105,6 +106,7 @@ def _read(source) -> tuple[bytes, str]:
                                f"{MAX_FILE_BYTES:,}")
         return data, "the data"
     name = os.fspath(source)
+    check_regular_file(source, ".pxi program", ProgramError)
     try:
         with open(source, "rb") as f:
             size = os.fstat(f.fileno()).st_size

@@ -1,14 +1,18 @@
 """A bounded HTTP/1.1 server, the plumbing of `pxvm serve` (server.py has its routes):
 every refusal a JSON error with a status line, responses capped in size, reads and
 bodies limited in time, connections limited in number and closed without losing the
-answer, requests answered only when addressed to loopback names (when bound there), and
-paths parsed so that nothing that looks like traversal gets through."""
+answer, requests answered only when addressed to loopback names (when bound there), work
+started only for requests from no other site's page (`_same_origin`), and paths parsed so
+that nothing that looks like traversal gets through."""
 
 from __future__ import annotations
 
+import hmac
+import io
 import ipaddress
 import json
 import logging
+import secrets
 import select
 import socket
 import threading
@@ -25,14 +29,23 @@ log = logging.getLogger("pxvm.web")
 MAX_RESPONSE = 32 << 20
 #: Connections served at once; one more is answered 503 and closed.
 MAX_CONNECTIONS = 64
-#: A connection's reads and writes time out after this long without progress, and a body
-#: must arrive within BODY_SECONDS in all.
+#: A connection's reads and writes time out after this long without progress; a request's
+#: line and headers must arrive within HEADER_SECONDS in all (an idle keep-alive connection
+#: is closed then too), its body within BODY_SECONDS, so that clients sending a byte now and
+#: then cannot hold the connection slots.
 SOCKET_SECONDS = 30.0
+HEADER_SECONDS = 10.0
 BODY_SECONDS = 20.0
 #: How long a closing connection waits for the client to close its end, and how much of
 #: what it still sends is read (and dropped) meanwhile.
 LINGER_SECONDS = 2.0
 DRAIN_LIMIT = 16 << 20
+#: The request header that carries the server's session token (BoundedServer.session).
+#: Browsers send a custom header cross-site only after a CORS preflight, which this server
+#: never grants; and only a page of this server's own origin can read the token.
+SESSION_HEADER = "X-Pxvm-Session"
+#: Sec-Fetch-Site values of requests that did not come from another site's page.
+SAME_SITE_FETCHES = ("same-origin", "none")
 
 
 def is_loopback(host: str) -> bool:
@@ -43,6 +56,29 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+class DeadlineReader(io.RawIOBase):
+    """A socket's reads, each waiting no longer than what is left until `deadline`
+    (time.monotonic()); past it a read raises TimeoutError."""
+
+    def __init__(self, sock: socket.socket):
+        super().__init__()
+        self.sock = sock
+        self.deadline = float("inf")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request did not arrive in time")
+        self.sock.settimeout(min(left, SOCKET_SECONDS))
+        try:
+            return self.sock.recv_into(buffer)
+        finally:
+            self.sock.settimeout(SOCKET_SECONDS)  # writes keep their own limit
 
 
 class BoundedHandler(BaseHTTPRequestHandler):
@@ -56,7 +92,16 @@ class BoundedHandler(BaseHTTPRequestHandler):
     def log_message(self, fmt, *args):
         log.info("%s %s", self.address_string(), fmt % args)
 
+    def setup(self):
+        super().setup()
+        self.rfile.close()  # the socket's own reader, unused: reads go through the deadline
+        self.reader = DeadlineReader(self.connection)
+        self.rfile = io.BufferedReader(self.reader)
+
     def handle_one_request(self):
+        # the request line and headers (or, on a kept-alive connection, the next request)
+        # within HEADER_SECONDS; BaseHTTPRequestHandler closes the connection past it
+        self.reader.deadline = time.monotonic() + HEADER_SECONDS
         try:
             super().handle_one_request()
         except ConnectionError:  # reset or broken pipe: the client has gone
@@ -119,6 +164,7 @@ class BoundedHandler(BaseHTTPRequestHandler):
             self.wfile.write(body)
 
     def _discard(self, length: int) -> None:
+        self.reader.deadline = time.monotonic() + BODY_SECONDS
         while length > 0:
             chunk = self.rfile.read(min(length, 1 << 16))
             if not chunk:
@@ -146,6 +192,35 @@ class BoundedHandler(BaseHTTPRequestHandler):
         else:
             name = host.rsplit(":", 1)[0]
         return is_loopback(name)
+
+    def _cross_site(self) -> str | None:
+        """Why the request comes from another site's page, or None: a browser names the
+        page's origin in Origin and how it relates to ours in Sec-Fetch-Site (clients that
+        are not browsers send neither)."""
+        origin = self.headers.get_all("Origin") or []
+        own = "http://" + (self.headers.get("Host") or "").strip().lower()
+        if origin and (len(origin) > 1 or origin[0].strip().lower() != own):
+            return f"Origin {shortened(', '.join(origin))!r} is not this server's ({own})"
+        site = self.headers.get_all("Sec-Fetch-Site") or []
+        if site and (len(site) > 1 or site[0].strip().lower() not in SAME_SITE_FETCHES):
+            return f"Sec-Fetch-Site is {shortened(', '.join(site))!r}"
+        return None
+
+    def _same_origin(self, token: bool) -> bool:
+        """Whether the request may start work: it comes from no other site's page and, when
+        `token`, carries the session token (which only this server's page can read, from
+        /api/info). Refuses it with 403 otherwise."""
+        why = self._cross_site()
+        if why is None and token:
+            sent = (self.headers.get(SESSION_HEADER) or "").encode("latin-1", "replace")
+            if not hmac.compare_digest(sent, self.server.session.encode()):
+                why = f"the {SESSION_HEADER} header does not carry this server's session token"
+        if why is None:
+            return True
+        self.close_connection = True  # a POST's body is never read
+        self._error(HTTPStatus.FORBIDDEN, f"cross-site request refused: {why}; use the page "
+                    "this server serves")
+        return False
 
     def _route(self):
         """(segments, query) of the request path, or None after refusing it."""
@@ -209,15 +284,10 @@ class BoundedHandler(BaseHTTPRequestHandler):
     def _read_body(self, length: int) -> bytes | None:
         """The body, or None after answering a client that sent less than it declared
         (it closed its end, or did not send it all within BODY_SECONDS)."""
-        deadline = time.monotonic() + BODY_SECONDS
+        self.reader.deadline = time.monotonic() + BODY_SECONDS
         parts, got, late = [], 0, False
         try:
             while got < length:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    late = True
-                    break
-                self.connection.settimeout(min(left, SOCKET_SECONDS))
                 chunk = self.rfile.read1(min(length - got, 1 << 16))
                 if not chunk:
                     break
@@ -225,8 +295,6 @@ class BoundedHandler(BaseHTTPRequestHandler):
                 got += len(chunk)
         except TimeoutError:
             late = True
-        finally:
-            self.connection.settimeout(SOCKET_SECONDS)
         if got < length:
             self.close_connection = True
             why = f"did not arrive within {BODY_SECONDS:g} s" if late else "ended"
@@ -251,6 +319,9 @@ class BoundedServer(ThreadingHTTPServer):
 
     daemon_threads = True
     max_connections = MAX_CONNECTIONS
+    # the listen backlog: socketserver's 5 drops the connections a page opens at once past
+    # it, each then retried a second later, and past the cap they are answered 503 anyway
+    request_queue_size = 2 * MAX_CONNECTIONS
 
     def __init__(self, address, handler):
         host = address[0]
@@ -259,6 +330,7 @@ class BoundedServer(ThreadingHTTPServer):
         super().__init__(address, handler)
         self._connections = 0
         self._count_lock = threading.Lock()
+        self.session = secrets.token_urlsafe(32)
 
     @property
     def url(self) -> str:
@@ -276,8 +348,13 @@ class BoundedServer(ThreadingHTTPServer):
                 request.settimeout(1.0)
                 request.sendall(BUSY_RESPONSE)
                 request.shutdown(socket.SHUT_WR)
-                while request.recv(1 << 16, socket.MSG_DONTWAIT):  # what it sent already
-                    pass
+                # what it sent already, up to a bound; non-blocking, since with a timeout
+                # set a recv waits for more, and a client trickling bytes would hold the
+                # thread that accepts every connection
+                request.setblocking(False)
+                for _ in range(16):
+                    if not request.recv(1 << 16):
+                        break
             except OSError:
                 pass
             self.close_request(request)

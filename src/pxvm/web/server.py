@@ -6,6 +6,11 @@ Nothing is served from a path built out of the request: every URL is matched aga
 fixed route table and a whitelist of shipped file names, so `..`, absolute paths and
 percent-encoded traversal can only ever reach a 403 or a 404.
 
+Pages of other sites the user visits cannot make it work: /api/ requests that a browser
+marks as coming from another site (Origin, Sec-Fetch-Site) get 403, and an upload or the
+native benchmarks run only for requests carrying the session token that /api/info gives
+(a header, which no page elsewhere can send without a CORS preflight, never granted here).
+
 Every request is bounded: bodies and responses have a size cap, reads a time limit, and an
 uploaded program is planned (validated, recorded and run on the CPU executor) in a process
 of its own under a memory and a time limit, killed when the time is up or the client goes
@@ -138,6 +143,8 @@ class PxvmRequestHandler(BoundedHandler):
             if head == "examples" and len(rest) == 1:
                 return self._file(example_files(), rest[0])
             if head == "api":
+                if not self._same_origin(token=rest == ["bench", "native"]):
+                    return None
                 return self._api_get(rest, query)
         except KeyError as exc:
             what = exc.args[0] if exc.args else ""
@@ -185,6 +192,7 @@ class PxvmRequestHandler(BoundedHandler):
                 "vm": True,
                 "max_upload": MAX_UPLOAD,
                 "max_upload_pixels": UPLOAD_MAX_PIXELS,
+                "session": self.server.session,  # for SESSION_HEADER: only this origin reads it
             })
         if len(rest) == 2 and rest[0] == "case":
             if rest[1] not in plans.case_ids(REGISTRY):
@@ -218,6 +226,8 @@ class PxvmRequestHandler(BoundedHandler):
             self.close_connection = True  # the body was not read
             return
         seg, _ = routed
+        if not self._same_origin(token=True):
+            return
         if seg != ["api", "program", "upload"]:
             self.close_connection = True
             return self._error(HTTPStatus.NOT_FOUND, "not found")

@@ -116,6 +116,9 @@ class Backend(ABC):
     prompt_graphs: ClassVar[bool] = False
     #: the largest tensor one kernel can take, in bytes (None: no bound but memory)
     max_tensor_bytes: int | None = None
+    #: whether the device is a software rasteriser on the CPU (lavapipe, SwiftShader):
+    #: preparing its kernels takes minutes
+    is_software: bool = False
 
     @abstractmethod
     def describe(self) -> str:

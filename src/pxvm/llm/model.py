@@ -23,7 +23,7 @@ from typing import Callable
 
 import numpy as np
 from rich.console import Console
-from rich.progress import Progress
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from .. import ops
 from ..core import Tensor, model_backend
@@ -373,11 +373,15 @@ class Model:
         that its first tokens are not timed with them (docs/benchmarks-log.md: first use). A
         prompt of up to 65 tokens (several key ranges, then a merge pass), one decoding
         step run after it (ranges merged by the output projection) and the first span's
-        step recorded (one range) reach every kernel variant. Leaves the cache empty."""
+        step recorded (one range) reach every kernel variant. The CPU's kernels are
+        compiled per argument types, not per range count, which a prompt of two tokens
+        reaches: a longer one would only cost time (a 1B model's 65 tokens: seconds).
+        Leaves the cache empty."""
         if not self.backend.compiles_on_first_use:
             return
         self.reset()
-        self.forward([0] * max(1, min(FIRST_STEP_BOUND + 1, self.context_length - 1)))
+        prompt = 2 if self.backend.host_arrays else FIRST_STEP_BOUND + 1
+        self.forward([0] * max(1, min(prompt, self.context_length - 1)))
         self.forward([0])
         self.decoder.step(0)
         self.reset()
@@ -466,7 +470,12 @@ def load_model(path: str | None = None, backend="auto", progress: bool = True,
     if warm_up and progress:
         what = "GPU kernels" if model.backend_name != "cpu" else (
             "CPU kernels (the first time: compiled, then cached on disk)")
-        with Console(stderr=True).status(f"preparing the {what}"):
+        if model.backend.is_software:
+            what += (" on a software GPU, which compiles them on the CPU: a few minutes "
+                     "(--backend cpu runs the model on the CPU much sooner)")
+        with Progress(SpinnerColumn(), TextColumn(f"preparing the {what}"),
+                      TimeElapsedColumn(), console=Console(stderr=True), transient=True) as bar:
+            bar.add_task("", total=None)
             model.warm_up()
     elif warm_up:
         model.warm_up()

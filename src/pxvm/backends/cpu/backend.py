@@ -351,9 +351,8 @@ def _simd(binding) -> dict:
     with VNNI (8-bit dot products, which quantized products use where present)."""
     if os.environ.get("NUMBA_CPU_NAME"):
         name = os.environ["NUMBA_CPU_NAME"]
-        return {"cpu": f"{name} (NUMBA_CPU_NAME)",
-                "simd": f"{name}'s, per LLVM (NUMBA_CPU_FEATURES: "
-                        f"{os.environ.get('NUMBA_CPU_FEATURES') or 'default'})"}
+        return {"cpu": f"{binding.get_host_cpu_name()}, compiling for {name} (NUMBA_CPU_NAME)",
+                "simd": f"{name}'s"}
     features = binding.get_host_cpu_features()
     simd = next((name for name in ("avx512f", "avx2", "neon", "sse4.2")
                  if features.get(name)), "no wide SIMD")

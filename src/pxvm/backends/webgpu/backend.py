@@ -166,6 +166,10 @@ class WebGPUBackend(Backend):
     def max_tensor_bytes(self) -> int:
         return self.device.max_binding
 
+    @property
+    def is_software(self) -> bool:
+        return self.device.is_software
+
     def from_numpy(self, array) -> Tensor:
         # float16 tensors are bytes to any device: kernels that compute in f16 need
         # shader-f16 (the device refuses their WGSL without it), those that unpack

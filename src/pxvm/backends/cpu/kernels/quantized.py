@@ -4,7 +4,9 @@ A weight is repacked once, when first used, into one of two forms that SIMD code
 well, both keeping its integer values:
 
 - `Nibbles` (Q4_0, Q4_1, Q4_K): 4-bit values q in 0..15 with a scale and an offset per
-  32 values of a row (value = scale * q + offset);
+  32 values of a row (value = scale * q + offset); Q4_K's as its own 6-bit integers
+  (bytes) times a float16 unit per 256 values of a row, as the file has them, so that it
+  takes 4.6 bits a value rather than 5;
 - `Bytes` (Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q5_K): 8-bit signed values with a scale per
   block of a row (32 values, 16 for Q2_K and Q3_K; value = scale * q), and an offset for
   Q5_1, Q2_K and Q5_K (value = scale * q + offset);
@@ -92,6 +94,10 @@ class Nibbles:
     offset: np.ndarray
     n: int
     k: int
+    #: For Q4_K: scale and offset are uint8 integers, to be multiplied by these units
+    #: (tiles, K / 256, TILE_ROWS) float16 bits, one a row for each 256 values.
+    scale_unit: np.ndarray | None = None
+    offset_unit: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -162,13 +168,10 @@ def _split_q4_1(raw, n, k):
 
 
 def _k_scales(b):
-    """The (scale, offset) of each 32-value block of Q4_K / Q5_K super-blocks `b` (f16 d
-    and dmin, then 12 bytes of 6-bit scales and mins): d * sc and -dmin * m."""
+    """The (scale, offset) of each 32-value block of Q5_K super-blocks `b` (f16 d and
+    dmin, then 12 bytes of 6-bit scales and mins): d * sc and -dmin * m."""
     d, dmin = _f16(b, 0), _f16(b, 2)
-    s = b[..., 4:16].astype(np.uint8)
-    lo, hi, mix = s[..., 0:4], s[..., 4:8], s[..., 8:12]
-    sc = np.concatenate([lo & 63, (mix & 15) | ((lo >> 6) << 4)], axis=-1).astype(_F32)
-    mn = np.concatenate([hi & 63, (mix >> 4) | ((hi >> 6) << 4)], axis=-1).astype(_F32)
+    sc, mn = (v.astype(_F32) for v in _k_integers(b))
     n = b.shape[0]
     return (d[..., None] * sc).reshape(n, -1), (-dmin[..., None] * mn).reshape(n, -1)
 
@@ -180,11 +183,25 @@ def _k_nibbles(qs, n, k):
     return np.concatenate([qs & 15, qs >> 4], axis=3).reshape(n, k // 32, 32)
 
 
+def _k_integers(b):
+    """The 6-bit scales sc and mins m of each 32-value block of Q4_K / Q5_K super-blocks
+    `b` (12 bytes after f16 d and dmin), as uint8 (super-block, block)."""
+    s = b[..., 4:16].astype(np.uint8)
+    lo, hi, mix = s[..., 0:4], s[..., 4:8], s[..., 8:12]
+    sc = np.concatenate([lo & 63, (mix & 15) | ((lo >> 6) << 4)], axis=-1)
+    mn = np.concatenate([hi & 63, (mix >> 4) | ((hi >> 6) << 4)], axis=-1)
+    return sc, mn
+
+
 def _split_q4_k(raw, n, k):
     """Q4_K super-blocks (256 values: f16 d and dmin, 12 bytes of 6-bit scales and mins,
-    128 bytes of nibbles) as 8 blocks of 32 values with scale d*sc and offset -dmin*m."""
+    128 bytes of nibbles) as 8 blocks of 32 values with scale d*sc and offset -dmin*m: the
+    values, sc and m (N, K / 32) uint8, d and -dmin (N, K / 256) float16."""
     b = raw.reshape(n, k // 256, 144)
-    return (_k_nibbles(b[..., 16:], n, k), *_k_scales(b))
+    sc, mn = _k_integers(b)
+    d = np.ascontiguousarray(b[..., 0:2]).view(np.float16)[..., 0]
+    dmin = np.ascontiguousarray(b[..., 2:4]).view(np.float16)[..., 0]
+    return (_k_nibbles(b[..., 16:], n, k), sc.reshape(n, -1), mn.reshape(n, -1), d, -dmin)
 
 
 def _split_q5_k(raw, n, k):
@@ -267,11 +284,11 @@ def _split_q6_k(raw, n, k):
     return q.astype(np.int8).reshape(n, k // 16, 16), (d[..., None] * scales).reshape(n, k // 16)
 
 
-_NIBBLE_TYPES = {T.Q4_0: _split_q4_0, T.Q4_1: _split_q4_1, T.Q4_K: _split_q4_k}
+_NIBBLE_TYPES = {T.Q4_0: _split_q4_0, T.Q4_1: _split_q4_1}
 _BYTE_TYPES = {T.Q5_0: _split_q5_0, T.Q5_1: _split_q5_1, T.Q8_0: _split_q8_0,
                T.Q2_K: _split_q2_k, T.Q3_K: _split_q3_k, T.Q5_K: _split_q5_k}
 #: The GGML types this module multiplies by.
-TYPES = (T.F32, T.F16, T.BF16, *_NIBBLE_TYPES, *_BYTE_TYPES, T.Q6_K)
+TYPES = (T.F32, T.F16, T.BF16, *_NIBBLE_TYPES, T.Q4_K, *_BYTE_TYPES, T.Q6_K)
 
 
 def _tiled(a: np.ndarray, n: int) -> np.ndarray:
@@ -343,6 +360,11 @@ def pack(raw: np.ndarray, qtype: str, k: int) -> Nibbles | Bytes | SixBits | Den
     if qtype == T.BF16:  # the high half of a float32
         bits = raw.view(np.uint16).reshape(n, k).astype(np.uint32) << 16
         return Dense(bits.view(_F32), n, k)
+    if qtype == T.Q4_K:
+        q, sc, mn, d, minus_dmin = _split_q4_k(raw, n, k)
+        units = _records(_tiled(d.view(HALF), n), _tiled(minus_dmin.view(HALF), n))
+        return Nibbles(*_records(_tiled(_nibble_lanes(q), n), _tiled(sc, n), _tiled(mn, n)),
+                       n, k, *units)
     if qtype in _NIBBLE_TYPES:
         q, scale, offset = _NIBBLE_TYPES[qtype](raw, n, k)
         lanes = _nibble_lanes(q)                                          # (N, K/32, 4)
@@ -506,10 +528,21 @@ def _store_tile(a0, a1, a2, a3, t, y):
             y[first + r] = sums[r]
 
 
+@_inline
+def _scaled(scale, unit, t, b, r):
+    """The scales (or offsets) of block b of rows r..r+15 of tile t, times their units
+    (one per 256 values) where the weight has them."""
+    v = load_floats(scale, (t, b, r))
+    if unit is None:  # None compiles without this branch
+        return v
+    return multiply_add(splat(0), v, load_floats(unit, (t, b * 32 // 256, r)))
+
+
 @_kernel
-def nibbles_matvec(q, scale, offset, x, y):
-    """y[n] = sum_k w[n, k] x[k] for Nibbles (q, scale, offset); y holds the N outputs.
-    A tile's rows are 4 vectors of 16 (a row a lane), each with its own sums."""
+def nibbles_matvec(q, scale, offset, scale_unit, offset_unit, x, y):
+    """y[n] = sum_k w[n, k] x[k] for Nibbles (q, scale, offset, and their units or None);
+    y holds the N outputs. A tile's rows are 4 vectors of 16 (a row a lane), each with
+    its own sums."""
     tiles, blocks = q.shape[:2]
     high, low, x_scale, x_sum, both = _quantized_activations(x, 32)
     for tile in numba.prange(tiles):
@@ -518,14 +551,14 @@ def nibbles_matvec(q, scale, offset, x, y):
         for b in range(blocks):
             v0, v1, v2, v3 = _block_sums(q, q, t, b, high, low, both, x_scale, _nibbles_block)
             xs = x_sum[b]
-            a0 = multiply_add(multiply_add(a0, v0, load_floats(scale, (t, b, 0))),
-                              load_floats(offset, (t, b, 0)), xs)
-            a1 = multiply_add(multiply_add(a1, v1, load_floats(scale, (t, b, 16))),
-                              load_floats(offset, (t, b, 16)), xs)
-            a2 = multiply_add(multiply_add(a2, v2, load_floats(scale, (t, b, 32))),
-                              load_floats(offset, (t, b, 32)), xs)
-            a3 = multiply_add(multiply_add(a3, v3, load_floats(scale, (t, b, 48))),
-                              load_floats(offset, (t, b, 48)), xs)
+            a0 = multiply_add(multiply_add(a0, v0, _scaled(scale, scale_unit, t, b, 0)),
+                              _scaled(offset, offset_unit, t, b, 0), xs)
+            a1 = multiply_add(multiply_add(a1, v1, _scaled(scale, scale_unit, t, b, 16)),
+                              _scaled(offset, offset_unit, t, b, 16), xs)
+            a2 = multiply_add(multiply_add(a2, v2, _scaled(scale, scale_unit, t, b, 32)),
+                              _scaled(offset, offset_unit, t, b, 32), xs)
+            a3 = multiply_add(multiply_add(a3, v3, _scaled(scale, scale_unit, t, b, 48)),
+                              _scaled(offset, offset_unit, t, b, 48), xs)
         _store_tile(a0, a1, a2, a3, t, y)
 
 
@@ -590,7 +623,7 @@ def _store_column(out, i, k, values, scratch):
 
 
 @_serial_kernel
-def nibbles_dequantize(q, scale, offset, first_tile, out):
+def nibbles_dequantize(q, scale, offset, scale_unit, offset_unit, first_tile, out):
     """Rows of tiles first_tile.. as float32 into out (rows, K), as many as it holds
     (fastest with out's rows contiguous: a Fortran-ordered array, or the .T of one)."""
     _, blocks, groups, _ = q.shape
@@ -599,8 +632,8 @@ def nibbles_dequantize(q, scale, offset, first_tile, out):
         t = first_tile + i // TILE_ROWS
         r = i % TILE_ROWS
         for b in range(blocks):
-            s = load_floats(scale, (t, b, r))
-            o = load_floats(offset, (t, b, r))
+            s = _scaled(scale, scale_unit, t, b, r)
+            o = _scaled(offset, offset_unit, t, b, r)
             for g in range(groups):
                 lanes = load_ints(q, (t, b, g, r))
                 for j in range(8):  # value j: nibble j // 2 of half j % 2
@@ -653,7 +686,8 @@ def dequantize_rows(w: Nibbles | Bytes | SixBits | Dense, first_tile: int,
                     out: np.ndarray) -> None:
     """Fill out (rows, K) with the weight's rows from tile `first_tile` on."""
     if isinstance(w, Nibbles):
-        nibbles_dequantize(w.q, w.scale, w.offset, first_tile, out)
+        nibbles_dequantize(w.q, w.scale, w.offset, w.scale_unit, w.offset_unit, first_tile,
+                           out)
     elif isinstance(w, Bytes):
         bytes_dequantize(w.q, w.scale, w.offset, first_tile, out)
     elif isinstance(w, SixBits):
@@ -672,7 +706,7 @@ def matmul(x: np.ndarray, w: Nibbles | Bytes | SixBits | Dense, out: np.ndarray 
         return out
     if m == 1:
         if isinstance(w, Nibbles):
-            nibbles_matvec(w.q, w.scale, w.offset, x[0], out[0])
+            nibbles_matvec(w.q, w.scale, w.offset, w.scale_unit, w.offset_unit, x[0], out[0])
         elif isinstance(w, SixBits):
             six_bits_matvec(w.q, w.crumbs, w.scale, x[0], out[0])
         else:

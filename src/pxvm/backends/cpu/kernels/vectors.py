@@ -101,9 +101,9 @@ def load_ints(typingctx, array, index):
 
 @intrinsic
 def load_floats(typingctx, array, index):
-    """array[index: 16 on] as float32 lanes: a float32 array, or a uint16 one holding the
-    bits of float16 values (converted by vcvtph2ps)."""
-    if array.dtype not in (types.float32, types.uint16):
+    """array[index: 16 on] as float32 lanes: a float32 array, a uint16 one holding the
+    bits of float16 values (converted by vcvtph2ps), or a uint8 one of integers."""
+    if array.dtype not in (types.float32, types.uint16, types.uint8):
         return None
 
     def codegen(context, builder, sig, args):
@@ -113,6 +113,8 @@ def load_floats(typingctx, array, index):
         loaded = builder.load(address, align=dtype.bitwidth // 8)
         if dtype == types.float32:
             return loaded
+        if dtype == types.uint8:
+            return builder.uitofp(loaded, _FLOATS)
         return builder.fpext(builder.bitcast(loaded, ir.VectorType(ir.HalfType(), LANES)),
                              _FLOATS)
     return floats(array, index), codegen

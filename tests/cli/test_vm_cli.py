@@ -61,3 +61,13 @@ def test_show_refuses_a_picture_past_its_bound_and_a_scale_past_64(tmp_path):
     assert proc.returncode == 1 and "192,000,000 pixels" in proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "view.png").exists()
     assert pxvm("show", str(pxi), "-o", str(tmp_path / "v.png"), "--scale", "65").returncode == 2
+
+
+def test_asm_refuses_a_source_past_its_bound_without_reading_it(tmp_path):
+    huge = tmp_path / "huge.pxs"
+    with open(huge, "wb") as f:
+        f.truncate((1 << 30) + 1)  # sparse: a size, no data to read
+    proc = pxvm("asm", str(huge), "-o", str(tmp_path / "huge.pxi"))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().count("\n") == 0 and "over 1024 MiB" in proc.stderr
+

@@ -74,8 +74,9 @@ class _CheckedCache(FunctionCache):
             return super().load_overload(sig, target_context)
         except Exception as err:  # any failure to load: compiling anew is always right
             self._remove_files()
+            reason = (str(err).splitlines() or [type(err).__name__])[0]  # LLVM's run on
             named = isinstance(err, CacheEntryMismatch)  # its message names the file
-            _notice(self._cache_path, str(err) if named else f"{self._impl.filename_base}: {err}")
+            _notice(self._cache_path, reason if named else f"{self._impl.filename_base}: {reason}")
             return None
 
     def _remove_files(self):

@@ -109,3 +109,13 @@ def test_compare_runs_on_a_webgpu_device_asked_for_by_flag(gpu_device, tmp_path)
     assert pxvm("asm", str(tmp_path / "p.pxs"), "-o", str(pxi)).returncode == 0
     proc = pxvm("compare", str(pxi), "--backend", "webgpu")
     assert proc.returncode == 0 and "IDENTICAL" in proc.stdout, proc.stderr
+
+
+def test_asm_refuses_a_source_past_its_bound_without_reading_it(tmp_path):
+    huge = tmp_path / "huge.pxs"
+    with open(huge, "wb") as f:
+        f.truncate((1 << 30) + 1)  # sparse: a size, no data to read
+    proc = pxvm("asm", str(huge), "-o", str(tmp_path / "huge.pxi"))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().count("\n") == 0 and "over 1024 MiB" in proc.stderr
+

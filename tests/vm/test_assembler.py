@@ -1,6 +1,7 @@
 """Assembler and disassembler: exact round trips and clear errors."""
 
 import time
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -145,3 +146,50 @@ def test_a_large_image_is_disassembled_in_bounded_memory():
     assert peak < text_bytes / 16  # a row's text at a time, not the whole
     small = img[:64, :64].copy()
     assert "".join(line + "\n" for line in disassembly_lines(small)) == disassemble(small)
+
+
+def matrix_source(head: str, values: np.ndarray, width: int, height: int) -> str:
+    """`values` as a matrix of 1000-value rows at image row 1."""
+    return (f".size {width} {height}\n{head} 1 {values.size // 1000} 1000 "
+            + " ".join(map(str, values.tolist())) + "\n")
+
+
+@pytest.mark.parametrize("head,lo,hi", [(".matrix", -128, 255),
+                                        (".matrix32", -(2**31), 2**31 - 1)])
+def test_a_matrix_line_of_megabytes_places_every_value(head, lo, hi):
+    values = np.random.default_rng(3).integers(lo, hi, 300_000, endpoint=True)
+    img = assemble(matrix_source(head, values, 1001, 400))
+    # the protocol's layout: header at (0, 1), element i at (1 + i % 1000, 1 + i // 1000)
+    assert img[1, 0].tolist() == [1000 & 255, 1000 >> 8, 300 & 255, 300 >> 8]  # cols, rows
+    elements = img[1:301, 1:].reshape(-1, 4)
+    if head == ".matrix":
+        np.testing.assert_array_equal(elements[:, 0], (values & 255).astype(np.uint8))
+        assert not elements[:, 1:].any()
+    else:
+        np.testing.assert_array_equal(elements.copy().view("<i4")[:, 0], values)
+
+
+def test_a_bad_value_deep_in_a_long_matrix_line_is_named_by_its_number():
+    values = [str(v % 200) for v in range(600_000)]
+    values[500_000] = "x"
+    with pytest.raises(AssemblyError, match=r"line 2: \.matrix values must be integers, got "
+                                            r"'x' \(value 500001\)"):
+        assemble(".size 1001 700\n.matrix 1 600 1000 " + " ".join(values))
+    values[500_000] = "256"
+    with pytest.raises(AssemblyError, match=r"line 2: \.matrix value 256 is outside its range "
+                                            r"-128\.\.255 \(value 500001\)"):
+        assemble(".size 1001 700\n.matrix 1 600 1000 " + " ".join(values))
+
+
+def test_a_matrix_costs_memory_per_character_not_a_python_object_per_value():
+    """Peak memory while assembling two matrices into the same image: the extra values
+    cost a few bytes each (copies of the text), not the ~100 of a token and an int."""
+    values = np.random.default_rng(4).integers(-128, 256, 520_000)
+    peaks = []
+    for n in (130_000, 520_000):
+        source = matrix_source(".matrix", values[:n], 1001, 530)
+        tracemalloc.start()
+        assemble(source)
+        peaks.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+    assert (peaks[1] - peaks[0]) / 390_000 < 32

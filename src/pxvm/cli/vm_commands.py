@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -39,15 +40,35 @@ def _changes(before: np.ndarray, after: np.ndarray, limit: int = 20) -> list[str
     return lines
 
 
+#: Largest .pxs read: the largest program, every pixel a .matrix32 value, is about 800 MB.
+MAX_SOURCE_BYTES = 1 << 30
+
+
+def _read_source(path: Path) -> str:
+    """The text of a .pxs, read in pieces up to MAX_SOURCE_BYTES (a pipe or a device has
+    no size to check first)."""
+    too_large = ProgramError(f"{path} is over {MAX_SOURCE_BYTES >> 20} MiB; a .pxs program "
+                             "is at most that")
+    pieces, total = [], 0
+    try:
+        with open(path, "rb") as f:
+            if os.fstat(f.fileno()).st_size > MAX_SOURCE_BYTES:
+                raise too_large
+            while piece := f.read(min(1 << 24, MAX_SOURCE_BYTES + 1 - total)):
+                pieces.append(piece)
+                total += len(piece)
+                if total > MAX_SOURCE_BYTES:
+                    raise too_large
+        return b"".join(pieces).decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ProgramError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from exc
+
+
 def asm(source: Path = typer.Argument(..., help="Assembly text (.pxs)."),
         output: Path = typer.Option(..., "-o", "--output", help="The .pxi to write.")):
     """Assemble pxVM assembly text into a .pxi program image."""
     check_regular_file(source, ".pxs assembly", ProgramError)
-    try:
-        text = source.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ProgramError(f"cannot read {source}: {getattr(exc, 'strerror', None) or exc}") from exc
-    img = assemble(text)
+    img = assemble(_read_source(source))
     save_pxi(img, output)
     console.print(f"wrote {output} ({img.shape[1]}x{img.shape[0]})")
 

@@ -16,6 +16,9 @@ instructions and `.row` lines, so `assemble(disassemble(img))` gives `img` back 
 
 from __future__ import annotations
 
+import re
+from itertools import repeat
+
 import numpy as np
 
 from ..core.errors import shortened
@@ -192,14 +195,22 @@ def _directive(img, head, rest, lineno):
         raise AssemblyError(f"line {lineno}: unknown directive {shortened(head, 40)!r}")
 
 
+# Characters of a matrix's values split and converted at a time: a line of millions of
+# values never becomes a list of millions of tokens and Python ints.
+_VALUES_CHUNK = 1 << 18
+_MATRIX_HEADER = re.compile(r"\s*(\S+)\s+(\S+)\s+(\S+)")  # ROW ROWS COLS
+_SPACE = re.compile(r"\s")
+
+
 def _matrix(img, head, rest, lineno):
     """.matrix / .matrix32 ROW ROWS COLS values...: the header is checked (and the matrix
-    fitted into the image) before the values are split or converted."""
+    fitted into the image) before the values are split or converted, and the values are
+    placed a chunk at a time."""
     h, w = img.shape[:2]
-    first = rest.split(None, 3)  # row, rows, cols and the unsplit values
-    if len(first) < 3:
+    header = _MATRIX_HEADER.match(rest)
+    if header is None:
         raise AssemblyError(f"line {lineno}: {head} needs ROW ROWS COLS and the values")
-    y, rows, cols = _ints(first[:3], lineno, f"{head} row and sizes")
+    y, rows, cols = _ints(header.groups(), lineno, f"{head} row and sizes")
     _check_row(img, y, lineno, head)
     _in_range([rows], 1, 65535, lineno, f"{head} row count")
     _in_range([cols], 1, 65535, lineno, f"{head} column count")
@@ -207,20 +218,57 @@ def _matrix(img, head, rest, lineno):
     if y + m.image_rows(w) > h:
         raise AssemblyError(f"line {lineno}: {head} {rows}x{cols} at row {y} needs image rows up "
                             f"to {y + m.image_rows(w) - 1}, past the last row {h - 1}")
-    tokens = _tokens(first[3] if len(first) > 3 else "", m.size, lineno, f"{head} {rows}x{cols}")
-    if len(tokens) != m.size:
-        raise AssemblyError(f"line {lineno}: {head} {rows}x{cols} needs {m.size} values, "
-                            f"got {len(tokens)}")
-    values = _ints(tokens, lineno, f"{head} values")
     img[y, 0] = (cols & 255, cols >> 8, rows & 255, rows >> 8)
-    ys, xs = element_positions(m, w)
-    if head == ".matrix":
-        _in_range(values, -128, 255, lineno, ".matrix value")
-        img[ys, xs, 0] = np.array(values, np.int64) & 255  # u8, or i8 as two's complement
-    else:
-        _in_range(values, I32_MIN, I32_MAX, lineno, ".matrix32 value")
-        words = np.array(values, np.int64).astype("<i4").view(np.uint8).reshape(-1, 4)
-        img[ys, xs] = words
+    placed = 0
+    for tokens in _token_chunks(rest, header.end()):
+        if placed + len(tokens) > m.size:
+            raise AssemblyError(f"line {lineno}: {head} {rows}x{cols} takes at most {m.size} "
+                                "values here; the line has more")
+        values = _matrix_values(tokens, placed, lineno, head)
+        ys, xs = element_positions(m, w, placed, placed + len(values))
+        if head == ".matrix":
+            img[ys, xs, 0] = values & 255  # u8, or i8 as two's complement
+        else:
+            img[ys, xs] = values.astype("<i4").view(np.uint8).reshape(-1, 4)
+        placed += len(values)
+    if placed != m.size:
+        raise AssemblyError(f"line {lineno}: {head} {rows}x{cols} needs {m.size} values, "
+                            f"got {placed}")
+
+
+def _token_chunks(text: str, start: int):
+    """The whitespace-separated tokens of text[start:], in lists of _VALUES_CHUNK
+    characters' worth (cut at whitespace, never inside a token)."""
+    while start < len(text):
+        space = _SPACE.search(text, start + _VALUES_CHUNK)
+        end = space.end() if space else len(text)
+        yield text[start:end].split()
+        start = end
+
+
+def _matrix_values(tokens, first: int, lineno: int, head: str) -> np.ndarray:
+    """The values of `tokens`, values first + 1.. of a matrix (errors say which: a matrix
+    line may hold millions of them)."""
+    try:
+        values = list(map(int, tokens, repeat(0)))
+    except ValueError:
+        i, bad = next((i, t) for i, t in enumerate(tokens) if not _is_int(t))
+        raise AssemblyError(f"line {lineno}: {head} values must be integers, got "
+                            f"{shortened(bad, 40)!r} (value {first + i + 1})") from None
+    lo, hi = (-128, 255) if head == ".matrix" else (I32_MIN, I32_MAX)
+    if values and not (lo <= min(values) and max(values) <= hi):
+        i, bad = next((i, v) for i, v in enumerate(values) if not lo <= v <= hi)
+        raise AssemblyError(f"line {lineno}: {head} value {bad} is outside its range {lo}..{hi} "
+                            f"(value {first + i + 1})")
+    return np.array(values, np.int64)
+
+
+def _is_int(token: str) -> bool:
+    try:
+        int(token, 0)
+    except ValueError:
+        return False
+    return True
 
 
 def disassemble(img: np.ndarray) -> str:

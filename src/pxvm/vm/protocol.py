@@ -77,9 +77,11 @@ class Matrix:
         return max(1, -(-self.size // (width - 1)))
 
 
-def element_positions(m: Matrix, width: int) -> tuple[np.ndarray, np.ndarray]:
-    """(y, x) image coordinates of each element of `m`, row-major."""
-    idx = np.arange(m.size)
+def element_positions(m: Matrix, width: int, start: int = 0,
+                      stop: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(y, x) image coordinates of elements start..stop - 1 of `m` (all by default),
+    row-major."""
+    idx = np.arange(start, m.size if stop is None else stop)
     return m.row + idx // (width - 1), 1 + idx % (width - 1)
 
 

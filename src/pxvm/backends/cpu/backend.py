@@ -113,7 +113,8 @@ def kernel(module: str, entry: str) -> Callable:
     """Function `entry` of kernels/`module`.py (imported, and compiled by numba, on first
     use: numba takes seconds to import and compile, and a process may never need them)."""
     _configure_numba()
-    return getattr(importlib.import_module(f"{__package__}.kernels.{module}"), entry)
+    from .kernel_cache import import_kernels  # here: it imports numba
+    return getattr(import_kernels(f"{__package__}.kernels.{module}"), entry)
 
 
 class Packed:

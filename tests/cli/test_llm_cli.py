@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from typer.testing import CliRunner
@@ -37,12 +38,16 @@ def scripted(monkeypatch):
     def install(reply: str, context_length: int = 8192):
         script = tok.encode(reply) + [tok.token_id("<|im_end|>")]
 
-        def fake_load(path=None, backend="auto", progress=True, warm_up=False, max_context=None,
+        def fake_load(file, backend="auto", progress=True, warm_up=False, max_context=None,
                       kv_cache="auto"):
-            model = ScriptedModel(smollm_metadata(), script, max_context or context_length)
-            made.append((path, backend, model, warm_up, kv_cache))
+            # as load_model: the context asked for, at most the file's
+            model = ScriptedModel(smollm_metadata(), script,
+                                  min(max_context or context_length, context_length))
+            made.append((file.path, backend, model, warm_up, kv_cache))
             return model
 
+        monkeypatch.setattr(pxvm.llm, "GGUFModelFile",
+                            lambda path: SimpleNamespace(path=path, metadata=smollm_metadata()))
         monkeypatch.setattr(pxvm.llm, "load_model", fake_load)
         return made
 

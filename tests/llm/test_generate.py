@@ -20,6 +20,7 @@ class ScriptedModel:
 
     backend_name = "fake"
     backend_reason = None
+    context_reason = None
     device_name = "scripted test model"
     kv_cache = "f16"
 

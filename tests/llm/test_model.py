@@ -9,7 +9,9 @@ import pytest
 from conftest import nmse
 from make_tiny_gguf import TinySpec, write_tiny_gguf
 
+from pxvm.core import get_backend
 from pxvm.llm import ContextOverflowError, load_model
+from pxvm.ops.transformer import cache_dtypes
 from pxvm.backends.webgpu.runtime import Recorder
 
 NMSE_MODEL = 1e-5
@@ -164,6 +166,31 @@ def test_context_overflow_is_a_clear_error(backend, tmp_path, rng, request):
     assert model.position == 6
     model.forward([1, 2])
     assert model.position == 8
+
+
+@pytest.mark.parametrize("backend", ["numpy", "cpu", "webgpu", "cuda"])
+@pytest.mark.parametrize("kv_cache", ["f32", "f16"])
+def test_attention_reads_no_cache_row_past_the_position(backend, kv_cache, tmp_path, rng,
+                                                        request):
+    # caches are made as zeros; NaN in every row not yet written changes nothing, so no
+    # kernel reads (or multiplies a zero weight by) a position after the current one
+    if backend in ("webgpu", "cuda"):  # skipped where there is none
+        request.getfixturevalue("gpu_device" if backend == "webgpu" else "cuda_device")
+    if kv_cache not in cache_dtypes(get_backend(backend)):
+        pytest.skip(f"the {backend} backend's attention reads no {kv_cache} cache")
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path, TinySpec(context_length=120), rng)
+    runs = []
+    for fill in (None, np.nan):
+        model = load_model(str(path), backend=backend, progress=False, kv_cache=kv_cache)
+        for cache in model.k_cache + model.v_cache if fill is not None else ():
+            model.backend.write(cache, np.full(cache.shape, fill, cache.dtype))
+        prompt = model.forward(list(range(1, 40)))
+        runs.append((prompt, list(model.decode(5, 30)), model.forward([7])))
+    (prompt, tokens, last), (nan_prompt, nan_tokens, nan_last) = runs
+    assert np.isfinite(nan_prompt).all() and np.isfinite(nan_last).all()
+    assert np.array_equal(prompt, nan_prompt) and tokens == nan_tokens
+    assert np.array_equal(last, nan_last)
 
 
 def test_gpu_forward_is_one_submit(tmp_path, rng, gpu_device, monkeypatch):

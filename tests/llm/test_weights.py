@@ -15,7 +15,7 @@ from make_tiny_gguf import TinySpec, write_tiny_gguf
 from pxvm.core import DeviceMemory, get_backend
 from pxvm.core.errors import OutOfDeviceMemoryError
 from pxvm.llm import ContextSizeError, ModelFileError, default_model_path, load_model
-from pxvm.llm.weights import ModelDoesNotFitError, WeightRowTooLargeError
+from pxvm.llm.weights import MEMORY_SHARE, ModelDoesNotFitError, WeightRowTooLargeError
 
 #: numpy's and the CPU's products of a row part sum in another order than the whole
 #: matrix's (BLAS blocks by the matrix's size): measured ~1e-11. The CPU's decoding also
@@ -192,17 +192,29 @@ def _with_memory(monkeypatch, free: int | None) -> list:
     return uploads
 
 
-def test_a_model_over_the_free_memory_is_refused_before_loading(tiny, monkeypatch):
+def _free_for(needed: int) -> int:
+    """The least free memory of which a model may take `needed` bytes (MEMORY_SHARE)."""
+    free = math.floor(needed / MEMORY_SHARE)
+    while int(free * MEMORY_SHARE) < needed:
+        free += 1
+    return free
+
+
+def test_a_model_over_its_share_of_the_free_memory_is_refused_before_loading(tiny,
+                                                                           monkeypatch):
     path, spec = tiny
     weights, cache = _needs(path, spec, 40)
-    uploads = _with_memory(monkeypatch, weights + cache - 1)
+    free = _free_for(weights + cache) - 1
+    assert int(free * MEMORY_SHARE) == weights + cache - 1
+    uploads = _with_memory(monkeypatch, free)
     with pytest.raises(ModelDoesNotFitError) as info:
         load_model(path, backend="numpy", progress=False, max_context=40,
                            kv_cache="f32")
     assert not uploads
     message = str(info.value)
     for words in (f"weights take {weights:,} bytes", f"KV cache {cache:,} bytes for 40 positions",
-                  f"{weights + cache:,} bytes in all", f"{weights + cache - 1:,} bytes free",
+                  f"{weights + cache:,} bytes in all", f"{free:,} bytes free",
+                  f"{MEMORY_SHARE:.0%} of", f": {weights + cache - 1:,} bytes",
                   "--context", "smaller quantization", "--backend"):
         assert words in message, message
     assert "\n" not in message
@@ -210,10 +222,10 @@ def test_a_model_over_the_free_memory_is_refused_before_loading(tiny, monkeypatc
     assert "about 39 positions fits" in message
 
 
-def test_a_model_that_fits_exactly_loads(tiny, monkeypatch):
+def test_a_model_that_fits_its_share_exactly_loads(tiny, monkeypatch):
     path, spec = tiny
     weights, cache = _needs(path, spec, 40)
-    uploads = _with_memory(monkeypatch, weights + cache)
+    uploads = _with_memory(monkeypatch, _free_for(weights + cache))
     model = load_model(path, backend="numpy", progress=False, max_context=40,
                            kv_cache="f32")
     assert (model.footprint.weights, model.footprint.kv_cache) == (weights, cache)
@@ -223,7 +235,31 @@ def test_a_model_that_fits_exactly_loads(tiny, monkeypatch):
         held += [getattr(layer, name) for name in vars(layer)]
     tensors = {id(t): t for t in _tensors(held)}.values()  # the tied output counted once
     assert sum(t.nbytes for t in tensors) == weights + cache
-    assert len(uploads) >= len(tensors)
+    # the weights were uploaded; the caches made on the backend, no host copy uploaded
+    caches = model.k_cache + model.v_cache
+    assert len(uploads) >= len(tensors) - len(caches)
+    assert all(np.shape(a) != caches[0].shape for a in uploads)
+
+
+def test_the_default_context_shrinks_to_the_positions_that_fit_its_share(tiny, monkeypatch):
+    path, spec = tiny
+    weights, cache = _needs(path, spec, 30)  # the file's context is 64
+    _with_memory(monkeypatch, _free_for(weights + cache))
+    model = load_model(path, backend="numpy", progress=False, kv_cache="f32")
+    assert model.context_length == 30 and model.k_cache[0].shape[0] == 30
+    assert model.footprint.kv_cache == cache
+    assert "64 positions" in model.context_reason and "holds 30" in model.context_reason
+    # asked for by name, a context whose cache does not fit is refused
+    with pytest.raises(ModelDoesNotFitError, match="about 30 positions fits"):
+        load_model(path, backend="numpy", progress=False, kv_cache="f32", max_context=64)
+
+
+def test_the_default_context_stays_whole_where_it_fits(tiny, monkeypatch):
+    path, spec = tiny
+    weights, cache = _needs(path, spec, 64)
+    _with_memory(monkeypatch, _free_for(weights + cache))
+    model = load_model(path, backend="numpy", progress=False, kv_cache="f32")
+    assert model.context_length == 64 and model.context_reason is None
 
 
 def _tensors(held) -> list:

@@ -14,9 +14,11 @@ from rich.table import Table
 
 from .. import llm
 from ..core.selection import names
-from ..llm.generate import PromptTooLongError, benchmark, context_length, encode_prompt
+from ..llm.generate import (PromptTooLongError, benchmark, context_length, encode_prompt,
+                            encode_text)
 from ..llm.generate import generate as run_generation
-from ..llm.gguf_model import summarize
+from ..llm.model import summarize
+from ..llm.weights import byte_size
 from ..llm.sampling import SamplingParams
 from ..llm.tokenizer import Tokenizer
 from .bench_commands import bench
@@ -32,7 +34,10 @@ BACKEND_HELP = ("Where to run: " + ", ".join(names()) + " (auto: CUDA on NVIDIA 
                 "their driver, else the best WebGPU GPU, else cpu; gpu: webgpu; cpu: SIMD "
                 "kernels on the CPU; numpy: the reference).")
 CONTEXT_HELP = ("Positions the KV cache holds (default: the model's context, at most "
-                f"{llm.DEFAULT_MAX_CONTEXT}).")
+                f"{llm.DEFAULT_MAX_CONTEXT}, fewer where their cache would take over "
+                f"{llm.MEMORY_SHARE:.0%} of the free memory beside the weights).")
+GENERATE_CONTEXT_HELP = ("Positions the KV cache holds (default: the prompt's tokens and "
+                         "--max-tokens, at most the model's context).")
 KV_CACHE_HELP = ("What the KV cache holds: f32, f16 (half the memory, so a longer --context "
                  "fits, and faster decoding at long contexts; keys and values rounded to "
                  "float16) or auto (f16 where the backend's attention reads it, else f32).")
@@ -48,21 +53,29 @@ SEED_HELP = "Seed for sampling: the same seed gives the same text (default: a ne
 MAX_RUNS = 1000
 
 
-def _load(model: Path | None, backend: str, context: int | None = None, warm_up: bool = True,
-          kv_cache: str = "auto"):
+def _open(model: Path | None, backend: str, kv_cache: str):
+    """The model file (its header: no weights read yet) and its tokenizer, once the
+    options naming a backend and a KV cache type are checked."""
     if backend.lower() not in names():
         raise typer.BadParameter(f"--backend must be one of {', '.join(names())}, not {backend!r}")
     if kv_cache.lower() not in llm.KV_CACHE_CHOICES:
         raise typer.BadParameter(f"--kv-cache must be one of {', '.join(llm.KV_CACHE_CHOICES)}, "
                                  f"not {kv_cache!r}")
     path = str(model) if model is not None else llm.default_model_path()
-    loaded = llm.load_model(path, backend=backend,
-                            progress=sys.stderr.isatty(), warm_up=warm_up, max_context=context,
-                            kv_cache=kv_cache)
+    file = llm.GGUFModelFile(path)
+    return file, Tokenizer(file.metadata, source=path)
+
+
+def _load(file, backend: str, context: int | None = None, warm_up: bool = True,
+          kv_cache: str = "auto"):
+    loaded = llm.load_model(file, backend=backend, progress=sys.stderr.isatty(),
+                            warm_up=warm_up, max_context=context, kv_cache=kv_cache)
     if loaded.backend_reason:
         err_console.print(f"running on {loaded.backend_name} ({loaded.device_name}): "
                           f"{loaded.backend_reason}")
-    return loaded, Tokenizer(loaded.metadata, source=path)
+    if loaded.context_reason:
+        err_console.print(f"note: {loaded.context_reason}", style="yellow", soft_wrap=True)
+    return loaded
 
 
 def _text(value: str | None, option: str) -> str | None:
@@ -127,7 +140,7 @@ def generate(
     seed: int = typer.Option(None, help=SEED_HELP),
     chat: bool = typer.Option(False, "--chat", help="Wrap the prompt in the chat template."),
     stop: list[str] = typer.Option(None, "--stop", help="Stop at this string (repeatable)."),
-    context: int = typer.Option(None, "--context", min=1, help=CONTEXT_HELP),
+    context: int = typer.Option(None, "--context", min=1, help=GENERATE_CONTEXT_HELP),
     kv_cache: str = typer.Option("auto", "--kv-cache", help=KV_CACHE_HELP),
 ):
     """Generate text from a prompt, printing it as it streams, then the speeds."""
@@ -135,7 +148,12 @@ def generate(
     for s in stop or ():
         _text(s, "--stop")
     params = _sampling(temperature, top_k, top_p, repeat_penalty, seed)
-    lm, tok = _load(model, backend, context, kv_cache=kv_cache)
+    file, tok = _open(model, backend, kv_cache)
+    if context is None:
+        # the KV cache holds what this run needs: the prompt and the tokens asked for
+        prompt_ids = encode_text(tok, file.metadata, prompt, chat)
+        context = len(prompt_ids) + max(1, 128 if max_tokens is None else max_tokens)
+    lm = _load(file, backend, context, kv_cache=kv_cache)
     result = run_generation(lm, tok, prompt, max_tokens=_max_tokens(max_tokens, 128, lm),
                             sampling=params, chat=chat, stream=_write, stop=stop or ())
     _write("\n")
@@ -160,7 +178,8 @@ def chat(
     Type 'exit' or end input (Ctrl-D) to leave."""
     _text(system, "--system")
     params = _sampling(temperature, top_k, top_p, repeat_penalty, seed)
-    lm, tok = _load(model, backend, context, kv_cache=kv_cache)
+    file, tok = _open(model, backend, kv_cache)
+    lm = _load(file, backend, context, kv_cache=kv_cache)
     max_tokens = _max_tokens(max_tokens, 256, lm)
     console.print(f"chatting on {lm.backend_name} ({lm.device_name}); 'exit' or Ctrl-D ends",
                   style="dim")
@@ -243,8 +262,9 @@ def bench_llm(
     """Measure prefill tokens/s (one long prompt) and decode tokens/s (one token at a time),
     as llama-bench's pp and tg tests: both start from an empty context unless --depth."""
     check_output_file(output, "--output")
-    lm, tok = _load(model, backend, context, warm_up=False,  # its own warm-up runs
-                    kv_cache=kv_cache)
+    file, tok = _open(model, backend, kv_cache)
+    lm = _load(file, backend, context, warm_up=False,  # its own warm-up runs
+               kv_cache=kv_cache)
     with err_console.status(f"benchmarking on {lm.device_name}"):
         result = benchmark(lm, tok, prompt_tokens, gen_tokens, repeats, warmup, depth)
         if profile:
@@ -269,7 +289,10 @@ def models(
     as_json: bool = typer.Option(False, "--json", help="Print machine-readable JSON."),
 ):
     """Say what each GGUF file holds (family, size, parameters, tensor types, context
-    length, layers) and whether pxvm runs it, or why not."""
+    length, layers) and whether pxvm runs it, or why not.
+
+    Where it runs it: the memory its KV cache takes at the default context (the file's,
+    at most 8,192 positions)."""
     summaries, failed = [], False
     for path in paths or [Path(llm.default_model_path())]:
         try:
@@ -289,6 +312,10 @@ def models(
         table.add_row("context length", "-" if s.context_length is None
                       else f"{s.context_length:,}")
         table.add_row("layers", "-" if s.layers is None else str(s.layers))
+        if s.kv_cache_bytes is not None:
+            table.add_row("KV cache", f"{byte_size(s.kv_cache_bytes['f16'])} (f16) or "
+                          f"{byte_size(s.kv_cache_bytes['f32'])} (f32) for "
+                          f"{s.kv_cache_positions:,} positions")
         table.add_row("pxvm runs it", "[green]yes[/]" if s.runs else f"[red]no[/]: {plain(s.reason)}")
         console.print(table)
     if failed:

@@ -138,6 +138,11 @@ class Backend(ABC):
     def from_numpy(self, array) -> Tensor:
         """Put host data on this backend (a copy)."""
 
+    def zeros(self, shape, dtype) -> Tensor:
+        """A new tensor of zeros (a model's KV cache). Backends fill it where it lives;
+        this fallback, for those that cannot, copies host zeros in."""
+        return self.from_numpy(np.zeros(shape, dtype))
+
     @abstractmethod
     def to_numpy(self, tensor: Tensor) -> np.ndarray:
         """Read a tensor of this backend back to the host (a copy)."""
@@ -174,6 +179,12 @@ class HostBackend(Backend):
 
     def from_numpy(self, array) -> Tensor:
         arr = np.array(as_supported_array(array), copy=True)
+        return Tensor(arr.shape, arr.dtype, self, arr)
+
+    def zeros(self, shape, dtype) -> Tensor:
+        # numpy's zeros of a large array are pages the OS maps on first write: memory is
+        # taken as they are written, not at once
+        arr = np.zeros(shape, dtype)
         return Tensor(arr.shape, arr.dtype, self, arr)
 
     def to_numpy(self, tensor: Tensor) -> np.ndarray:

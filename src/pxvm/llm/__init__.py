@@ -5,9 +5,9 @@ from .decode import ContextOverflowError, Decoder
 from .gguf_model import Config, GGUFModelFile, ModelFileError, default_model_path
 from .model import (DEFAULT_MAX_CONTEXT, KV_CACHE_CHOICES, ContextSizeError, KVCacheTypeError,
                     Model, load_model)
-from .weights import ModelDoesNotFitError, WeightRowTooLargeError
+from .weights import MEMORY_SHARE, ModelDoesNotFitError, WeightRowTooLargeError
 
 __all__ = ["DEFAULT_MAX_CONTEXT", "KV_CACHE_CHOICES", "Config", "ContextOverflowError",
-           "ContextSizeError", "Decoder", "GGUFModelFile", "KVCacheTypeError", "Model",
-           "ModelDoesNotFitError", "ModelFileError", "WeightRowTooLargeError",
+           "ContextSizeError", "Decoder", "GGUFModelFile", "KVCacheTypeError", "MEMORY_SHARE",
+           "Model", "ModelDoesNotFitError", "ModelFileError", "WeightRowTooLargeError",
            "default_model_path", "load_model"]

@@ -80,9 +80,17 @@ def chat_prompt(tokenizer: Tokenizer, metadata: dict, messages: list[dict]) -> s
 
 def encode_prompt(model: LanguageModel, tokenizer: Tokenizer, prompt: str | None = None, chat: bool = False,
                   messages: list[dict] | None = None) -> list[int]:
+    """The token ids generation feeds `model`: encode_text with the model's metadata."""
+    return encode_text(tokenizer, model.metadata, prompt, chat, messages)
+
+
+def encode_text(tokenizer: Tokenizer, metadata: dict, prompt: str | None = None,
+                chat: bool = False, messages: list[dict] | None = None) -> list[int]:
+    """The token ids of `prompt`, or of the chat `messages` (or of `prompt` as the user's
+    message when `chat`) rendered with the template in `metadata`, assistant turn opened."""
     if chat or messages is not None:
         msgs = messages if messages is not None else [{"role": "user", "content": prompt}]
-        text = chat_prompt(tokenizer, model.metadata, msgs)
+        text = chat_prompt(tokenizer, metadata, msgs)
         ids = tokenizer.encode(text)
         # Templates that write the BOS token themselves must not get a second one.
         if (tokenizer.bos_id is not None and len(ids) > 1 and ids[0] == ids[1] == tokenizer.bos_id):

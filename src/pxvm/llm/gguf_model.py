@@ -474,10 +474,15 @@ class FileSummary:
     layers: int | None
     runs: bool
     reason: str | None
+    #: the KV cache at the default context where pxvm runs it (model.summarize):
+    #: positions, and bytes by cache type ("f16", "f32")
+    kv_cache_positions: int | None = None
+    kv_cache_bytes: dict | None = None
 
 
-def summarize(path: str) -> FileSummary:
-    """The FileSummary of the GGUF file at `path` (its header read by the bounded scan);
+def read_summary(path: str) -> tuple[FileSummary, GGUFModelFile | None]:
+    """The FileSummary of the GGUF file at `path` (its header read by the bounded scan),
+    less its KV cache, and the file opened where pxvm runs it (else None);
     ModelFileError when it is no GGUF file one can read."""
     path = os.fspath(path)
     check_regular_file(path, ".gguf model", ModelFileError)
@@ -500,10 +505,10 @@ def summarize(path: str) -> FileSummary:
         label = t.type_name if t.ggml_type in _GGML_TYPE_NUMBERS else f"type {t.ggml_type}"
         types[label] = types.get(label, 0) + 1
     try:
-        GGUFModelFile(path)
-        runs, reason = True, None
+        file, reason = GGUFModelFile(path), None
     except ModelFileError as exc:
-        runs, reason = False, str(exc).removeprefix(f"{path}: ")
+        file, reason = None, str(exc).removeprefix(f"{path}: ")
     return FileSummary(path, arch, name if isinstance(name, str) else "", header.file_size,
                        sum(math.prod(t.dims) for t in header.tensors.values()), types,
-                       integer("context_length"), integer("block_count"), runs, reason)
+                       integer("context_length"), integer("block_count"), file is not None,
+                       reason), file

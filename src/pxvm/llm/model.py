@@ -18,7 +18,7 @@ schedules.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
@@ -31,10 +31,11 @@ from ..batch import Batch
 from ..ops import decoding, transformer
 from ..core.errors import PxvmError
 from .decode import FIRST_STEP_BOUND, ContextOverflowError, Decoder
-from .gguf_model import Config, GGUFModelFile, Weight, default_model_path
+from .gguf_model import (Config, FileSummary, GGUFModelFile, Weight, default_model_path,
+                         read_summary)
 from .prompts import PIECE_TOKENS, PromptGraphs
-from .weights import (Footprint, WeightMatrix, feed_forward_parts, joined_parts, row_parts,
-                      uploaded_weight_bytes)
+from .weights import (Footprint, WeightMatrix, byte_size, feed_forward_parts, joined_parts,
+                      memory_bound, row_parts, uploaded_weight_bytes)
 
 log = logging.getLogger("pxvm.llm")
 
@@ -98,6 +99,20 @@ def kv_cache_type(backend, asked: str = "auto") -> str:
     return asked
 
 
+def cache_rows(cfg: Config, positions: int) -> list[int]:
+    """Each layer's KV cache rows for `positions` positions: all of them, or a
+    sliding-window layer's ring (its window and one pass, transformer.cached_rows)."""
+    return [transformer.cached_rows(cfg.window if i in cfg.local_layers else 0, PROMPT_CHUNK,
+                                    positions) for i in range(cfg.n_layers)]
+
+
+def kv_cache_bytes(cfg: Config, positions: int, kv_cache: str = "f32") -> int:
+    """The bytes of a KV cache of `positions` positions: keys and values of every layer,
+    of dtype `kv_cache` ("f32" or "f16")."""
+    value_bytes = transformer.KV_CACHE_DTYPES[kv_cache].itemsize
+    return 2 * sum(cache_rows(cfg, positions)) * cfg.n_kv_heads * cfg.head_dim * value_bytes
+
+
 def kv_cache_positions(cfg: Config, max_context: int | None = None,
                        kv_cache: str = "f32") -> int:
     """The positions the KV cache keeps: the file's context, at most `max_context`
@@ -108,22 +123,46 @@ def kv_cache_positions(cfg: Config, max_context: int | None = None,
         raise ContextSizeError(f"max_context must be a positive integer, not {max_context!r}")
     positions = min(cfg.context_length, int(asked))
     value_bytes = transformer.KV_CACHE_DTYPES[kv_cache].itemsize
-    row = 2 * cfg.n_kv_heads * cfg.head_dim * value_bytes  # a layer's keys and values of a position
-    rings = len(cfg.local_layers)  # sliding-window layers, whose caches stay small
-    ring_bytes = rings * row * transformer.cached_rows(cfg.window, PROMPT_CHUNK, positions)
-    per_position = (cfg.n_layers - rings) * row
-    if positions * per_position + ring_bytes > MAX_KV_CACHE_BYTES:
-        fit = (MAX_KV_CACHE_BYTES - ring_bytes) // max(per_position, 1)
+    needed = kv_cache_bytes(cfg, positions, kv_cache)
+    if needed > MAX_KV_CACHE_BYTES:
+        row = 2 * cfg.n_kv_heads * cfg.head_dim * value_bytes  # a layer's keys and values of a position
+        rings = len(cfg.local_layers)  # sliding-window layers, whose caches stay small
+        ring_bytes = rings * row * transformer.cached_rows(cfg.window, PROMPT_CHUNK, positions)
+        fit = (MAX_KV_CACHE_BYTES - ring_bytes) // max((cfg.n_layers - rings) * row, 1)
         raise ContextSizeError(
-            f"a KV cache of {positions:,} positions needs "
-            f"{positions * per_position + ring_bytes:,} bytes (2 x {cfg.n_layers - rings} "
-            f"full-context layers x {cfg.n_kv_heads} kv heads x head size {cfg.head_dim} x "
-            f"{value_bytes} bytes ({kv_cache}) per position, plus the sliding-window layers' "
-            f"rings), over the bound of {MAX_KV_CACHE_BYTES:,}; at most {fit:,} positions "
-            "fit: ask for a smaller context (max_context, --context)"
+            f"a KV cache of {positions:,} positions needs {needed:,} bytes (2 x "
+            f"{cfg.n_layers - rings} full-context layers x {cfg.n_kv_heads} kv heads x head "
+            f"size {cfg.head_dim} x {value_bytes} bytes ({kv_cache}) per position, plus the "
+            f"sliding-window layers' rings), over the bound of {MAX_KV_CACHE_BYTES:,}; at "
+            f"most {fit:,} positions fit: ask for a smaller context (max_context, --context)"
             + (" or a float16 cache (kv_cache='f16', --kv-cache f16)"
                if kv_cache == "f32" else ""))
     return positions
+
+
+def positions_that_fit(cfg: Config, most: int, kv_cache: str, room: int) -> int:
+    """The most positions, up to `most`, whose KV cache takes at most `room` bytes (at
+    least 1: a model whose weights leave no room is then refused by Footprint.check)."""
+    low, high = 1, most
+    while low < high:  # the cache grows with the positions: the last that fits
+        mid = (low + high + 1) // 2
+        if kv_cache_bytes(cfg, mid, kv_cache) <= room:
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+def summarize(path: str) -> FileSummary:
+    """What `pxvm models` says of the GGUF file at `path` (gguf_model.read_summary), with
+    the KV cache of the default context where pxvm runs it; ModelFileError when it is no
+    GGUF file one can read."""
+    summary, file = read_summary(path)
+    if file is None:
+        return summary
+    positions = min(file.config.context_length, DEFAULT_MAX_CONTEXT)
+    return replace(summary, kv_cache_positions=positions, kv_cache_bytes={
+        name: kv_cache_bytes(file.config, positions, name) for name in transformer.KV_CACHE_DTYPES})
 
 
 def check_cache_tensors(backend, rows: list[int], row_bytes: int) -> None:
@@ -179,26 +218,29 @@ class Model:
         cfg = self.config
         #: the KV cache's dtype name, "f32" or "f16" (kv_cache_type)
         self.kv_cache = kv_cache_type(self.backend, kv_cache)
-        self.context_length = kv_cache_positions(cfg, max_context, self.kv_cache)
+        weight_bytes = uploaded_weight_bytes(file)
+        #: why the cache holds fewer positions than the default context (None: it does not)
+        self.context_reason: str | None = None
+        self.context_length = self._positions(max_context, weight_bytes)
         #: each layer's attention_cached parameters (RoPE, window, soft-cap, scale)
         self.attention = [cfg.attention(i, self.context_length) for i in range(cfg.n_layers)]
-        # a sliding-window layer's cache holds its window and one pass, as a ring
-        rows = [transformer.cached_rows(a["window"], PROMPT_CHUNK, self.context_length)
-                for a in self.attention]
+        rows = cache_rows(cfg, self.context_length)
         self.prompt_chunk = PROMPT_CHUNK if min(rows) < self.context_length else None
         dtype = transformer.KV_CACHE_DTYPES[self.kv_cache]
         row_bytes = cfg.n_kv_heads * cfg.head_dim * np.dtype(dtype).itemsize  # a position's keys
         check_cache_tensors(self.backend, rows, row_bytes)
         #: the device memory the model takes, checked before anything is loaded
-        self.footprint = Footprint(uploaded_weight_bytes(file), 2 * sum(rows) * row_bytes,
+        self.footprint = Footprint(weight_bytes, 2 * sum(rows) * row_bytes,
                                    self.context_length)
         self.footprint.check(self.backend)
+        log.info("pxvm: loading %s: %s (KV cache %s)", file.path, self.footprint, self.kv_cache)
         with self.footprint.uploading(self.backend):
             self._load_weights(file, progress)
-            self.k_cache = [self.backend.from_numpy(
-                np.zeros((n, cfg.n_kv_heads, cfg.head_dim), dtype)) for n in rows]
-            self.v_cache = [self.backend.from_numpy(
-                np.zeros((n, cfg.n_kv_heads, cfg.head_dim), dtype)) for n in rows]
+            # zeros made on the device (host backends: pages mapped as they are written)
+            self.k_cache = [self.backend.zeros((n, cfg.n_kv_heads, cfg.head_dim), dtype)
+                            for n in rows]
+            self.v_cache = [self.backend.zeros((n, cfg.n_kv_heads, cfg.head_dim), dtype)
+                            for n in rows]
         self.position = 0
         self.decoder = Decoder(self)
         #: prompts replayed as graphs where the backend gains by it (rings excluded: a
@@ -206,11 +248,31 @@ class Model:
         self.prompt_graphs = (PromptGraphs(self) if self.backend.prompt_graphs
                               and self.prompt_chunk is None else None)
 
+    def _positions(self, max_context: int | None, weight_bytes: int) -> int:
+        """The KV cache's positions: `max_context` (at most the file's context), or the
+        default context, fewer where its cache would not fit in the share of the
+        device's free memory left beside the weights (weights.MEMORY_SHARE)."""
+        positions = kv_cache_positions(self.config, max_context, self.kv_cache)
+        memory = self.backend.memory_bytes()
+        if max_context is not None or memory is None:
+            return positions
+        room = memory_bound(memory) - weight_bytes
+        fit = positions_that_fit(self.config, positions, self.kv_cache, room)
+        if fit < positions:
+            self.context_reason = (
+                f"a KV cache of {positions:,} positions would take "
+                f"{byte_size(kv_cache_bytes(self.config, positions, self.kv_cache))}, more "
+                f"than the {byte_size(max(room, 0))} of memory left beside the weights; the "
+                f"context holds {fit:,} positions (--context to ask for another)")
+        return fit
+
     # ---- weights ------------------------------------------------------------------------
     def _load_weights(self, file: GGUFModelFile, progress: bool) -> None:
         cfg, backend = self.config, self.backend
         self.layers: list[LayerWeights] = []
-        label = f"loading {cfg.n_layers} layers to {self.backend.name}"
+        label = (f"loading {cfg.n_layers} layers to {self.backend.name} (weights "
+                 f"{byte_size(self.footprint.weights)}, KV cache "
+                 f"{byte_size(self.footprint.kv_cache)} for {self.context_length:,} positions)")
         fam = cfg.family
         for i in _progress(range(cfg.n_layers), progress, label):
             w = lambda name, part="weight": file.weight(f"blk.{i}.{name}.{part}")  # noqa: E731
@@ -455,18 +517,19 @@ def _progress(items, enabled: bool, label: str):
             bar.advance(task)
 
 
-def load_model(path: str | None = None, backend="auto", progress: bool = True,
+def load_model(path: str | GGUFModelFile | None = None, backend="auto", progress: bool = True,
                max_context: int | None = None, warm_up: bool = False,
                kv_cache: str = "auto") -> Model:
     """Load a GGUF model of a family pxvm runs (families.py; default: SmolLM2-135M-Instruct)
-    onto a backend, with a KV cache of the file's context, at most `max_context` positions
-    (DEFAULT_MAX_CONTEXT when None), of `kv_cache` values: "f32", "f16" (half the bytes;
-    keys and values rounded to float16) or "auto" (f16 where the backend's attention
-    reads it, else f32: Model.kv_cache says which); with `warm_up`, also compile its
-    kernels (Model.warm_up)."""
+    from its path or its file already opened, onto a backend, with a KV cache of the
+    file's context, at most `max_context` positions (when None: DEFAULT_MAX_CONTEXT, or
+    fewer where their cache would not fit in memory: Model.context_reason says so), of
+    `kv_cache` values: "f32", "f16" (half the bytes; keys and values rounded to float16)
+    or "auto" (f16 where the backend's attention reads it, else f32: Model.kv_cache says
+    which); with `warm_up`, also compile its kernels (Model.warm_up)."""
     kv_cache_choice(kv_cache)  # before the file is read
-    model = Model(GGUFModelFile(path or default_model_path()), backend, progress, max_context,
-                  kv_cache)
+    file = path if isinstance(path, GGUFModelFile) else GGUFModelFile(path or default_model_path())
+    model = Model(file, backend, progress, max_context, kv_cache)
     if warm_up and progress:
         what = "GPU kernels" if model.backend_name != "cpu" else (
             "CPU kernels (the first time: compiled, then cached on disk)")

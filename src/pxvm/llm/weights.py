@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..core import Backend, Tensor
+from ..core import Backend, DeviceMemory, Tensor
 from ..core.errors import OutOfDeviceMemoryError, PxvmError
 from .gguf_model import GGUFModelFile, Weight, expected_shapes
 
@@ -28,6 +28,10 @@ class ModelDoesNotFitError(PxvmError):
     """The model's weights and KV cache need more memory than the device has."""
 
 
+#: The share of a device's free memory (the host's: MemAvailable) a model's weights and
+#: KV cache may take: the rest is left to a run's activations, the backend's rounding of
+#: buffer sizes and the other programs.
+MEMORY_SHARE = 0.9
 #: What to do when a model does not fit (ModelDoesNotFitError's messages end with it).
 FIT_ADVICE = ("ask for a smaller context (--context), use a smaller quantization of the "
               "model, or run it on another backend (--backend)")
@@ -137,10 +141,16 @@ def uploaded_weight_bytes(file: GGUFModelFile) -> int:
                for name, shape in expected_shapes(file.config).items())
 
 
-def _size(nbytes: int) -> str:
+def byte_size(nbytes: int) -> str:
+    """`nbytes` for people: in GB, MB or bytes."""
     if nbytes >= 10**9:
         return f"{nbytes / 1e9:.2f} GB"
     return f"{nbytes / 1e6:.1f} MB" if nbytes >= 10**6 else f"{nbytes:,} bytes"
+
+
+def memory_bound(memory: DeviceMemory) -> int:
+    """The bytes a model may take of a device with `memory`: MEMORY_SHARE of its free."""
+    return int(memory.free * MEMORY_SHARE)
 
 
 @dataclass(frozen=True)
@@ -158,24 +168,25 @@ class Footprint:
         return self.weights + self.kv_cache
 
     def __str__(self) -> str:
-        return (f"its weights take {_size(self.weights)} and its KV cache "
-                f"{_size(self.kv_cache)} for {self.positions:,} positions")
+        return (f"its weights take {byte_size(self.weights)} and its KV cache "
+                f"{byte_size(self.kv_cache)} for {self.positions:,} positions")
 
     def check(self, backend: Backend) -> None:
         """ModelDoesNotFitError when the backend can tell its free memory and the model
-        needs more; nothing where it cannot tell (WebGPU): the upload's own
-        out-of-memory is then the error (`uploading`)."""
+        needs more than MEMORY_SHARE of it; nothing where it cannot tell (WebGPU): the
+        upload's own out-of-memory is then the error (`uploading`)."""
         memory = backend.memory_bytes()
-        if memory is None or self.total <= memory.free:
+        if memory is None or self.total <= memory_bound(memory):
             return
-        room = memory.free - self.weights
+        room = memory_bound(memory) - self.weights
         fit = (f" (beside the weights, a KV cache of about "
                f"{room * self.positions // self.kv_cache:,} positions fits)"
                if room > 0 and self.kv_cache else "")
         raise ModelDoesNotFitError(
-            f"the model does not fit on {backend.describe()}: {self}, {_size(self.total)} "
-            f"in all, and the device has {_size(memory.free)} free (of "
-            f"{_size(memory.total)}){fit}; {FIT_ADVICE}")
+            f"the model does not fit on {backend.describe()}: {self}, {byte_size(self.total)} "
+            f"in all, and a model may take {MEMORY_SHARE:.0%} of the {byte_size(memory.free)} "
+            f"free (of {byte_size(memory.total)}): {byte_size(memory_bound(memory))}{fit}; "
+            f"{FIT_ADVICE}")
 
     @contextmanager
     def uploading(self, backend: Backend):
@@ -186,4 +197,4 @@ class Footprint:
         except (OutOfDeviceMemoryError, MemoryError) as exc:
             raise ModelDoesNotFitError(
                 f"{backend.describe()} ran out of memory loading the model: {self}, "
-                f"{_size(self.total)} in all; {FIT_ADVICE}") from exc
+                f"{byte_size(self.total)} in all; {FIT_ADVICE}") from exc

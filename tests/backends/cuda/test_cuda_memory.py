@@ -1,11 +1,13 @@
 """The CUDA backend's device memory: what it reports free and in all (the driver's
-cuMemGetInfo, the pool's buffers counted free), and running out of it as
-OutOfDeviceMemoryError. Skipped, saying why, without a driver."""
+cuMemGetInfo, the pool's buffers counted free), running out of it as
+OutOfDeviceMemoryError, and tensors of zeros set on the device. Skipped, saying why,
+without a driver."""
 
 from __future__ import annotations
 
 import gc
 
+import numpy as np
 import pytest
 
 from pxvm.core.errors import OutOfDeviceMemoryError
@@ -33,3 +35,12 @@ def test_running_out_of_device_memory_is_a_clear_error(cuda_device):
     with pytest.raises(OutOfDeviceMemoryError) as info:
         cuda_device.device.alloc(total + GIB)
     assert f"{total + GIB:,} bytes" in str(info.value) and "\n" not in str(info.value)
+
+
+def test_zeros_are_set_on_the_device_even_in_a_pooled_buffer(cuda_device):
+    shape = (300, 4, 64)
+    for _ in range(3):  # freed buffers of this size go back to the pool, then are reused
+        cuda_device.from_numpy(np.full(shape, np.nan, np.float16))
+    zeros = cuda_device.zeros(shape, np.float16)
+    assert (zeros.shape, zeros.dtype) == (shape, np.dtype(np.float16))
+    assert not cuda_device.to_numpy(zeros).any()

@@ -307,6 +307,13 @@ class CudaDevice:
         with self._host_lock:
             self._host_pool.setdefault(capacity, []).append(ptr)
 
+    def zeros(self, nbytes: int) -> DeviceBuffer:
+        """A new buffer of `nbytes` zero bytes, set on the device (queued on the stream)."""
+        buf = self.alloc(nbytes)
+        _check(_driver().cuMemsetD8Async(buf.ptr, 0, buf.capacity, self.stream),
+               "cuMemsetD8Async")
+        return buf
+
     def upload(self, array: np.ndarray) -> DeviceBuffer:
         array = np.ascontiguousarray(array)
         buf = self.alloc(array.nbytes)

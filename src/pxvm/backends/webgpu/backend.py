@@ -177,6 +177,11 @@ class WebGPUBackend(Backend):
         arr = as_supported_array(array)
         return Tensor(arr.shape, arr.dtype, self, self.device.upload(arr))
 
+    def zeros(self, shape, dtype) -> Tensor:
+        dtype = np.dtype(dtype)
+        nbytes = math.prod(int(s) for s in shape) * dtype.itemsize
+        return Tensor(tuple(shape), dtype, self, self.device.zeros(nbytes))
+
     def to_numpy(self, tensor: Tensor) -> np.ndarray:
         return self.device.read(tensor.storage, tensor.dtype, tensor.size).reshape(tensor.shape)
 

@@ -171,6 +171,19 @@ class Device:
             self.queue.write_buffer(alloc.buffer, 0, b"\xff" * alloc.binding_size())
         return alloc
 
+    def zeros(self, nbytes: int, what: str = "tensor") -> Allocation:
+        """A new allocation of `nbytes` zero bytes, cleared by the device: a pooled buffer
+        may hold an earlier tensor's values, and no host array of its size is made."""
+        alloc = self.alloc(max(4, nbytes), what)
+        alloc.nbytes = nbytes
+        encoder = self.device.create_command_encoder()
+        encoder.clear_buffer(alloc.buffer, 0, alloc.buffer.size)
+        try:
+            self.queue.submit([encoder.finish()])
+        except Exception as exc:
+            raise self.wrap_error(exc, "clearing a buffer") from exc
+        return alloc
+
     def upload(self, array: np.ndarray, what: str = "tensor") -> Allocation:
         """A new allocation holding `array`'s bytes."""
         if array.nbytes > self.max_binding:  # before copying a broadcast view on the host

@@ -397,8 +397,8 @@ def pack(raw: np.ndarray, qtype: str, k: int) -> Nibbles | Bytes | SixBits | Den
 # of float ones apart, NMSE), and one term it is, for a third fewer instructions
 # (decoding waits on them on AVX2 without VNNI, not only on memory). A block with an
 # outlier (LLM activations have features 100-1000x the rest) takes the second term too,
-# which brings the others' products below float32's own rounding. No block's sum wraps: |high| <= 32767,
-# |low| <= 16384 and |w| <= 128 over at most 32 values, < 2^28.
+# which brings the others' products below float32's own rounding. No block's sum
+# wraps: |high| <= 32767, |low| <= 16384 and |w| <= 128 over at most 32 values, < 2^28.
 _kernel = numba.njit(parallel=True, fastmath=True, cache=True, nogil=True)
 _serial_kernel = numba.njit(fastmath=True, cache=True, nogil=True)
 _inline = numba.njit(inline="always")
@@ -467,7 +467,7 @@ def _nibbles_block(s, q, unused, t, b, r, x):
 @_inline
 def _bytes_block(s, q, unused, t, b, r, x):
     """s + the products of block b of rows r..r+15 of tile t (Bytes: lanes of 4 values)
-    with x's words from (b * lanes) * 2 on."""
+    with x's words from b * lanes a block * 2 on."""
     groups = q.shape[2]
     for g in range(groups):
         lanes = load_ints(q, (t, b, g, r))
@@ -697,7 +697,8 @@ def dequantize_rows(w: Nibbles | Bytes | SixBits | Dense, first_tile: int,
         out[...] = w.w[first_tile * TILE_ROWS: first_tile * TILE_ROWS + out.shape[0]]
 
 
-def matmul(x: np.ndarray, w: Nibbles | Bytes | SixBits | Dense, out: np.ndarray | None = None) -> np.ndarray:
+def matmul(x: np.ndarray, w: Nibbles | Bytes | SixBits | Dense,
+           out: np.ndarray | None = None) -> np.ndarray:
     """x (M, K) float32 @ W^T: (M, N) float32, into `out` when given."""
     x = np.ascontiguousarray(x, _F32)
     m = x.shape[0]

@@ -113,8 +113,8 @@ def kernel(module: str, entry: str) -> Callable:
     """Function `entry` of kernels/`module`.py (imported, and compiled by numba, on first
     use: numba takes seconds to import and compile, and a process may never need them)."""
     _configure_numba()
-    from .kernel_cache import import_kernels  # here: it imports numba
-    return getattr(import_kernels(f"{__package__}.kernels.{module}"), entry)
+    kernel_cache = importlib.import_module(f"{__package__}.kernel_cache")  # imports numba
+    return getattr(kernel_cache.import_kernels(f"{__package__}.kernels.{module}"), entry)
 
 
 class Packed:

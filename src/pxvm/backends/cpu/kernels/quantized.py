@@ -61,6 +61,7 @@ from .vectors import (
     multiply_add,
     nibble_pairs,
     nibbles,
+    prefetch,
     signed_bytes,
     six_bit_pairs,
     six_bits,
@@ -411,6 +412,10 @@ _LOW = 1.0 / 32768
 #: A block whose largest |x| is at most this many times its mean |x| takes one term
 #: (see above; Gaussian blocks of 32: about 3-4).
 ONE_TERM_PEAK = 8.0
+#: Decoding asks for the records of the block this many ahead of the one it multiplies:
+#: the hardware's prefetchers stop at each 4 KiB page, and a token streams the whole
+#: model from memory (1B-shaped file, 2 AVX2 threads: 12-13 -> 16-22 tokens/s).
+PREFETCH_BLOCKS = 4
 
 
 @_serial_kernel
@@ -499,6 +504,10 @@ def _block_sums(q, extra, t, b, high, low, both, x_scale, block):
     """The sums of products of block b of tile t's 4 groups of 16 rows with x, as floats:
     `block`'s products (one of the three above) with high, and with low too where the
     block takes both terms."""
+    ahead = b + PREFETCH_BLOCKS
+    if ahead < q.shape[1]:
+        for line in range(0, q.strides[1], 64):  # the whole record: values and scales
+            prefetch(q, (t, ahead, 0, 0), line)
     f = x_scale[b]
     v0 = multiply_add(splat(0), block(zeros(), q, extra, t, b, 0, high), f)
     v1 = multiply_add(splat(0), block(zeros(), q, extra, t, b, 16, high), f)

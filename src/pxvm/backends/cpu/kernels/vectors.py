@@ -83,6 +83,25 @@ def _splat(builder, value, vector_type):
 
 
 @intrinsic
+def prefetch(typingctx, array, index, offset):
+    """Ask for the cache line `offset` bytes past array[index] ahead of its use
+    (prefetcht0; never faults, wherever it points)."""
+    def codegen(context, builder, sig, args):
+        start = _address(context, builder, sig.args[0], args[0], sig.args[1], args[1],
+                         ir.IntType(8))
+        address = builder.gep(start, [args[2]])
+        ptr = ir.IntType(8).as_pointer()
+        fetch = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [ptr, _I32, _I32, _I32]),
+            "llvm.prefetch.p0i8")
+        # a read (0), kept in every cache level (3), of data (1)
+        builder.call(fetch, [address, ir.Constant(_I32, 0), ir.Constant(_I32, 3),
+                             ir.Constant(_I32, 1)])
+        return context.get_dummy_value()
+    return types.none(array, index, offset), codegen
+
+
+@intrinsic
 def zeros(typingctx):
     """16 int32 lanes of 0."""
     def codegen(context, builder, sig, args):

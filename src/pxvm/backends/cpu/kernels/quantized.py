@@ -414,7 +414,7 @@ _LOW = 1.0 / 32768
 ONE_TERM_PEAK = 8.0
 #: Decoding asks for the records of the block this many ahead of the one it multiplies:
 #: the hardware's prefetchers stop at each 4 KiB page, and a token streams the whole
-#: model from memory (1B-shaped file, 2 AVX2 threads: 12-13 -> 16-22 tokens/s).
+#: model from memory (1B-shaped file, 2 AVX2 threads: 12-13 -> 16-20 tokens/s).
 PREFETCH_BLOCKS = 4
 
 

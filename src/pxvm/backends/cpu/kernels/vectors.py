@@ -181,12 +181,24 @@ def store_ints(typingctx, array, index, vector):
     return types.none(array, index, vector), _store_codegen(_INTS)
 
 
+def _nibbles(builder, lanes, shift):
+    """IR of bits shift..shift+3 of each int32 lane."""
+    shifted = builder.lshr(lanes, _splat(builder, _int32(builder, shift), _INTS))
+    return builder.and_(shifted, ir.Constant(_INTS, [15] * LANES))
+
+
+def _nibble_pairs(builder, lanes, shift):
+    """IR of bits shift..shift+3 of each 16-bit half of each lane, as _PAIRS."""
+    shifted = builder.lshr(builder.bitcast(lanes, _PAIRS),
+                           _splat(builder, builder.trunc(shift, _I16), _PAIRS))
+    return builder.and_(shifted, ir.Constant(_PAIRS, [15] * 2 * LANES))
+
+
 @intrinsic
 def nibbles(typingctx, lanes, shift):
     """Bits shift..shift+3 of each lane, as int32 in 0..15."""
     def codegen(context, builder, sig, args):
-        shifted = builder.lshr(args[0], _splat(builder, _int32(builder, args[1]), _INTS))
-        return builder.and_(shifted, ir.Constant(_INTS, [15] * LANES))
+        return _nibbles(builder, *args)
     return ints(lanes, shift), codegen
 
 
@@ -205,11 +217,7 @@ def signed_bytes(typingctx, lanes, byte):
 def nibble_pairs(typingctx, lanes, shift):
     """Bits shift..shift+3 of each 16-bit half of each lane: a pair of int16 in 0..15."""
     def codegen(context, builder, sig, args):
-        halves = builder.bitcast(args[0], _PAIRS)
-        shift = builder.trunc(args[1], _I16)
-        shifted = builder.lshr(halves, _splat(builder, shift, _PAIRS))
-        return builder.bitcast(builder.and_(shifted, ir.Constant(_PAIRS, [15] * 2 * LANES)),
-                               _INTS)
+        return builder.bitcast(_nibble_pairs(builder, *args), _INTS)
     return ints(lanes, shift), codegen
 
 
@@ -221,9 +229,7 @@ def six_bit_pairs(typingctx, nibble_lanes, nibble_shift, crumb_lanes, crumb_shif
     below 4). Constant shifts fold to one shift each."""
     def codegen(context, builder, sig, args):
         nib, nib_shift, crumbs, crumb_shift = args
-        low = builder.lshr(builder.bitcast(nib, _PAIRS),
-                           _splat(builder, builder.trunc(nib_shift, _I16), _PAIRS))
-        low = builder.and_(low, ir.Constant(_PAIRS, [15] * 2 * LANES))
+        low = _nibble_pairs(builder, nib, nib_shift)
         halves = builder.bitcast(crumbs, _PAIRS)
         shift = builder.trunc(crumb_shift, _I16)
         right = builder.lshr(halves, _splat(builder, shift, _PAIRS))
@@ -240,8 +246,7 @@ def six_bits(typingctx, nibble_lanes, nibble_shift, crumb_lanes, crumb_shift):
     4..5 from bits crumb_shift.. of `crumb_lanes`."""
     def codegen(context, builder, sig, args):
         nib, nib_shift, crumbs, crumb_shift = args
-        low = builder.lshr(nib, _splat(builder, _int32(builder, nib_shift), _INTS))
-        low = builder.and_(low, ir.Constant(_INTS, [15] * LANES))
+        low = _nibbles(builder, nib, nib_shift)
         high = builder.lshr(crumbs, _splat(builder, _int32(builder, crumb_shift), _INTS))
         high = builder.shl(builder.and_(high, ir.Constant(_INTS, [3] * LANES)),
                            ir.Constant(_INTS, [4] * LANES))

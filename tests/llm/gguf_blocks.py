@@ -165,14 +165,17 @@ def random_blocks(n: int, k: int, qtype: str, rng: np.random.Generator,
         values = rng.uniform(0.5, 1.5, (len(raw), 1)) * scale / divisor
         return values.astype(np.float16).view(np.uint8)
 
-    # divisors bring (6-bit or int8 sub-scale) x (quant level) back to about `scale`
+    # divisors bring (6-bit or int8 sub-scale) x (quant level) back to about `scale`; in
+    # the types with a min, dmin is half the top level's d so that the values' mean is
+    # about 0 (a shared offset makes every row alike, and random models made of such rows
+    # grow activations hundreds of times and amplify float32 rounding into wrong logits)
     if qtype in ("Q4_K", "Q5_K"):
         levels = 15 if qtype == "Q4_K" else 31
         raw[:, 0:2] = f16_field(levels * 40)   # d: times sub-scale <= 63, times q
-        raw[:, 2:4] = f16_field(40)            # dmin: times min <= 63
+        raw[:, 2:4] = f16_field(2 * 40)        # dmin: times min <= 63
     elif qtype == "Q2_K":
         raw[:, 80:82] = f16_field(3 * 15)      # d: times scale <= 15, times q <= 3
-        raw[:, 82:84] = f16_field(15)          # dmin: times min <= 15
+        raw[:, 82:84] = f16_field(2 * 15)      # dmin: times min <= 15
     elif qtype == "Q3_K":
         raw[:, 108:110] = f16_field(32 * 4)    # d: times scale - 32, times q - 4
     elif qtype == "Q6_K":

@@ -94,6 +94,20 @@ def _projected_attention(tokens, n_ctx, pos, cache=np.float32):
                         rng.standard_normal((tokens, 13)).astype(np.float32)]
 
 
+def _paged_attention(cache=np.float32, head_dim=8, block_size=4):
+    """attention_paged's inputs: 4 query heads and 2 kv heads of `head_dim`; a batch of a
+    prompt's chunk (sequence 2: 5 tokens at positions 3..7), a token at position 21
+    (sequence 0) and a first token (sequence 1); the sequences' blocks scattered over a
+    pool of 20 blocks of `block_size` rows holding random earlier keys and values."""
+    def make(rng):
+        pool = lambda: rng.standard_normal((20, block_size, 2, head_dim)).astype(cache)
+        tokens = np.array([[2, p] for p in range(3, 8)] + [[0, 21], [1, 0]], np.int32)
+        blocks = rng.permutation(20)[:18].reshape(3, 6).astype(np.int32)
+        return [rng.standard_normal((len(tokens), 8 * head_dim)).astype(np.float32), pool(),
+                pool(), tokens, blocks]
+    return make
+
+
 def _quantized_embedding(qtype):
     return lambda rng: [rng.integers(0, 13, 5).astype(np.int32), _quantized_rows(rng, qtype, 13, 64)]
 
@@ -228,6 +242,13 @@ CASES.update({
                         {"n_heads": 4, "qtype": "Q4_1", "k": 32}, threshold=NMSE_LONG)
         for cache in (np.float32, np.float16)
         for tokens, n_ctx, pos in ((2, 11, 5), (1, 300, 290))],
+    # float32 and float16 pools; heads of 6, whose rows are not whole groups of eight
+    "attention_paged": [ConformanceCase(_paged_attention(cache, d, b), {"n_heads": 4},
+                                        threshold=NMSE_LONG)
+                        for cache, d, b in ((np.float32, 8, 4), (np.float16, 8, 4),
+                                            (np.float16, 6, 16))]
+    + [ConformanceCase(_paged_attention(np.float16), {"n_heads": 4, "window": 3, "softcap": 2.0,
+                                                      "style": "neox"}, threshold=NMSE_LONG)],
     "greedy_step": [ConformanceCase(lambda rng: [rng.standard_normal(333).astype(np.float32),
                                       np.array([7, 4], np.int32)], threshold=0.0)],
     # two chunks of the first pass; history slot 4 % 2

@@ -12,6 +12,8 @@ runs instead:
   recorded decoding step is valid at every position. It has no decomposition: the
   primitive ops take positions from the host.
 - `attention_cached_matmul_quant_add`: residual + attention_cached(...) @ Wo^T.
+- `attention_paged`: attention_cached for a batch of sequences whose caches are blocks
+  of one pool, through a block table (continuous batching).
 
 KV caches are float32 or float16 (KV_CACHE_DTYPES; both caches alike): a float16 cache
 stores the new keys and values rounded to float16 (to nearest even), and attention reads
@@ -305,3 +307,96 @@ def attention_cached_matmul_quant_add(qkv, k_cache, v_cache, state, w, residual,
                                      scale, max_keys, freq_factors, attn_factor, softcap,
                                      window)
     return matmul_quant_add.reference(att, w, residual, qtype=qtype, k=k)
+
+
+# ---- attention over a paged KV cache (continuous batching) ----------------------------
+def _infer_paged(qkv, k_pool, v_pool, token_table, block_table, n_heads=1, theta=10000.0,
+                 style="interleaved", scale=None, freq_factors=None, attn_factor=1.0,
+                 softcap=0.0, window=0):
+    require(len(k_pool.shape) == 4 and tuple(k_pool.shape) == tuple(v_pool.shape),
+            f"attention_paged: pools must both be (blocks, block_size, Hkv, D), got "
+            f"{tuple(k_pool.shape)} and {tuple(v_pool.shape)}")
+    require(np.dtype(k_pool.dtype) == np.dtype(v_pool.dtype),
+            f"attention_paged: the pools must have one dtype, got {np.dtype(k_pool.dtype)} "
+            f"keys and {np.dtype(v_pool.dtype)} values")
+    _, _, hkv, d = k_pool.shape
+    require(n_heads >= 1 and n_heads % hkv == 0,
+            f"query heads ({n_heads}) must be a multiple of key/value heads ({hkv})")
+    require(d % 2 == 0 and 2 <= d <= MAX_HEAD_DIM,
+            f"head dimension must be even and at most {MAX_HEAD_DIM}, got {d}")
+    t = qkv.shape[0]
+    require(len(qkv.shape) == 2 and qkv.shape[1] == (n_heads + 2 * hkv) * d and t >= 1,
+            f"attention_paged: qkv must be (T, {(n_heads + 2 * hkv) * d}) for {n_heads} query "
+            f"heads and {hkv} key/value heads of {d}, got {tuple(qkv.shape)}")
+    require(np.dtype(token_table.dtype) == np.int32 and tuple(token_table.shape) == (t, 2),
+            f"attention_paged: token_table must be int32 (T, 2) = [sequence, position] per "
+            f"token, T = {t}; got {np.dtype(token_table.dtype)} {tuple(token_table.shape)}")
+    require(np.dtype(block_table.dtype) == np.int32 and len(block_table.shape) == 2,
+            f"attention_paged: block_table must be int32 (sequences, blocks per sequence), "
+            f"got {np.dtype(block_table.dtype)} {tuple(block_table.shape)}")
+    check_rope(d, style, freq_factors, attn_factor)
+    require(math.isfinite(softcap) and softcap >= 0,
+            f"attention softcap must be finite and at least 0 (0: none), got {softcap}")
+    require(isinstance(window, (int, np.integer)) and 0 <= window < 2**32,
+            f"attention window must be a count of keys (0: all), got {window!r}")
+    return meta((t, n_heads * d), np.float32)
+
+
+@op(infer=_infer_paged, input_dtypes=("f32", tuple(KV_CACHE_DTYPES), tuple(KV_CACHE_DTYPES),
+                                      "i32", "i32"))
+def attention_paged(qkv, k_pool, v_pool, token_table, block_table, n_heads=1, theta=10000.0,
+                    style="interleaved", scale=None, freq_factors=None, attn_factor=1.0,
+                    softcap=0.0, window=0, *, backend="auto"):
+    """attention_cached for a batch of sequences whose caches are blocks of a shared pool
+    (vLLM's paged attention): T tokens of any sequences, token t being sequence
+    token_table[t, 0]'s token at position token_table[t, 1]; position p of sequence b is
+    row p % block_size of pool block block_table[b, p // block_size]. Pools are
+    (blocks, block_size, Hkv, D), float32 or float16 (both alike, rounded as
+    attention_cached's caches). First every token's key (rotated to its position) and
+    value are written to its row; then each token attends causally over its sequence's
+    positions 0 .. its own (its last `window` where window > 0), rows of this batch's
+    tokens included. A batch mixes prompts' chunks and decoding's single tokens; blocks
+    may be shared by sequences (a cached prefix) as long as no token of the batch writes
+    to a row another token reads as an earlier position of a different sequence.
+    Returns (T, n_heads * D); the other parameters are attention_cached's.
+
+    Entries of token_table and block_table outside the pools (a negative or too large
+    block, a position beyond the table) are the caller's to avoid: the reference raises,
+    kernels may write nothing and return NaN rows for such tokens."""
+    t = qkv.shape[0]
+    _, block_size, hkv, d = k_pool.shape
+    tokens = np.asarray(token_table, np.int64).reshape(t, 2)
+    blocks = np.asarray(block_table, np.int64)
+    q, k, v = np.split(np.asarray(qkv, np.float32), [n_heads * d, (n_heads + hkv) * d], axis=1)
+    turn = dict(theta=theta, style=style, freq_factors=freq_factors, attn_factor=attn_factor)
+
+    def row(seq: int, pos: int) -> tuple[int, int]:
+        require(0 <= seq < blocks.shape[0] and 0 <= pos < blocks.shape[1] * block_size,
+                f"attention_paged: sequence {seq} position {pos} is outside the block table "
+                f"{tuple(blocks.shape)} of blocks of {block_size}")
+        block = int(blocks[seq, pos // block_size])
+        require(0 <= block < k_pool.shape[0],
+                f"attention_paged: block {block} is outside the pool of {k_pool.shape[0]}")
+        return block, pos % block_size
+
+    rotated_q = np.empty((t, n_heads, d), np.float32)
+    for i, (seq, pos) in enumerate(tokens):
+        at = row(int(seq), int(pos))
+        rotated_q[i] = rope.reference(q[i].reshape(1, n_heads, d), int(pos), **turn)[0]
+        k_pool[at] = rope.reference(k[i].reshape(1, hkv, d), int(pos), **turn)[0]
+        v_pool[at] = v[i].reshape(hkv, d)
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    out = np.empty((t, n_heads, d))
+    for i, (seq, pos) in enumerate(tokens):
+        first = max(0, int(pos) - window + 1) if window else 0
+        rows = [row(int(seq), p) for p in range(first, int(pos) + 1)]
+        keys = np.asarray(np.stack([k_pool[r] for r in rows]), np.float64)    # (n, Hkv, D)
+        values = np.asarray(np.stack([v_pool[r] for r in rows]), np.float64)
+        for h in range(n_heads):
+            scores = keys[:, h * hkv // n_heads] @ np.asarray(rotated_q[i, h], np.float64)
+            scores *= scale
+            if softcap:
+                scores = softcap * np.tanh(scores / softcap)
+            p = np.exp(scores - scores.max())
+            out[i, h] = (p / p.sum()) @ values[:, h * hkv // n_heads]
+    return out.reshape(t, n_heads * d).astype(np.float32)

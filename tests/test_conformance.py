@@ -44,12 +44,8 @@ GAPS: dict[tuple[str, str], tuple[int, ...] | None] = {
     # CUDA's tensor-core kernels: B as (N, K); heads of 64 or 128
     ("matmul_f16", "cuda"): (0,),
     ("attention_f16", "cuda"): (0, 1),
-    # CUDA's attention reads float32 KV caches only (cases.py: the float16 caches' cases)
-    ("attention_cached", "cuda"): (4, 5, 6, 7, 8, 9, 10),
-    ("attention_cached_matmul_quant_add", "cuda"): (2, 3),
-    # continuous batching's attention: the numpy reference so far (issue 39)
+    # continuous batching's attention (issue 39)
     ("attention_paged", "webgpu"): ALL,
-    ("attention_paged", "cuda"): ALL,
 }
 
 

@@ -618,8 +618,8 @@ PROJECTED_CASES = [  # (hq, hkv, d, n_ctx, pos, s, max_keys, qtype)
 ]
 
 
-def _projected(rng, hq, hkv, d, n_ctx, pos, s, qtype, n_out=37):
-    qkv, kc, vc = _case(rng, hq, hkv, d, n_ctx, s)
+def _projected(rng, hq, hkv, d, n_ctx, pos, s, qtype, cache=np.float32, n_out=37):
+    qkv, kc, vc = _case(rng, hq, hkv, d, n_ctx, s, cache)
     k = hq * d
     w = quantize((rng.standard_normal((n_out, k)) * k ** -0.5).astype(np.float32), qtype)
     residual = rng.standard_normal((s, n_out)).astype(np.float32)

@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "ops"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "webgpu"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "llm"))
 import test_transformer_attention as attention_cases  # noqa: E402
+import test_transformer_paged as paged_cases  # noqa: E402
 import test_webgpu_fused_products as product_cases  # noqa: E402
 from test_decoding import GREEDY_CASES  # noqa: E402
 
@@ -40,17 +41,16 @@ Q8_0 = "Q8_0"
 TOL = NMSE_ELEMENTWISE  # the tests/ops bounds: f32 arithmetic against float64
 
 
-def test_attention_reads_float32_caches_only_so_models_keep_float32_there():
-    # so far (a later issue gives it float16 caches); no driver needed: the declaration
+def test_attention_reads_float16_and_float32_caches_so_models_take_float16():
+    # no driver needed: the declaration
     class Cuda:  # what Op.takes reads of the backend
         name, records, host_arrays = "cuda", True, False
 
-    assert cuda_transformer.CACHE_DTYPES == {"k_cache": "f32", "v_cache": "f32"}
-    assert transformer.cache_dtypes(Cuda()) == ["f32"]
-    assert kv_cache_type(Cuda(), "auto") == "f32"
-    with pytest.raises(KVCacheTypeError, match="the cuda backend's attention reads KV caches "
-                                               "of f32 only, not f16"):
-        kv_cache_type(Cuda(), "f16")
+    assert transformer.cache_dtypes(Cuda()) == ["f32", "f16"]
+    assert kv_cache_type(Cuda(), "auto") == "f16"
+    assert kv_cache_type(Cuda(), "f32") == "f32"
+    with pytest.raises(KVCacheTypeError, match="kv_cache must be one of"):
+        kv_cache_type(Cuda(), "q8")
 
 
 def _on_cuda(call, qtype: str = Q8_0):
@@ -228,21 +228,25 @@ def key_ranges(request, monkeypatch):
         monkeypatch.setattr(cuda_transformer, "ONE_RANGE_KEYS", 16)
         monkeypatch.setattr(cuda_transformer, "RANGE_KEYS", 16)
     else:
-        monkeypatch.setattr(cuda_transformer, "SPLIT_MAX_BLOCKS", 0)
+        monkeypatch.setattr(cuda_transformer, "BUSY_BLOCKS", 0)
     return request.param
 
 
-def _ranges_taken(key_ranges, bound, pairs):
-    n_ranges = cuda_transformer.key_ranges(bound, pairs)[0]
-    assert (n_ranges > 1) == (key_ranges == "ranges" and bound > 16 and pairs < 512)
+def _ranges_taken(key_ranges, bound, tokens, hq, hkv):
+    packs = -(-(hq // hkv) // 4)
+    blocks = tokens * hkv * packs
+    n_ranges = cuda_transformer.key_ranges(bound, blocks)[0]
+    assert (n_ranges > 1) == (key_ranges == "ranges" and bound > 16
+                              and blocks < cuda_transformer.BUSY_BLOCKS)
 
 
+@pytest.mark.parametrize("cache", [np.float32, np.float16])
 @pytest.mark.parametrize("style", ["interleaved", "neox"])
 @pytest.mark.parametrize("hq,hkv,d,n_ctx,pos,s,max_keys", attention_cases.CASES)
 def test_attention_cached_matches_float64_and_appends_only_its_rows(
-        hq, hkv, d, n_ctx, pos, s, max_keys, style, key_ranges, cuda_device, rng):
-    _ranges_taken(key_ranges, max_keys or n_ctx, s * hq)
-    qkv, kc, vc = attention_cases._case(rng, hq, hkv, d, n_ctx, s)
+        hq, hkv, d, n_ctx, pos, s, max_keys, style, cache, key_ranges, cuda_device, rng):
+    _ranges_taken(key_ranges, max_keys or n_ctx, s, hq, hkv)
+    qkv, kc, vc = attention_cases._case(rng, hq, hkv, d, n_ctx, s, cache)
     state = attention_cases._state(rng, pos, extra=(12345,))
     got = attention_cases._run("cuda", qkv, kc, vc, state, n_heads=hq, style=style,
                                max_keys=max_keys)
@@ -251,10 +255,11 @@ def test_attention_cached_matches_float64_and_appends_only_its_rows(
     np.testing.assert_array_equal(got[3], state)  # the op only reads the state
 
 
+@pytest.mark.parametrize("cache", [np.float32, np.float16])
 @pytest.mark.parametrize("hq,hkv,d,n_ctx,pos,s,window", attention_cases.WINDOW_CASES)
 def test_attention_cached_window_softcap_and_scaled_rope_match_float64(
-        hq, hkv, d, n_ctx, pos, s, window, key_ranges, cuda_device, rng):
-    qkv, kc, vc = attention_cases._case(rng, hq, hkv, d, n_ctx, s)
+        hq, hkv, d, n_ctx, pos, s, window, cache, key_ranges, cuda_device, rng):
+    qkv, kc, vc = attention_cases._case(rng, hq, hkv, d, n_ctx, s, cache)
     qkv *= 3.0  # scores large enough for the cap to matter
     params = {"freq_factors": tuple(1.0 + 7.0 * rng.random(d // 2)), "attn_factor": 1.15,
               "softcap": 4.0, "window": window}
@@ -333,6 +338,45 @@ def test_one_captured_attention_step_serves_every_position(key_ranges, cuda_devi
     np.testing.assert_array_equal(v_t.numpy(), v_ref.astype(np.float32))
 
 
+@pytest.mark.parametrize("cache", [np.float32, np.float16])
+@pytest.mark.parametrize("hq,hkv,d,block_size,lengths,starts", [
+    (4, 2, 8, 4, (5, 1, 1), (3, 21, 0)),          # a prompt's chunk beside two tokens
+    (9, 3, 64, 16, (1, 1, 1, 1), (300, 0, 17, 130)),  # SmolLM2's heads: packs of 4 and 3
+    (32, 8, 128, 16, (1, 1), (511, 1000)),        # Llama 3's heads, ranges of the keys
+    (14, 2, 64, 32, (40, 1), (0, 250)),           # a group of 7: two packs
+])
+def test_attention_paged_gives_each_sequence_its_cached_attention(
+        hq, hkv, d, block_size, lengths, starts, cache, key_ranges, cuda_device, rng):
+    qkv, kp, vp, tokens, table = paged_cases._batch(
+        rng, lengths, starts, hq=hq, hkv=hkv, d=d, block_size=block_size,
+        n_blocks=len(lengths) * (-(-(max(starts) + max(lengths)) // block_size)) + 3,
+        cache=cache)
+    out, k_pool, v_pool = paged_cases._run("cuda", qkv, kp, vp, tokens, table, n_heads=hq)
+    for b, (start, n) in enumerate(zip(starts, lengths)):
+        mine = tokens[:, 0] == b
+        want, k_want, v_want = attention_cases.expected_step(
+            qkv[mine], paged_cases._plain(kp, table[b], block_size),
+            paged_cases._plain(vp, table[b], block_size), start, hq)
+        assert_close(out[mine], want, TOL if cache == np.float32 else 1e-6)
+        rows = slice(start, start + n)
+        assert_close(paged_cases._plain(k_pool, table[b], block_size)[rows], k_want[rows], TOL)
+        np.testing.assert_array_equal(paged_cases._plain(v_pool, table[b], block_size)[rows],
+                                      v_want[rows].astype(cache))
+    free = np.setdiff1d(np.arange(len(kp)), table)
+    np.testing.assert_array_equal(k_pool[free], kp[free])
+
+
+def test_paged_tokens_beyond_their_table_are_nan_rows_and_not_written(cuda_device, rng):
+    qkv, kp, vp, tokens, table = paged_cases._batch(rng, (1, 1), (2, 5))
+    tokens[1, 1] = table.shape[1] * 4  # one past the sequence's last block
+    out, k_pool, v_pool = paged_cases._run("cuda", qkv, kp, vp, tokens, table, n_heads=4)
+    assert np.isfinite(out[0]).all() and np.isnan(out[1]).all()
+    unchanged = np.ones(len(kp), bool)
+    unchanged[table[0, 0]] = False  # sequence 0 wrote its row there
+    np.testing.assert_array_equal(k_pool[unchanged], kp[unchanged])
+    np.testing.assert_array_equal(v_pool[unchanged], vp[unchanged])
+
+
 PROJECTED_CASES = [  # tests/ops' cases, all with Q8_0 weights
     (*case[:-1], Q8_0) for case in attention_cases.PROJECTED_CASES]
 
@@ -350,16 +394,18 @@ def test_attention_cached_matmul_quant_add_matches_float64(
     np.testing.assert_array_equal(v_got, v_new.astype(np.float32))
 
 
+@pytest.mark.parametrize("cache", [np.float32, np.float16])
 @pytest.mark.parametrize("hq,hkv,d,n_ctx,pos,s,max_keys,style", [
     (4, 2, 64, 400, 0, 40, None, "neox"),        # a prompt's first piece
     (6, 2, 64, 400, 200, 133, 333, "interleaved"),  # after 200 positions, a ragged tile
     (2, 1, 128, 300, 31, 64, None, "neox"),      # head size 128
 ])
 def test_prompt_attention_on_tensor_cores_matches_float64_and_appends_its_rows(
-        hq, hkv, d, n_ctx, pos, s, max_keys, style, cuda_device, rng):
+        hq, hkv, d, n_ctx, pos, s, max_keys, style, cache, cuda_device, rng):
     # Prompts' attention with head sizes the flash kernel takes runs on tensor cores:
-    # float16 q, k, v (the caches keep float32), the position read on the device.
-    inputs, _ = attention_cases._projected(rng, hq, hkv, d, n_ctx, pos, s, Q8_0)
+    # float16 q, k, v (a float16 cache is read in place; a float32 one through float16
+    # copies), the position read on the device.
+    inputs, _ = attention_cases._projected(rng, hq, hkv, d, n_ctx, pos, s, Q8_0, cache)
     qkv, kc, vc, state, w, residual = inputs
     att, k_new, v_new = attention_cases.expected_step(qkv, kc, vc, pos, hq, style=style)
     expected = residual + att @ attention_cases.dequantize(w, Q8_0, hq * d).astype(np.float64).T

@@ -7,8 +7,9 @@ the residual's add, the GLU inside it); a prompt's are launches in a row: the no
 GLU as one wgmma launch), or float rows of other lengths unfused. Attention over the
 cache is `append` then `attend` (which merges the ranges the keys are cut into and, for
 a single token, appends it itself); a prompt's runs on tensor cores where the cache is
-plain (flash_f16 reading the position on the device). The caches are float32
-(CACHE_DTYPES).
+plain (flash_f16 reading the position on the device). The caches are float32 or float16
+(CACHE_DTYPES); attention_paged's pools are read by the same kernels through a block
+table.
 """
 
 from __future__ import annotations
@@ -91,67 +92,97 @@ def qk_norm(ctx, qkv, q_gain, k_gain, n_heads=1, n_kv_heads=1, eps=1e-6):
     return out
 
 
-#: Where fewer than SPLIT_MAX_BLOCKS (token, query head) pairs meet more than
-#: ONE_RANGE_KEYS keys (decoding), the keys are cut into at most MAX_RANGES ranges of a
-#: multiple of RANGE_KEYS keys, a block each, merged by the last of them to finish: one
-#: block per pair would leave most of a large GPU idle (132 SMs on an H100) while it
-#: walks a long cache. Up to ONE_RANGE_KEYS one block walks them all: cheaper than ranges
-#: and their merge there (docs/benchmarks-log.md, "Language models on CUDA"; tests set smaller
-#: values, to cut short caches into ranges).
-SPLIT_MAX_BLOCKS = 512
+#: Where a step's blocks (token, KV head, pack of query heads) are fewer than
+#: BUSY_BLOCKS, the keys are cut into ranges of a multiple of RANGE_KEYS keys, a block
+#: each, merged by the last of them to finish: one block per pack would leave most of a
+#: large GPU idle (132 SMs on an H100) while it walks a long cache. Ranges are cut to
+#: give about BUSY_BLOCKS blocks, at most MAX_RANGES; up to ONE_RANGE_KEYS keys one
+#: block walks them all (cheaper than ranges and their merge there). Tests set smaller
+#: values, to cut short caches into ranges.
+BUSY_BLOCKS = 1024
 ONE_RANGE_KEYS = ptx_transformer.CHUNK
 RANGE_KEYS = 32
 MAX_RANGES = 64
 assert MAX_RANGES <= ptx_transformer.MAX_RANGES
 
 
-def key_ranges(bound: int, pairs: int) -> tuple[int, int]:
-    """(ranges, keys per range) of the attention over `bound` keys for `pairs` (token,
-    query head) pairs."""
-    if pairs >= SPLIT_MAX_BLOCKS or bound <= ONE_RANGE_KEYS:
+def key_ranges(bound: int, blocks: int) -> tuple[int, int]:
+    """(ranges, keys per range) of the attention over `bound` keys for a step of
+    `blocks` blocks (token, KV head, pack)."""
+    if blocks >= BUSY_BLOCKS or bound <= ONE_RANGE_KEYS:
         return 1, bound
-    range_len = RANGE_KEYS * -(-bound // (RANGE_KEYS * MAX_RANGES))
+    wanted = min(MAX_RANGES, -(-BUSY_BLOCKS // blocks))
+    range_len = RANGE_KEYS * -(-bound // (RANGE_KEYS * wanted))
     return -(-bound // range_len), range_len
+
+
+def _vec(d: int, half_cache: bool) -> int:
+    return next(v for v in ptx_transformer.piece_vecs(half_cache) if d % v == 0)
+
+
+def _attend(ctx, qkv, k_cache, v_cache, positions, rows: list, bound: int, n_heads: int,
+            theta, style, scale, freq_factors, attn_factor, softcap, window, addressing,
+            half, appends):
+    """`append` (unless the attention `appends` the token itself), then `attend`, for
+    caches addressed as `addressing` (ptx_transformer.ADDRESSING; `rows`: its ROW_PARAMS
+    but max_keys) with `positions` the state or the token table."""
+    t = qkv.shape[0]
+    hkv, d = k_cache.shape[-2:]
+    half_cache = k_cache.dtype == np.float16
+    neox = style == "neox"
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    table = rope_table(ctx, theta, d, bound, freq_factors, attn_factor)
+    row_args = [rows[0], bound, *rows[1:]]
+    if not appends:
+        elements = t * hkv * d
+        ctx.launch(ptx_transformer.append, (neox, addressing, half_cache),
+                   [qkv, k_cache, v_cache, positions, table, elements, n_heads, hkv, d,
+                    *row_args], ctx.stride_grid(elements))
+    packs = -(-(n_heads // hkv) // ptx_transformer.PACK)
+    n_ranges, range_len = key_ranges(bound, t * hkv * packs)
+    out = ctx.empty((t, n_heads * d), np.float16 if half else np.float32)
+    part = ctx.empty((t * n_heads * n_ranges, d + 2) if n_ranges > 1 else (1,), np.float32,
+                     "attention partial sums")
+    counts = ctx.counters(t * hkv * packs if n_ranges > 1 else 1)
+    ctx.launch(ptx_transformer.attend,
+               (neox, addressing, half_cache, _vec(d, half_cache), half, appends),
+               [qkv, k_cache, v_cache, positions, table, part, counts, out, n_heads, hkv, d,
+                n_ranges, range_len, scale, float(softcap), int(window), *row_args],
+               (n_ranges, hkv * packs, t), block=ptx_transformer.THREADS)
+    return out
 
 
 def attend(ctx, qkv, k_cache, v_cache, state, n_heads=1, theta=10000.0, style="interleaved",
            scale=None, max_keys=None, freq_factors=None, attn_factor=1.0, softcap=0.0,
            window=0, half=False):
-    """`append` and `attend` (which merges the ranges the keys are cut into, where they
-    are, and appends a single token itself); `half`: the output in float16. On sm_90 a
-    decoding step's `attend` reads its range's first keys and values before it waits
-    for the QKV product (`early`)."""
-    s = qkv.shape[0]
-    n_ctx, hkv, d = k_cache.shape
+    """attention_cached: `append` and `attend` (which merges the ranges the keys are cut
+    into, where they are, and appends a single token itself); `half`: the output in
+    float16."""
+    n_ctx = k_cache.shape[0]
     bound = max_keys or n_ctx
-    neox, ring = style == "neox", bound > n_ctx  # a ring: max_keys beyond the cache
-    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    table = rope_table(ctx, theta, d, max(n_ctx, bound), freq_factors, attn_factor)
-    appends = s == 1  # decoding: `attend` appends the token's key and value itself
-    elements = s * hkv * d
-    if not appends:
-        ctx.launch(ptx_transformer.append, (neox, ring),
-                   [qkv, k_cache, v_cache, state, table, elements, n_heads, hkv, d, n_ctx,
-                    bound], ctx.stride_grid(elements))
-    n_ranges, range_len = key_ranges(bound, s * n_heads)
-    out = ctx.empty((s, n_heads * d), np.float16 if half else np.float32)
-    part = ctx.empty((s * n_heads * n_ranges, d + 2) if n_ranges > 1 else (1,), np.float32,
-                     "attention partial sums")
-    counts = ctx.counters(s * n_heads if n_ranges > 1 else 1)
-    vec = next(v for v in ptx_transformer.VECS if d % v == 0)
-    early = appends and ctx.device.info.arch == "sm_90"
-    ctx.launch(ptx_transformer.attend, (neox, ring, vec, half, appends, early),
-               [qkv, k_cache, v_cache, state, table, part, counts, out, n_heads, hkv, d,
-                n_ctx, n_ranges, range_len, bound, scale, float(softcap), int(window)],
-               (n_ranges, n_heads, s), block=ptx_transformer.THREADS)
-    return out
+    addressing = "ring" if bound > n_ctx else "plain"  # a ring: max_keys beyond the cache
+    # no block table: the state stands in for its pointer, never read
+    return _attend(ctx, qkv, k_cache, v_cache, state, [n_ctx, state, 1, 1, 1], bound, n_heads,
+                   theta, style, scale, freq_factors, attn_factor, softcap, window,
+                   addressing, half, appends=qkv.shape[0] == 1)
 
 
-#: The caches these kernels read: float32 only, so far (a float16 cache is a
-#: MissingKernelError here, and a model's kv_cache="auto" takes float32 on CUDA)
-CACHE_DTYPES = {"k_cache": "f32", "v_cache": "f32"}
+#: The caches these kernels read: float32 and float16 (both alike)
+CACHE_DTYPES = {"k_cache": ("f32", "f16"), "v_cache": ("f32", "f16")}
 
 transformer.attention_cached.kernel("cuda", CACHE_DTYPES)(attend)
+
+
+@transformer.attention_paged.kernel("cuda")
+def attention_paged(ctx, qkv, k_pool, v_pool, token_table, block_table, n_heads=1,
+                    theta=10000.0, style="interleaved", scale=None, freq_factors=None,
+                    attn_factor=1.0, softcap=0.0, window=0):
+    n_blocks, block_size, hkv, d = k_pool.shape
+    sequences, max_blocks = block_table.shape
+    rows = [n_blocks * block_size, block_table, block_size, max_blocks, sequences]
+    return _attend(ctx, qkv, k_pool, v_pool, token_table, rows, max_blocks * block_size,
+                   n_heads, theta, style, scale, freq_factors, attn_factor, softcap, window,
+                   "paged", half=False, appends=False)
 
 
 def _flash_takes(ctx, k_cache, max_keys, softcap, window, scale) -> bool:
@@ -165,17 +196,24 @@ def _flash_takes(ctx, k_cache, max_keys, softcap, window, scale) -> bool:
 def _flash_attention(ctx, qkv, k_cache, v_cache, state, n_heads, theta, style, scale,
                      max_keys, freq_factors, attn_factor):
     """A prompt's attention_cached on tensor cores: ptx_transformer.flash_inputs (the
-    caches appended, float16 q, k, v), then ptx_attention.flash_f16 reading the
-    position on the device. Float16 inputs and output, as the prompt's products take."""
+    caches appended, float16 q, and k, v: a float16 cache itself, else float16 copies),
+    then ptx_attention.flash_f16 reading the position on the device. Float16 inputs and
+    output, as the prompt's products take."""
     s = qkv.shape[0]
     n_ctx, hkv, d = k_cache.shape
     bound = max_keys or n_ctx
+    half_cache = k_cache.dtype == np.float16
     table = rope_table(ctx, theta, d, n_ctx, freq_factors, attn_factor)
     q16 = ctx.empty((s, n_heads, d), np.float16)
-    k16, v16 = (ctx.empty((bound, hkv, d), np.float16) for _ in range(2))
-    ctx.launch(ptx_transformer.flash_inputs, (style == "neox",),
+    if half_cache:
+        k16, v16 = k_cache, v_cache
+        elements = s * (n_heads + 2 * hkv) * d
+    else:
+        k16, v16 = (ctx.empty((bound, hkv, d), np.float16) for _ in range(2))
+        elements = s * (n_heads + 2 * hkv) * d + 2 * bound * hkv * d
+    ctx.launch(ptx_transformer.flash_inputs, (style == "neox", half_cache),
                [qkv, k_cache, v_cache, state, table, q16, k16, v16, s, n_heads, hkv, d, bound],
-               ctx.stride_grid(s * (n_heads + 2 * hkv) * d + 2 * bound * hkv * d))
+               ctx.stride_grid(elements))
     out = ctx.empty((s, n_heads * d), np.float16)  # what the output product reads
     shape = flash_shape(ctx, d)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)

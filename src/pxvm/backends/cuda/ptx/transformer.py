@@ -1,26 +1,36 @@
-"""Attention over a KV cache in PTX (pxvm.ops.transformer.attention_cached on CUDA): S new
-tokens at positions pos .. pos + S - 1, pos = state[1] read on the device, so that one
-captured decoding step serves every position.
+"""Attention over a KV cache in PTX (pxvm.ops.transformer.attention_cached and
+attention_paged on CUDA): T new tokens, each at a position read on the device, so that
+one captured decoding step serves every position.
 
-qkv (S, (Hq + 2 Hkv) D) holds each token's query heads, key heads and value heads; the
-caches are (n_ctx, Hkv, D), position j in row j (in row j % n_ctx where RING: a
-sliding-window layer's cache, big enough that the new rows overwrite only keys no new
-token sees). Rotary embedding comes from a host table (positions, D / 2, [cos, sin]);
-NEOX rotates pairs (c, c + D/2), else (2c, 2c + 1).
+qkv (T, (Hq + 2 Hkv) D) holds each token's query heads, key heads and value heads. The
+caches are rows of Hkv heads of D values, float32 or float16 (HALF_CACHE); where the row
+of position p is depends on the addressing (ADDRESSING):
+- "plain": the caches are (n_ctx, Hkv, D), position p in row p; the S tokens of one
+  sequence are at pos .., pos = state[1].
+- "ring": the same, row p % n_ctx (a sliding-window layer's cache, big enough that the
+  new rows overwrite only keys no new token sees).
+- "paged" (attention_paged): the caches are pools of blocks of `block_size` rows; token
+  t is sequence token_table[t, 0]'s token at position token_table[t, 1], and position p
+  of sequence b is row p % block_size of block blocks[b, p / block_size].
+Rotary embedding comes from a host table (positions, D / 2, [cos, sin]); NEOX rotates
+pairs (c, c + D/2), else (2c, 2c + 1).
 
 Two kernels, launched in this order on one stream:
-- `append` (prompts): the new keys (rotated) and values into the caches, a thread an
-  element; so `attend` reads every key from the cache, none racing with its write. A
-  single token's (decoding's) `attend` appends it itself (its `appends`).
-- `attend`: block (range r, query head h, token i) attends over keys r * range_len ..
-  (those token i sees: up to its own position, its last `window` where window > 0),
-  CHUNK keys a trip with an online softmax: a thread scores a key (its dot product with
-  the staged query), the block takes the chunk's max (earlier sums are rescaled to it),
-  then threads (value group g, element d) add up exp(score) * V over the group's keys.
-  With one range it writes the normalised output; with several, each range's partial
-  result (pxvm.ops.layouts.AttentionPartials' record: D sums, max, sum of exps), and the
-  last of a head's blocks to finish (a count per head, `counts`, zero between launches)
-  merges the records, rescaled to their common max.
+- `append` (all but decoding): the new keys (rotated) and values into the caches, a
+  thread an element; so `attend` reads every key from the cache, none racing with its
+  write. A single token's (decoding's) `attend` appends it itself (its `appends`).
+- `attend`: block (range r, pack, token t) attends with PACK query heads of one KV head
+  (grouped-query attention: the pack shares each key and value it reads; a group of more
+  heads takes several packs) over keys r * range_len .. (those token t sees: up to its
+  own position, its last `window` where window > 0), CHUNK keys a trip with an online
+  softmax: a thread scores a key against the pack's queries (staged in shared memory),
+  the block takes the chunk's max per head (earlier sums are rescaled to it), then
+  threads (value group g, pair of elements e) add up exp(score) * V over the group's
+  keys for every head of the pack. With one range it writes the normalised output; with
+  several, each range's partial result per head (pxvm.ops.layouts.AttentionPartials'
+  record: D sums, max, sum of exps), and the last of a pack's blocks to finish (a count
+  per (token, pack), `counts`, zero between launches) merges the records, rescaled to
+  their common max.
 Tokens at max_keys and beyond (which the host cannot check, as the position lives on
 the device) get NaN rows and are not appended.
 
@@ -32,27 +42,34 @@ from __future__ import annotations
 
 from .builder import Kernel, Reg, f32
 from .elementwise import _exp, _store, _store_half, _unary_math
-from .rows import THREADS, _block_reduce
+from .rows import THREADS, WARPS
 
+#: Where a position's cache row is (module docstring).
+ADDRESSING = ("plain", "ring", "paged")
+#: Query heads of one KV head that a block of `attend` attends with.
+PACK = 4
 #: Keys a trip of `attend` scores: one a thread.
 CHUNK = THREADS
-#: A key's head elements read per trip of its dot product: all 64 at once (sixteen
-#: 16-byte loads in flight) where D is a multiple of 64, 16 where of 16, 4 where of 4,
-#: else 2 (D is even).
-VECS = (64, 16, 4, 2)
+#: A key row is read in pieces of 16 bytes where D allows (8 bytes, 4 bytes otherwise);
+#: KEY_PIECES of them are loaded before their products.
+KEY_PIECES = 4
 #: Keys of a value group whose loads are issued before their products.
 VALUE_UNROLL = 8
 #: Ranges whose records a thread of the merge reads before adding them up.
 MERGE_UNROLL = 8
-#: The most key ranges a head's keys may be cut into (a thread of the merge each).
+#: The most key ranges a head's keys may be cut into.
 MAX_RANGES = THREADS
+#: The largest head dimension (the staged queries' row in shared memory).
+MAX_HEAD_DIM = 256
 #: The score of a key outside the range: finite, so exp(EMPTY - max) is 0 without inf
 #: arithmetic.
 EMPTY = -3.0e38
 
 
-def _name(base: str, neox: bool, ring: bool) -> str:
-    return f"{base}_{'neox' if neox else 'interleaved'}{'_ring' if ring else ''}"
+def _name(base: str, neox: bool, addressing: str, half_cache: bool) -> str:
+    return (f"{base}_{'neox' if neox else 'interleaved'}"
+            f"{'' if addressing == 'plain' else '_' + addressing}"
+            f"{'_f16cache' if half_cache else ''}")
 
 
 def rotated(k: Kernel, qkv: Reg, table: Reg, base: Reg, c: Reg, pos: Reg, half: Reg,
@@ -77,27 +94,63 @@ def rotated(k: Kernel, qkv: Reg, table: Reg, base: Reg, c: Reg, pos: Reg, half: 
     return k.op("selp.f32", as_first, as_second, first)
 
 
-def _position(k: Kernel, state: Reg, token: Reg, max_keys: Reg) -> tuple[Reg, Reg]:
-    """(token's position pos + token, whether it is beyond max_keys): a negative pos
-    reads as a huge unsigned one, beyond too."""
-    pos = k.load("u32", f"{state}+4")
-    at = k.op("add.u32", pos, token)
-    beyond = k.op("or.pred", k.setp("ge.u32", pos, max_keys), k.setp("ge.u32", at, max_keys))
-    return at, beyond
+class Rows:
+    """Where positions' rows are (the addressing) for one token: `at` its position,
+    `beyond` whether it is at max_keys or past it (a negative position reads as a huge
+    unsigned one, beyond too), `row(p)` the cache row of position p of its sequence."""
+
+    def __init__(self, k: Kernel, addressing: str, state: Reg, token: Reg, max_keys: Reg,
+                 n_ctx: Reg, blocks: Reg, block_size: Reg, max_blocks: Reg,
+                 sequences: Reg):
+        self.k, self.addressing, self.n_ctx, self.block_size = k, addressing, n_ctx, block_size
+        if addressing == "paged":
+            entry = k.element(state, k.op("shl.b32", token, 1), 4)
+            seq, self.at = k.load("u32", entry), k.load("u32", f"{entry}+4")
+            self.beyond = k.op("or.pred", k.setp("ge.u32", seq, sequences),
+                               k.setp("ge.u32", self.at, max_keys))
+            # a sequence's row of the block table (the first, for tokens beyond)
+            seq = k.op("selp.u32", 0, seq, self.beyond)
+            self.table = k.element(blocks, k.op("mul.lo.u32", seq, max_blocks), 4)
+        else:
+            pos = k.load("u32", f"{state}+4")
+            self.at = k.op("add.u32", pos, token)
+            self.beyond = k.op("or.pred", k.setp("ge.u32", pos, max_keys),
+                               k.setp("ge.u32", self.at, max_keys))
+
+    def row(self, position: Reg) -> Reg:
+        k = self.k
+        if self.addressing == "ring":
+            return k.op("rem.u32", position, self.n_ctx)
+        if self.addressing == "paged":
+            block = k.load("u32", k.element(self.table,
+                                            k.op("div.u32", position, self.block_size), 4))
+            return k.op("mad.lo.u32", block, self.block_size,
+                        k.op("rem.u32", position, self.block_size))
+        return position
 
 
-def _cache_row(k: Kernel, position: Reg, n_ctx: Reg, ring: bool) -> Reg:
-    return k.op("rem.u32", position, n_ctx) if ring else position
+#: The parameters after the kernels' own: how rows are found (module docstring).
+ROW_PARAMS = [("n_ctx", "u32"), ("max_keys", "u32"), ("blocks", "u64"),
+              ("block_size", "u32"), ("max_blocks", "u32"), ("sequences", "u32")]
 
 
-def append(neox: bool, ring: bool) -> Kernel:
-    """k_cache[row(pos + i), kvh, c] = rotated key element, v_cache[..] = value element,
-    a thread an element of the S * Hkv * D (grid-stride)."""
-    k = Kernel(_name("cached_append", neox, ring),
+def _store_cached(k: Kernel, cache: Reg, slot: Reg, value: Reg, half_cache: bool) -> None:
+    """Cache element `slot` = value (rounded to float16 in a float16 cache)."""
+    if half_cache:
+        k.store("b16", k.element(cache, slot, 2), k.op("cvt.rn.f16.f32", value))
+    else:
+        k.store("f32", k.element(cache, slot, 4), value)
+
+
+def append(neox: bool, addressing: str, half_cache: bool) -> Kernel:
+    """k_cache[row(position), kvh, c] = rotated key element, v_cache[..] = value
+    element, a thread an element of the T * Hkv * D (grid-stride)."""
+    k = Kernel(_name("cached_append", neox, addressing, half_cache),
                [("qkv", "u64"), ("k_cache", "u64"), ("v_cache", "u64"), ("state", "u64"),
                 ("table", "u64"), ("elements", "u32"), ("hq", "u32"), ("hkv", "u32"),
-                ("head_dim", "u32"), ("n_ctx", "u32"), ("max_keys", "u32")])
-    qkv, k_cache, v_cache, state, table, elements, hq, hkv, d, n_ctx, max_keys = k.params()
+                ("head_dim", "u32"), *ROW_PARAMS])
+    (qkv, k_cache, v_cache, state, table, elements, hq, hkv, d, n_ctx, max_keys, blocks,
+     block_size, max_blocks, sequences) = k.params()
     half = k.op("shr.u32", d, 1)
     row_len = k.op("mul.lo.u32", k.op("add.u32", hq, k.op("shl.b32", hkv, 1)), d)
     t, stride = k.grid_stride()
@@ -106,28 +159,31 @@ def append(neox: bool, ring: bool) -> Kernel:
         head_row = k.op("div.u32", t, d)  # token * Hkv + kv head
         kvh = k.op("rem.u32", head_row, hkv)
         token = k.op("div.u32", head_row, hkv)
-        at, beyond = _position(k, state, token, max_keys)
-        with k.if_(k.op("not.pred", beyond)):
+        rows = Rows(k, addressing, state, token, max_keys, n_ctx, blocks, block_size,
+                    max_blocks, sequences)
+        with k.if_(k.op("not.pred", rows.beyond)):
             head = k.op("add.u32", hq, kvh)  # the key head's place among the row's heads
             key = k.op("mad.lo.u32", token, row_len, k.op("mul.lo.u32", head, d))
             value = k.op("add.u32", key, k.op("mul.lo.u32", hkv, d))
-            row = _cache_row(k, at, n_ctx, ring)
-            slot = k.op("mad.lo.u32", k.op("mad.lo.u32", row, hkv, kvh), d, c)
-            k.store("f32", k.element(k_cache, slot, 4),
-                    rotated(k, qkv, table, key, c, at, half, neox))
-            k.store("f32", k.element(v_cache, slot, 4),
-                    k.load("f32", k.element(qkv, k.op("add.u32", value, c), 4)))
+            slot = k.op("mad.lo.u32", k.op("mad.lo.u32", rows.row(rows.at), hkv, kvh), d, c)
+            _store_cached(k, k_cache, slot, rotated(k, qkv, table, key, c, rows.at, half, neox),
+                          half_cache)
+            _store_cached(k, v_cache, slot,
+                          k.load("f32", k.element(qkv, k.op("add.u32", value, c), 4)),
+                          half_cache)
     return k
 
 
-def flash_inputs(neox: bool) -> Kernel:
+def flash_inputs(neox: bool, half_cache: bool) -> Kernel:
     """A prompt's inputs to the tensor-core attention (ptx.attention.flash_f16,
     positioned), a thread an element, grid-stride: of the S new tokens' qkv, the query
     heads rotated into q16 (S, Hq, D) float16 (NaN rows for tokens at max_keys and
-    beyond), the key heads rotated and the value heads into the caches (as `append`) and
-    into k16, v16 (max_keys, Hkv, D) float16; then the cache rows of the pos earlier
-    positions into k16, v16. Not for rings."""
-    k = Kernel(f"flash_inputs_{'neox' if neox else 'interleaved'}",
+    beyond), the key heads rotated and the value heads into the caches (as `append`).
+    A float32 cache's rows are also copied into k16, v16 (max_keys, Hkv, D) float16, the
+    new ones and then those of the pos earlier positions; a float16 cache is what
+    flash_f16 reads itself (k16, v16 unused). Not for rings or pools."""
+    k = Kernel(f"flash_inputs_{'neox' if neox else 'interleaved'}"
+               f"{'_f16cache' if half_cache else ''}",
                [("qkv", "u64"), ("k_cache", "u64"), ("v_cache", "u64"), ("state", "u64"),
                 ("table", "u64"), ("q16", "u64"), ("k16", "u64"), ("v16", "u64"),
                 ("tokens", "u32"), ("hq", "u32"), ("hkv", "u32"), ("head_dim", "u32"),
@@ -140,8 +196,11 @@ def flash_inputs(neox: bool) -> Kernel:
     new = k.op("mul.lo.u32", tokens, row_len)
     pos = k.load("u32", f"{state}+4")
     row_elements = k.op("mul.lo.u32", hkv, d)
-    old = k.op("mul.lo.u32", k.op("min.u32", pos, max_keys), row_elements)  # of K, of V
-    total = k.op("add.u32", new, k.op("shl.b32", old, 1))
+    if half_cache:
+        total = new
+    else:
+        old = k.op("mul.lo.u32", k.op("min.u32", pos, max_keys), row_elements)  # of K, of V
+        total = k.op("add.u32", new, k.op("shl.b32", old, 1))
 
     t, stride = k.grid_stride()
     with k.loop(t, total, stride):
@@ -149,7 +208,9 @@ def flash_inputs(neox: bool) -> Kernel:
             token = k.op("div.u32", t, row_len)
             within = k.op("rem.u32", t, row_len)
             slot, c = k.op("div.u32", within, d), k.op("rem.u32", within, d)
-            at, beyond = _position(k, state, token, max_keys)
+            at = k.op("add.u32", pos, token)
+            beyond = k.op("or.pred", k.setp("ge.u32", pos, max_keys),
+                          k.setp("ge.u32", at, max_keys))
             base = k.op("sub.u32", t, c)  # the head's first element in qkv
             with k.if_(k.setp("lt.u32", slot, hq)):  # a query head
                 q = rotated(k, qkv, table, base, c, at, half, neox)
@@ -163,51 +224,24 @@ def flash_inputs(neox: bool) -> Kernel:
                 cache_at = k.op("mad.lo.u32", k.op("mad.lo.u32", at, hkv, kvh), d, c)
                 with k.if_(is_key):
                     key = rotated(k, qkv, table, base, c, at, half, neox)
-                    k.store("f32", k.element(k_cache, cache_at, 4), key)
-                    _store_half(k, k16, cache_at, [key])
+                    _store_cached(k, k_cache, cache_at, key, half_cache)
+                    if not half_cache:
+                        _store_half(k, k16, cache_at, [key])
                 with k.if_(k.op("not.pred", is_key)):
                     value = k.load("f32", k.element(qkv, t, 4))
-                    k.store("f32", k.element(v_cache, cache_at, 4), value)
-                    _store_half(k, v16, cache_at, [value])
-        with k.if_(k.setp("ge.u32", t, new)):  # an earlier position's key or value
-            e = k.op("sub.u32", t, new)
-            is_key = k.setp("lt.u32", e, old)
-            index = k.op("selp.u32", e, k.op("sub.u32", e, old), is_key)
-            with k.if_(is_key):
-                _store_half(k, k16, index, [k.load("f32", k.element(k_cache, index, 4))])
-            with k.if_(k.op("not.pred", is_key)):
-                _store_half(k, v16, index, [k.load("f32", k.element(v_cache, index, 4))])
+                    _store_cached(k, v_cache, cache_at, value, half_cache)
+                    if not half_cache:
+                        _store_half(k, v16, cache_at, [value])
+        if not half_cache:
+            with k.if_(k.setp("ge.u32", t, new)):  # an earlier position's key or value
+                e = k.op("sub.u32", t, new)
+                is_key = k.setp("lt.u32", e, old)
+                index = k.op("selp.u32", e, k.op("sub.u32", e, old), is_key)
+                with k.if_(is_key):
+                    _store_half(k, k16, index, [k.load("f32", k.element(k_cache, index, 4))])
+                with k.if_(k.op("not.pred", is_key)):
+                    _store_half(k, v16, index, [k.load("f32", k.element(v_cache, index, 4))])
     return k
-
-
-def _dot(k: Kernel, key: Reg, query: Reg, d: Reg, vec: int, space: str = "global",
-         preloaded: tuple[list[Reg], Reg] | None = None) -> Reg:
-    """sum over c < D of key[c] * query[c]: key an address of `space` (global, "":
-    generic), query a shared one, `vec` elements a trip. `preloaded`: (registers holding
-    the key's first `vec` elements, loaded before the kernel waited; a predicate that
-    holds where they are not the key's, which the first trip then loads as the others)."""
-    acc = [k.op("mov.f32", f32(0.0)) for _ in range(2)]
-    c = k.op("mov.u32", 0)
-    with k.loop(c, d, vec):
-        offset = k.op("mul.lo.u32", c, 4)
-        key_at = k.op("add.u64", key, k.op("cvt.u64.u32", offset))
-        query_at = k.op("add.u32", query, offset)
-        width = min(vec, 4)
-        load = None
-        if preloaded is not None:
-            load = k.op("or.pred", preloaded[1], k.setp("ne.u32", c, 0))
-        for part in range(vec // width):
-            where = f"{key_at}+{16 * part}"
-            if preloaded is None:
-                keys = k.load_vector("f32", where, width, space=space)
-            else:  # the same registers: a load left out keeps the preloaded values
-                keys = preloaded[0][part * width:(part + 1) * width]
-                instr = f"ld.{space}.v{width}.f32" if space else f"ld.v{width}.f32"
-                k.emit(f"@{load} {instr} {{{', '.join(map(str, keys))}}}, [{where}]")
-            queries = k.load_vector("f32", f"{query_at}+{16 * part}", width, space="shared")
-            for e, (x, y) in enumerate(zip(keys, queries)):
-                k.to(acc[e % 2], "fma.rn.f32", x, y, acc[e % 2])
-    return k.op("add.f32", acc[0], acc[1])
 
 
 def _range_keys(k: Kernel, at: Reg, begin: Reg, range_len: Reg,
@@ -221,271 +255,280 @@ def _range_keys(k: Kernel, at: Reg, begin: Reg, range_len: Reg,
     return k.op("max.u32", begin, lowest), end
 
 
-def _key_address(k: Kernel, k_head: Reg, position: Reg, n_ctx: Reg, row_stride: Reg,
-                 ring: bool) -> Reg:
-    """The address of the key at `position` in its KV head's cache rows (k_head)."""
-    row = _cache_row(k, position, n_ctx, ring)
-    return k.op("add.u64", k_head, k.op("mul.wide.u32", row, row_stride))
-
-
-def _value_addresses(k: Kernel, v_first: Reg, key_first: Reg, u: Reg, n_ctx: Reg,
-                     row_stride: Reg, ring: bool) -> tuple[Reg, Reg]:
-    """(position of key key_first + u, the address of its V element in the cache)."""
-    key = k.op("add.u32", key_first, u)
-    row = _cache_row(k, key, n_ctx, ring)
-    return key, k.op("add.u64", v_first, k.op("mul.wide.u32", row, row_stride))
-
-
-def _weighted_values(k: Kernel, v_first: Reg, key_first: Reg, g: Reg, groups: Reg,
-                     n_keys: Reg, exps: Reg, n_ctx: Reg, row_stride: Reg, ring: bool,
-                     new: tuple[Reg, Reg] | None = None,
-                     preloaded: tuple[list[Reg], Reg] | None = None) -> Reg:
-    """sum over u = g, g + groups, .. < n_keys of exps[u] (shared) * V element of key
-    key_first + u (v_first: the element's address in the cache row of position 0;
-    row_stride: bytes between cache rows), in batches of VALUE_UNROLL keys whose loads
-    are issued before their products (predicated on the key being one of n_keys).
-    `new`: (position, generic address of its element): that key's value is read there,
-    not from the cache. `preloaded`: (the first batch's values, loaded before the kernel
-    waited, the new key's excepted; a predicate that holds where they are not this
-    chunk's): the first batch loads only the new key's then."""
-    def weight(u: Reg, present: Reg) -> Reg:
-        w = k.op("mov.f32", f32(0.0))  # keys past the chunk: no exps entry to read
-        return k.to(w, "ld.shared.f32", f"[{k.op('mad.lo.u32', u, 4, exps)}]", pred=present)
-
-    total = k.op("mov.f32", f32(0.0))
-    b = k.op("mov.u32", g)  # the batch's first key
-    with k.loop(b, n_keys, k.op("mul.lo.u32", groups, VALUE_UNROLL)):
-        batch = []
-        reload = None
-        if preloaded is not None:
-            reload = k.op("or.pred", preloaded[1], k.setp("ne.u32", b, g))
-        for j in range(VALUE_UNROLL):
-            u = k.op("mad.lo.u32", groups, j, b)
-            in_chunk = present = k.setp("lt.u32", u, n_keys)
-            key, cached = _value_addresses(k, v_first, key_first, u, n_ctx, row_stride, ring)
-            value = preloaded[0][j] if preloaded is not None else k.op("mov.f32", f32(0.0))
-            fresh = None
-            if new is None:
-                address, space = cached, "global"
-            else:
-                at, staged = new
-                fresh = k.setp("eq.u32", key, at)
-                address = k.op("selp.b64", staged, k.op("cvta.global.u64", cached), fresh)
-                space = ""
-            if reload is not None:  # the preloaded batch loads the new key's value only
-                present = k.op("and.pred", present,
-                               reload if fresh is None else k.op("or.pred", reload, fresh))
-            k.to(value, f"ld.{space}.f32" if space else "ld.f32", f"[{address}]", pred=present)
-            batch.append((u, in_chunk, value))
-        for u, present, value in batch:
-            k.to(total, "fma.rn.f32", weight(u, present), value, total)
-    return total
-
-
-def _early_loads(k: Kernel, state: Reg, token: Reg, begin: Reg, range_len: Reg,
-                 window: Reg, tid: Reg, n_ctx: Reg, ring: bool,
-                 key_row: tuple[Reg, Reg], value_group: tuple[Reg, Reg, Reg], vec: int):
-    """The range's first chunk of keys and values, loaded into registers before the
-    kernel waits for its predecessor (no predecessor writes a cache row but the new
-    token's, which is left out): thread t the first `vec` elements of key t, thread
-    (g, e) element e of the first batch of its value group's keys (_weighted_values').
-    The position is read through L2 (.cg), so that no copy of it stays in L1 for the
-    read after the wait. Returns (the key registers, the value registers, the first
-    key's position, the token's position as read)."""
-    k_head, row_stride = key_row
-    v_first, g, groups = value_group
-    at = k.op("add.u32", k.op("ld.global.cg.u32", f"[{state}+4]"), token)
-    first, end = _range_keys(k, at, begin, range_len, window)
-    n_keys = k.op("selp.u32", k.op("min.u32", k.op("sub.u32", end, first), CHUNK), 0,
-                  k.setp("gt.u32", end, first))
-    keys = [k.op("mov.f32", f32(0.0)) for _ in range(vec)]
-    position = k.op("add.u32", first, tid)
-    mine = k.op("and.pred", k.setp("lt.u32", tid, n_keys), k.setp("ne.u32", position, at))
-    key = _key_address(k, k_head, position, n_ctx, row_stride, ring)
-    width = min(vec, 4)
-    for part in range(vec // width):
-        regs = ", ".join(map(str, keys[part * width:(part + 1) * width]))
-        k.emit(f"@{mine} ld.global.cg.v{width}.f32 {{{regs}}}, [{key}+{16 * part}]")
-    values = []
-    in_group = k.setp("lt.u32", g, groups)
-    for j in range(VALUE_UNROLL):
-        u = k.op("mad.lo.u32", groups, j, g)
-        key_position, cached = _value_addresses(k, v_first, first, u, n_ctx, row_stride, ring)
-        present = k.op("and.pred", k.op("and.pred", in_group, k.setp("lt.u32", u, n_keys)),
-                       k.setp("ne.u32", key_position, at))
-        values.append(k.to(k.op("mov.f32", f32(0.0)), "ld.global.cg.f32", f"[{cached}]",
-                           pred=present))
-    return keys, values, first, at
-
-
 def _put(k: Kernel, out: Reg, index: Reg, value, half: bool) -> None:
     """Output element `index`: float32, or float16 where `half`."""
     (_store_half if half else _store)(k, out, index, [value])
 
 
-def attend(neox: bool, ring: bool, vec: int, half: bool = False,
-           appends: bool = False, early: bool = False) -> Kernel:
-    """Grid (n_ranges, Hq, S), THREADS threads: token i's query head h over range r's
-    keys (module docstring); D elements of a key read `vec` a trip. `half`: the output
-    in float16 (what a prompt's tensor-core output projection reads). `appends` (one
-    token: decoding): `append`'s work done here, one launch fewer: each block stages the
-    new key (rotated) and value in shared memory and reads them there, and the block of
-    the key's range and of its KV head's first query head writes them to the caches (no
-    block of the launch reads that row from the cache). `early` (with `appends`, for
-    sm_90): the range's first keys and values are loaded before the kernel waits for its
-    predecessor (the QKV product, in decoding's graphs: _early_loads)."""
-    if early and not appends:
-        raise ValueError("early loads are for decoding's attention (appends)")
-    k = Kernel(f"{_name('cached_attend', neox, ring)}_v{vec}{'_f16' if half else ''}"
-               f"{'_appends' if appends else ''}{'_early' if early else ''}",
+def _load_piece(k: Kernel, address: Reg, offset: int, vec: int, half_cache: bool,
+                space: str, pred: Reg) -> list[Reg]:
+    """`vec` cache elements at address + offset bytes as float32 (zeros where `pred`
+    fails); `space`: "global", or "" for a generic address."""
+    ld = f"ld.{space}" if space else "ld"
+    if half_cache:
+        words = [k.op("mov.b32", 0) for _ in range(vec // 2)]
+        kind = f"v{len(words)}.b32" if len(words) > 1 else "b32"
+        regs = f"{{{', '.join(map(str, words))}}}" if len(words) > 1 else str(words[0])
+        k.emit(f"@{pred} {ld}.{kind} {regs}, [{address}+{offset}]")
+        values = []
+        for word in words:
+            low, high = k.reg("b16"), k.reg("b16")
+            k.emit(f"mov.b32 {{{low}, {high}}}, {word}")
+            values += [k.op("cvt.f32.f16", low), k.op("cvt.f32.f16", high)]
+        return values
+    values = [k.op("mov.f32", f32(0.0)) for _ in range(vec)]
+    k.emit(f"@{pred} {ld}.v{vec}.f32 {{{', '.join(map(str, values))}}}, [{address}+{offset}]")
+    return values
+
+
+def _reduce_pack(k: Kernel, values: list[Reg], instr: str, scratch: str) -> list[Reg]:
+    """`instr` (max.f32, add.f32) of each of the PACK values over the block, in every
+    thread: butterflies within warps, then the warps' results through shared memory."""
+    for offset in (16, 8, 4, 2, 1):
+        values = [k.op(instr, v, k.op("shfl.sync.bfly.b32", v, offset, "0x1f", "0xffffffff"))
+                  for v in values]
+    tid = k.special("%tid.x")
+    base = k.op("mov.u32", scratch)
+    warp_slot = k.op("mad.lo.u32", k.op("shr.u32", tid, 5), 4 * PACK, base)
+    with k.if_(k.setp("eq.u32", k.op("and.b32", tid, 31), 0)):
+        for j, v in enumerate(values):
+            k.store("f32", f"{warp_slot}+{4 * j}", v, space="shared")
+    k.emit("bar.sync 0")
+    out = [k.tree(instr, [k.load("f32", f"{base}+{4 * (w * PACK + j)}", space="shared")
+                          for w in range(WARPS)]) for j in range(PACK)]
+    k.emit("bar.sync 0")  # the scratch is written again by the next reduction
+    return out
+
+
+def attend(neox: bool, addressing: str, half_cache: bool, vec: int, half: bool = False,
+           appends: bool = False) -> Kernel:
+    """Grid (n_ranges, Hkv * packs, T), THREADS threads: token t's pack of query heads
+    over range r's keys (module docstring); a key row read `vec` elements a load.
+    `half`: the output in float16 (what a prompt's tensor-core output projection reads).
+    `appends` (one token: decoding, plain or ring): `append`'s work done here, one launch
+    fewer: each block stages the new key (rotated) and value in shared memory, in the
+    cache's type, and reads them there; the block of the key's range and of its KV
+    head's first pack writes them to the caches (no block of the launch reads that row
+    from the cache)."""
+    if appends and addressing == "paged":
+        raise ValueError("attend appends a single token of a plain or ring cache")
+    k = Kernel(f"{_name('cached_attend', neox, addressing, half_cache)}_v{vec}"
+               f"{'_f16' if half else ''}{'_appends' if appends else ''}",
                [("qkv", "u64"), ("k_cache", "u64"), ("v_cache", "u64"), ("state", "u64"),
                 ("table", "u64"), ("part", "u64"), ("counts", "u64"), ("out", "u64"),
-                ("hq", "u32"), ("hkv", "u32"), ("head_dim", "u32"), ("n_ctx", "u32"),
-                ("n_ranges", "u32"), ("range_len", "u32"), ("max_keys", "u32"),
-                ("scale", "f32"), ("softcap", "f32"), ("window", "u32")],
-               arch="sm_90" if early else None)
-    (qkv, k_cache, v_cache, state, table, part, counts, out, hq, hkv, d, n_ctx, n_ranges,
-     range_len, max_keys, scale, softcap, window) = k.params()
-    scratch = k.shared("partial", "f32", THREADS // 32, 16)
-    query = k.op("mov.u32", k.shared("query", "f32", THREADS, 16))
-    exps = k.op("mov.u32", k.shared("exps", "f32", CHUNK, 16))
-    sums = k.op("mov.u32", k.shared("sums", "f32", THREADS, 16))
+                ("hq", "u32"), ("hkv", "u32"), ("head_dim", "u32"), ("n_ranges", "u32"),
+                ("range_len", "u32"), ("scale", "f32"), ("softcap", "f32"),
+                ("window", "u32"), *ROW_PARAMS])
+    (qkv, k_cache, v_cache, state, table, part, counts, out, hq, hkv, d, n_ranges,
+     range_len, scale, softcap, window, n_ctx, max_keys, blocks, block_size, max_blocks,
+     sequences) = k.params()
+    esize = 2 if half_cache else 4
+    cache_type = "b16" if half_cache else "f32"
+    scratch = k.shared("partial", "f32", WARPS * PACK, 16)
+    query = k.op("mov.u32", k.shared("query", "f32", PACK * MAX_HEAD_DIM, 16))
+    exps = k.op("mov.u32", k.shared("exps", "f32", PACK * CHUNK, 16))
+    sums = k.op("mov.u32", k.shared("sums", "f32", PACK * 2 * THREADS, 16))
+    stats = k.op("mov.u32", k.shared("stats", "f32", 2 * PACK, 16))  # maxima, totals
     tid = k.special("%tid.x")
-    r, h, token = k.special("%ctaid.x"), k.special("%ctaid.y"), k.special("%ctaid.z")
+    r, pack_id, token = k.special("%ctaid.x"), k.special("%ctaid.y"), k.special("%ctaid.z")
     one_range = k.setp("eq.u32", n_ranges, 1)
-    head = k.op("mad.lo.u32", token, hq, h)
-    head_out = k.op("mad.lo.u32", head, d, tid)
+    group = k.op("div.u32", hq, hkv)
+    packs = k.op("div.u32", k.op("add.u32", group, PACK - 1), PACK)
+    kvh = k.op("div.u32", pack_id, packs)
+    pack = k.op("rem.u32", pack_id, packs)
+    first_head = k.op("mad.lo.u32", kvh, group, k.op("mul.lo.u32", pack, PACK))
+    heads = k.op("min.u32", k.op("sub.u32", group, k.op("mul.lo.u32", pack, PACK)), PACK)
     begin = k.op("mul.lo.u32", r, range_len)
-    # where the KV head's keys and this thread's value elements are in the caches
-    kvh = k.op("div.u32", h, k.op("div.u32", hq, hkv))
-    row_stride = k.op("mul.lo.u32", k.op("mul.lo.u32", hkv, d), 4)  # bytes between rows
-    head_offset = k.op("mul.wide.u32", k.op("mul.lo.u32", kvh, d), 4)
+    row_stride = k.op("mul.lo.u32", k.op("mul.lo.u32", hkv, d), esize)  # bytes between rows
+    head_offset = k.op("mul.wide.u32", k.op("mul.lo.u32", kvh, d), esize)
     k_head = k.op("add.u64", k_cache, head_offset)
-    groups = k.op("max.u32", k.op("div.u32", THREADS, d), 1)  # value groups of D threads
-    g = k.op("div.u32", tid, d)
-    element = k.op("rem.u32", tid, d)
+    pairs = k.op("shr.u32", d, 1)  # value threads a row: two elements each
+    groups = k.op("div.u32", THREADS, pairs)
+    g = k.op("div.u32", tid, pairs)
+    pair = k.op("rem.u32", tid, pairs)
     in_group = k.setp("lt.u32", g, groups)
+    pair_bytes = k.op("mul.lo.u32", pair, 2 * esize)
     v_first = k.op("add.u64", k.op("add.u64", v_cache, head_offset),
-                   k.op("mul.wide.u32", element, 4))
-    if early:
-        early_keys, early_values, early_first, early_at = _early_loads(
-            k, state, token, begin, range_len, window, tid, n_ctx, ring,
-            (k_head, row_stride), (v_first, g, groups), vec)
+                   k.op("cvt.u64.u32", pair_bytes))
     k.wait_for_predecessors()
-    at, beyond = _position(k, state, token, max_keys)
-    with k.if_(beyond):  # NaN rows, written by the first range's block
-        with k.if_(k.op("and.pred", k.setp("eq.u32", r, 0), k.setp("lt.u32", tid, d))):
-            _put(k, out, head_out, f32(float("nan")), half)
+    rows = Rows(k, addressing, state, token, max_keys, n_ctx, blocks, block_size, max_blocks,
+                sequences)
+    at = rows.at
+    first_out = k.op("mul.lo.u32", k.op("mad.lo.u32", token, hq, first_head), d)
+    with k.if_(rows.beyond):  # NaN rows, written by the first range's blocks
+        with k.if_(k.setp("eq.u32", r, 0)):
+            o = k.op("mov.u32", tid)
+            with k.loop(o, k.op("mul.lo.u32", heads, d), THREADS):
+                _put(k, out, k.op("add.u32", first_out, o), f32(float("nan")), half)
         k.emit("ret")
     with k.if_(k.setp("gt.u32", begin, at)):  # a range past the token's keys: not read
         k.emit("ret")
     c0, end = _range_keys(k, at, begin, range_len, window)
 
-    # the query head, rotated and scaled, staged in shared memory
+    # the pack's query heads, rotated and scaled, staged in shared memory (rows of
+    # MAX_HEAD_DIM = THREADS values, zeros past D and past the pack's heads)
     row_len = k.op("mul.lo.u32", k.op("add.u32", hq, k.op("shl.b32", hkv, 1)), d)
-    with k.if_(k.setp("lt.u32", tid, d)):
-        base = k.op("mad.lo.u32", token, row_len, k.op("mul.lo.u32", h, d))
-        q = rotated(k, qkv, table, base, tid, at, k.op("shr.u32", d, 1), neox)
-        k.store("f32", k.op("mad.lo.u32", tid, 4, query), k.op("mul.f32", q, scale),
-                space="shared")
-    new = None
+    token_row = k.op("mul.lo.u32", token, row_len)
+    half_d = k.op("shr.u32", d, 1)
+    within_d = k.setp("lt.u32", tid, d)
+    staged = k.op("mad.lo.u32", tid, 4, query)
+    for j in range(PACK):
+        q = k.op("mov.f32", f32(0.0))
+        with k.if_(k.op("and.pred", within_d, k.setp("gt.u32", heads, j))):
+            base = k.op("mad.lo.u32", k.op("add.u32", first_head, j), d, token_row)
+            k.to(q, "mul.f32", rotated(k, qkv, table, base, tid, at, half_d, neox), scale)
+        k.store("f32", f"{staged}+{4 * MAX_HEAD_DIM * j}", q, space="shared")
+    space = "global"
     if appends:
-        new_key = k.op("mov.u32", k.shared("new_key", "f32", THREADS, 16))
-        new_value = k.op("mov.u32", k.shared("new_value", "f32", THREADS, 16))
-        with k.if_(k.setp("lt.u32", tid, d)):
-            key_base = k.op("mad.lo.u32", token, row_len,
-                            k.op("mul.lo.u32", k.op("add.u32", hq, kvh), d))
-            key = rotated(k, qkv, table, key_base, tid, at, k.op("shr.u32", d, 1), neox)
+        space = ""
+        new_key = k.op("mov.u32", k.shared("new_key", cache_type, MAX_HEAD_DIM, 16))
+        new_value = k.op("mov.u32", k.shared("new_value", cache_type, MAX_HEAD_DIM, 16))
+        with k.if_(within_d):
+            key_base = k.op("mad.lo.u32", k.op("add.u32", hq, kvh), d, token_row)
+            key = rotated(k, qkv, table, key_base, tid, at, half_d, neox)
             value = k.load("f32", k.element(
                 qkv, k.op("add.u32", k.op("mad.lo.u32", hkv, d, key_base), tid), 4))
-            k.store("f32", k.op("mad.lo.u32", tid, 4, new_key), key, space="shared")
-            k.store("f32", k.op("mad.lo.u32", tid, 4, new_value), value, space="shared")
-            first_of_group = k.setp("eq.u32", k.op("rem.u32", h, k.op("div.u32", hq, hkv)), 0)
+            if half_cache:
+                key, value = k.op("cvt.rn.f16.f32", key), k.op("cvt.rn.f16.f32", value)
+            k.store(cache_type, k.op("mad.lo.u32", tid, esize, new_key), key, space="shared")
+            k.store(cache_type, k.op("mad.lo.u32", tid, esize, new_value), value,
+                    space="shared")
             own_range = k.setp("lt.u32", at, k.op("add.u32", begin, range_len))
-            with k.if_(k.op("and.pred", first_of_group, own_range)):
-                slot = k.op("mad.lo.u32", k.op("mad.lo.u32", _cache_row(k, at, n_ctx, ring),
-                                                hkv, kvh), d, tid)
-                k.store("f32", k.element(k_cache, slot, 4), key)
-                k.store("f32", k.element(v_cache, slot, 4), value)
+            with k.if_(k.op("and.pred", k.setp("eq.u32", pack, 0), own_range)):
+                slot = k.op("mad.lo.u32", k.op("mad.lo.u32", rows.row(at), hkv, kvh), d, tid)
+                k.store(cache_type, k.element(k_cache, slot, esize), key)
+                k.store(cache_type, k.element(v_cache, slot, esize), value)
 
         def generic(shared_address: Reg) -> Reg:
             return k.op("cvta.shared.u64", k.op("cvt.u64.u32", shared_address))
         new_key_address = generic(new_key)
-        new = (at, generic(k.op("mad.lo.u32", k.op("rem.u32", tid, d), 4, new_value)))
+        new_value_address = k.op("add.u64", generic(new_value),
+                                 k.op("cvt.u64.u32", pair_bytes))
     k.emit("bar.sync 0")
 
     capped = k.setp("gt.f32", softcap, f32(0.0))
-
-    m_run = k.op("mov.f32", f32(EMPTY))  # the range's max score so far
-    l_run = k.op("mov.f32", f32(0.0))    # this thread's keys' exps, relative to m_run
-    acc = k.op("mov.f32", f32(0.0))      # element `element` of group g's sum, the same
+    my_exp = k.op("mad.lo.u32", tid, 4, exps)
+    m_run = [k.op("mov.f32", f32(EMPTY)) for _ in range(PACK)]  # the range's max score so far
+    l_run = [k.op("mov.f32", f32(0.0)) for _ in range(PACK)]    # this thread's keys' exps
+    acc = [[k.op("mov.f32", f32(0.0)) for _ in range(2)] for _ in range(PACK)]  # its pair's sums
     with k.loop(c0, end, CHUNK):
         n_keys = k.op("min.u32", k.op("sub.u32", end, c0), CHUNK)
         mine = k.setp("lt.u32", tid, n_keys)
-        if early:  # the registers hold this chunk's keys and values where it is the first
-            # (and the position read before the wait is the one read after)
-            later = k.op("or.pred", k.setp("ne.u32", c0, early_first),
-                         k.setp("ne.u32", early_at, at))
-        score = k.op("mov.f32", f32(EMPTY))
+        scores = [k.op("mov.f32", f32(EMPTY)) for _ in range(PACK)]
         with k.if_(mine):
             position = k.op("add.u32", c0, tid)
-            key = _key_address(k, k_head, position, n_ctx, row_stride, ring)
+            key = k.op("add.u64", k_head, k.op("mul.wide.u32", rows.row(position), row_stride))
             if appends:  # the new key from shared memory, through a generic address
                 fresh = k.setp("eq.u32", position, at)
                 key = k.op("selp.b64", new_key_address, k.op("cvta.global.u64", key), fresh)
-                dot = _dot(k, key, query, d, vec, space="",
-                           preloaded=(early_keys, k.op("or.pred", later, fresh))
-                           if early else None)
-            else:
-                dot = _dot(k, key, query, d, vec)
-            cap = k.op("mul.f32", softcap, _unary_math(k, "tanh", k.op("div.rn.f32", dot, softcap),
-                                                       softcap, softcap))
-            k.to(score, "selp.f32", cap, dot, capped)
-        top = k.op("max.f32", m_run, _block_reduce(k, score, "max.f32", scratch))
-        rescale = _exp(k, k.op("sub.f32", m_run, top))  # 0 at the first chunk
-        e = k.op("selp.f32", _exp(k, k.op("sub.f32", score, top)), f32(0.0), mine)
-        k.store("f32", k.op("mad.lo.u32", tid, 4, exps), e, space="shared")
-        k.to(l_run, "fma.rn.f32", l_run, rescale, e)
-        k.to(m_run, "mov.f32", top)
+            dots = [k.op("mov.f32", f32(0.0)) for _ in range(PACK)]
+            c = k.op("mov.u32", 0)
+            with k.loop(c, d, vec * KEY_PIECES):
+                key_at = k.op("add.u64", key, k.op("mul.wide.u32", c, esize))
+                query_at = k.op("mad.lo.u32", c, 4, query)
+                pieces = [_load_piece(k, key_at, i * vec * esize, vec, half_cache, space,
+                                      k.setp("lt.u32", k.op("add.u32", c, i * vec), d))
+                          for i in range(KEY_PIECES)]
+                for i, piece in enumerate(pieces):
+                    for j in range(PACK):
+                        offset = 4 * (j * MAX_HEAD_DIM + i * vec)
+                        queries = []
+                        for part_at in range(0, vec, 4):
+                            queries += k.load_vector("f32", f"{query_at}+{offset + 4 * part_at}",
+                                                     min(vec, 4), space="shared")
+                        for x, y in zip(piece, queries):
+                            k.to(dots[j], "fma.rn.f32", x, y, dots[j])
+            for j in range(PACK):
+                cap = k.op("mul.f32", softcap, _unary_math(
+                    k, "tanh", k.op("div.rn.f32", dots[j], softcap), softcap, softcap))
+                k.to(scores[j], "selp.f32", cap, dots[j], capped)
+        tops = _reduce_pack(k, scores, "max.f32", scratch)
+        rescale = []
+        for j in range(PACK):
+            top = k.op("max.f32", m_run[j], tops[j])
+            rescale.append(_exp(k, k.op("sub.f32", m_run[j], top)))  # 0 at the first chunk
+            e = k.op("selp.f32", _exp(k, k.op("sub.f32", scores[j], top)), f32(0.0), mine)
+            k.store("f32", f"{my_exp}+{4 * CHUNK * j}", e, space="shared")
+            k.to(l_run[j], "fma.rn.f32", l_run[j], rescale[j], e)
+            k.to(m_run[j], "mov.f32", top)
         k.emit("bar.sync 0")
         with k.if_(in_group):
-            weighted = _weighted_values(k, v_first, c0, g, groups, n_keys, exps, n_ctx,
-                                        row_stride, ring, new,
-                                        (early_values, later) if early else None)
-            k.to(acc, "fma.rn.f32", acc, rescale, weighted)
+            for j in range(PACK):
+                for i in range(2):
+                    k.to(acc[j][i], "mul.f32", acc[j][i], rescale[j])
+            u0 = k.op("mov.u32", g)
+            with k.loop(u0, n_keys, k.op("mul.lo.u32", groups, VALUE_UNROLL)):
+                batch = []
+                for jj in range(VALUE_UNROLL):
+                    u = k.op("mad.lo.u32", groups, jj, u0)
+                    present = k.setp("lt.u32", u, n_keys)
+                    position = k.op("add.u32", c0, k.op("selp.u32", u, 0, present))
+                    value_at = k.op("add.u64", v_first,
+                                    k.op("mul.wide.u32", rows.row(position), row_stride))
+                    if appends:
+                        value_at = k.op("selp.b64", new_value_address,
+                                        k.op("cvta.global.u64", value_at),
+                                        k.setp("eq.u32", position, at))
+                    values = _load_piece(k, value_at, 0, 2, half_cache, space, present)
+                    weights = []
+                    for j in range(PACK):
+                        w = k.op("mov.f32", f32(0.0))
+                        k.to(w, "ld.shared.f32",
+                             f"[{k.op('mad.lo.u32', u, 4, exps)}+{4 * CHUNK * j}]", pred=present)
+                        weights.append(w)
+                    batch.append((values, weights))
+                for values, weights in batch:
+                    for j in range(PACK):
+                        for i in range(2):
+                            k.to(acc[j][i], "fma.rn.f32", weights[j], values[i], acc[j][i])
         k.emit("bar.sync 0")  # exps is rewritten by the next chunk
 
-    total = _block_reduce(k, l_run, "add.f32", scratch)
-    k.store("f32", k.op("mad.lo.u32", tid, 4, sums), k.op("selp.f32", acc, f32(0.0), in_group),
-            space="shared")
+    totals = _reduce_pack(k, l_run, "add.f32", scratch)
+    with k.if_(in_group):
+        for j in range(PACK):
+            slot = k.op("mad.lo.u32", k.op("mad.lo.u32", k.op("mad.lo.u32", groups, j, g), d,
+                                            k.op("shl.b32", pair, 1)), 4, sums)
+            k.store_vector("f32", slot, acc[j], space="shared")
+    with k.if_(k.setp("eq.u32", tid, 0)):
+        for j in range(PACK):
+            k.store("f32", f"{stats}+{4 * j}", m_run[j], space="shared")
+            k.store("f32", f"{stats}+{4 * (PACK + j)}", totals[j], space="shared")
     k.emit("bar.sync 0")
-    with k.if_(k.setp("lt.u32", tid, d)):
+    o = k.op("mov.u32", tid)
+    with k.loop(o, k.op("mul.lo.u32", heads, d), THREADS):
+        j, c = k.op("div.u32", o, d), k.op("rem.u32", o, d)
         value = k.op("mov.f32", f32(0.0))
         u = k.op("mov.u32", 0)
         with k.loop(u, groups, 1):
-            slot = k.op("mad.lo.u32", k.op("mad.lo.u32", u, d, tid), 4, sums)
+            slot = k.op("mad.lo.u32", k.op("mad.lo.u32", k.op("mad.lo.u32", groups, j, u), d, c),
+                        4, sums)
             k.to(value, "add.f32", value, k.load("f32", slot, space="shared"))
+        stat = k.op("mad.lo.u32", j, 4, stats)
+        total = k.load("f32", f"{stat}+{4 * PACK}", space="shared")
+        head_out = k.op("add.u32", first_out, o)
         with k.if_(one_range):
             _put(k, out, head_out, k.op("div.rn.f32", value, total), half)
         with k.if_(k.op("not.pred", one_range)):
+            head = k.op("add.u32", k.op("mad.lo.u32", token, hq, first_head), j)
             record = k.op("mul.lo.u32", k.op("mad.lo.u32", head, n_ranges, r),
                           k.op("add.u32", d, 2))
-            k.store("f32", k.element(part, k.op("add.u32", record, tid), 4), value)
-            with k.if_(k.setp("eq.u32", tid, 0)):
+            k.store("f32", k.element(part, k.op("add.u32", record, c), 4), value)
+            with k.if_(k.setp("eq.u32", c, 0)):
                 tail = k.element(part, k.op("add.u32", record, d), 4)
-                k.store("f32", tail, m_run)
+                k.store("f32", tail, k.load("f32", stat, space="shared"))
                 k.store("f32", f"{tail}+4", total)
     with k.if_(k.op("not.pred", one_range)):
-        # the last of the head's ranges to finish merges them all (its count goes back
+        # the last of the pack's ranges to finish merges them all (its count goes back
         # to 0 for the next launch): no second kernel, no second launch
         last = k.op("mov.u32", k.shared("last", "u32", 1, 4))
         k.emit("bar.sync 0")
+        used = _ranges_used(k, at, range_len, n_ranges)
         with k.if_(k.setp("eq.u32", tid, 0)):
-            count = k.element(counts, head, 4)
+            count = k.element(counts, k.op("mad.lo.u32", token, k.op("mul.lo.u32", hkv, packs),
+                                           pack_id), 4)
             # release: the block's records (ordered before by the barrier) are visible
             # to whoever counts after; acquire: the others' are visible to this block
             done = k.op("atom.acq_rel.gpu.global.add.u32", f"[{count}]", 1)
-            used = _ranges_used(k, at, range_len, n_ranges)
             is_last = k.setp("eq.u32", k.op("add.u32", done, 1), used)
             with k.if_(is_last):
                 k.store("u32", count, 0)
@@ -493,11 +536,13 @@ def attend(neox: bool, ring: bool, vec: int, half: bool = False,
         k.emit("bar.sync 0")
         merges = k.setp("ne.u32", k.load("u32", last, space="shared"), 0)
         with k.if_(merges):  # the block's threads all, or none
-            _merge(k, part, out, head_out, head, tid, d, n_ranges,
-                   _ranges_used(k, at, range_len, n_ranges), half)
+            j = k.op("mov.u32", 0)
+            with k.loop(j, heads, 1):
+                head = k.op("add.u32", k.op("mad.lo.u32", token, hq, first_head), j)
+                _merge(k, part, out, k.op("mad.lo.u32", head, d, tid), head, tid, d,
+                       n_ranges, used, half)
+                k.emit("bar.sync 0")  # the merge's shared partials are reused
     return k
-
-
 def _ranges_used(k: Kernel, at: Reg, range_len: Reg, n_ranges: Reg) -> Reg:
     """The ranges holding keys of the token at position `at` (later ones return early)."""
     return k.op("min.u32", k.op("add.u32", k.op("div.u32", at, range_len), 1), n_ranges)
@@ -569,16 +614,26 @@ def _rescaled_add(k: Kernel, running: tuple[Reg, Reg, Reg], record) -> None:
     k.to(top, "mov.f32", larger)
 
 
+
+
+def piece_vecs(half_cache: bool) -> tuple[int, ...]:
+    """The elements a load of a key row can take, largest first (16 bytes, 4 bytes)."""
+    return (8, 2) if half_cache else (4, 2)
+
+
 def variants():
     for neox in (False, True):
-        for ring in (False, True):
-            yield append, (neox, ring)
-            for vec in VECS:
-                for half, appends in ((False, False), (True, False), (False, True)):
-                    yield attend, (neox, ring, vec, half, appends)
-                yield attend, (neox, ring, vec, False, True, True)  # decoding's on sm_90
-        yield flash_inputs, (neox,)
+        for addressing in ADDRESSING:
+            for half_cache in (False, True):
+                yield append, (neox, addressing, half_cache)
+                for vec in piece_vecs(half_cache):
+                    yield attend, (neox, addressing, half_cache, vec, False, False)
+                    yield attend, (neox, addressing, half_cache, vec, True, False)
+                    if addressing != "paged":
+                        yield attend, (neox, addressing, half_cache, vec, False, True)
+        for half_cache in (False, True):
+            yield flash_inputs, (neox, half_cache)
 
 
-__all__ = ["CHUNK", "EMPTY", "MAX_RANGES", "VECS", "append", "attend", "flash_inputs",
-           "variants"]
+__all__ = ["ADDRESSING", "CHUNK", "EMPTY", "MAX_RANGES", "PACK", "append", "attend",
+           "flash_inputs", "piece_vecs", "variants"]

@@ -23,7 +23,7 @@ Two kernels, launched in this order on one stream:
   (grouped-query attention: the pack shares each key and value it reads; a group of more
   heads takes several packs) over keys r * range_len .. (those token t sees: up to its
   own position, its last `window` where window > 0), CHUNK keys a trip with an online
-  softmax: a thread scores a key against the pack's queries (staged in shared memory),
+  softmax: SPLIT threads score a key against the pack's queries (staged in shared memory),
   the block takes the chunk's max per head (earlier sums are rescaled to it), then
   threads (value group g, pair of elements e) add up exp(score) * V over the group's
   keys for every head of the pack. With one range it writes the normalised output; with
@@ -48,10 +48,13 @@ from .rows import THREADS, WARPS
 ADDRESSING = ("plain", "ring", "paged")
 #: Query heads of one KV head that a block of `attend` attends with.
 PACK = 4
-#: Keys a trip of `attend` scores: one a thread.
-CHUNK = THREADS
-#: A key row is read in pieces of 16 bytes where D allows (8 bytes, 4 bytes otherwise);
-#: KEY_PIECES of them are loaded before their products.
+#: Threads that score a key together (each its share of the row's pieces, adjacent
+#: threads adjacent pieces), and the keys a trip of `attend` scores.
+SPLIT_LOG2 = 2
+SPLIT = 1 << SPLIT_LOG2
+CHUNK = THREADS // SPLIT
+#: A key row is read in pieces of 16 bytes where D allows (4 bytes otherwise); a thread
+#: loads KEY_PIECES of them before their products.
 KEY_PIECES = 4
 #: Keys of a value group whose loads are issued before their products.
 VALUE_UNROLL = 8
@@ -407,48 +410,59 @@ def attend(neox: bool, addressing: str, half_cache: bool, vec: int, half: bool =
     k.emit("bar.sync 0")
 
     capped = k.setp("gt.f32", softcap, f32(0.0))
-    my_exp = k.op("mad.lo.u32", tid, 4, exps)
     m_run = [k.op("mov.f32", f32(EMPTY)) for _ in range(PACK)]  # the range's max score so far
     l_run = [k.op("mov.f32", f32(0.0)) for _ in range(PACK)]    # this thread's keys' exps
     acc = [[k.op("mov.f32", f32(0.0)) for _ in range(2)] for _ in range(PACK)]  # its pair's sums
+    key_slot = k.op("shr.u32", tid, SPLIT_LOG2)  # the chunk's key this thread scores
+    key_part = k.op("and.b32", tid, SPLIT - 1)   # .. its pieces part, part + SPLIT, ..
+    first_in_key = k.setp("eq.u32", key_part, 0)
+    my_exp = k.op("mad.lo.u32", key_slot, 4, exps)
     with k.loop(c0, end, CHUNK):
         n_keys = k.op("min.u32", k.op("sub.u32", end, c0), CHUNK)
-        mine = k.setp("lt.u32", tid, n_keys)
-        scores = [k.op("mov.f32", f32(EMPTY)) for _ in range(PACK)]
+        mine = k.setp("lt.u32", key_slot, n_keys)
+        dots = [k.op("mov.f32", f32(0.0)) for _ in range(PACK)]
         with k.if_(mine):
-            position = k.op("add.u32", c0, tid)
+            position = k.op("add.u32", c0, key_slot)
             key = k.op("add.u64", k_head, k.op("mul.wide.u32", rows.row(position), row_stride))
             if appends:  # the new key from shared memory, through a generic address
                 fresh = k.setp("eq.u32", position, at)
                 key = k.op("selp.b64", new_key_address, k.op("cvta.global.u64", key), fresh)
-            dots = [k.op("mov.f32", f32(0.0)) for _ in range(PACK)]
-            c = k.op("mov.u32", 0)
-            with k.loop(c, d, vec * KEY_PIECES):
+            # the SPLIT threads of a key read its row's pieces in turn: adjacent bytes
+            c = k.op("mul.lo.u32", key_part, vec)
+            with k.loop(c, d, vec * KEY_PIECES * SPLIT):
                 key_at = k.op("add.u64", key, k.op("mul.wide.u32", c, esize))
                 query_at = k.op("mad.lo.u32", c, 4, query)
-                pieces = [_load_piece(k, key_at, i * vec * esize, vec, half_cache, space,
-                                      k.setp("lt.u32", k.op("add.u32", c, i * vec), d))
+                pieces = [_load_piece(k, key_at, i * SPLIT * vec * esize, vec, half_cache, space,
+                                      k.setp("lt.u32", k.op("add.u32", c, i * SPLIT * vec), d))
                           for i in range(KEY_PIECES)]
                 for i, piece in enumerate(pieces):
                     for j in range(PACK):
-                        offset = 4 * (j * MAX_HEAD_DIM + i * vec)
+                        offset = 4 * (j * MAX_HEAD_DIM + i * SPLIT * vec)
                         queries = []
                         for part_at in range(0, vec, 4):
                             queries += k.load_vector("f32", f"{query_at}+{offset + 4 * part_at}",
                                                      min(vec, 4), space="shared")
                         for x, y in zip(piece, queries):
                             k.to(dots[j], "fma.rn.f32", x, y, dots[j])
-            for j in range(PACK):
-                cap = k.op("mul.f32", softcap, _unary_math(
-                    k, "tanh", k.op("div.rn.f32", dots[j], softcap), softcap, softcap))
-                k.to(scores[j], "selp.f32", cap, dots[j], capped)
+        scores = []
+        for j in range(PACK):  # the key's SPLIT partial dot products met by shuffles
+            for offset in range(SPLIT_LOG2 - 1, -1, -1):
+                k.to(dots[j], "add.f32", dots[j],
+                     k.op("shfl.sync.bfly.b32", dots[j], 1 << offset, "0x1f", "0xffffffff"))
+            cap = k.op("mul.f32", softcap, _unary_math(
+                k, "tanh", k.op("div.rn.f32", dots[j], softcap), softcap, softcap))
+            scores.append(k.op("selp.f32", k.op("selp.f32", cap, dots[j], capped), f32(EMPTY),
+                               mine))
         tops = _reduce_pack(k, scores, "max.f32", scratch)
         rescale = []
         for j in range(PACK):
             top = k.op("max.f32", m_run[j], tops[j])
             rescale.append(_exp(k, k.op("sub.f32", m_run[j], top)))  # 0 at the first chunk
-            e = k.op("selp.f32", _exp(k, k.op("sub.f32", scores[j], top)), f32(0.0), mine)
-            k.store("f32", f"{my_exp}+{4 * CHUNK * j}", e, space="shared")
+            # a key's exp counted once, by its first thread
+            e = k.op("selp.f32", _exp(k, k.op("sub.f32", scores[j], top)), f32(0.0),
+                     k.op("and.pred", mine, first_in_key))
+            with k.if_(first_in_key):
+                k.store("f32", f"{my_exp}+{4 * CHUNK * j}", e, space="shared")
             k.to(l_run[j], "fma.rn.f32", l_run[j], rescale[j], e)
             k.to(m_run[j], "mov.f32", top)
         k.emit("bar.sync 0")

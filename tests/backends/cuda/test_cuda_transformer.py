@@ -232,8 +232,17 @@ def key_ranges(request, monkeypatch):
     return request.param
 
 
+@pytest.fixture(params=["a head a block", "packs"])
+def packs(request, monkeypatch):
+    """Blocks of one query head, or packs of a KV head's query heads for any number of
+    keys (by default only for many)."""
+    monkeypatch.setattr(cuda_transformer, "PACK_MIN_KEYS", 0 if request.param == "packs"
+                        else 10**9)
+    return request.param
+
+
 def _ranges_taken(key_ranges, bound, tokens, hq, hkv):
-    packs = -(-(hq // hkv) // 4)
+    packs = -(-(hq // hkv) // cuda_transformer.head_pack(bound, hq // hkv))
     blocks = tokens * hkv * packs
     n_ranges = cuda_transformer.key_ranges(bound, blocks)[0]
     assert (n_ranges > 1) == (key_ranges == "ranges" and bound > 16
@@ -244,7 +253,8 @@ def _ranges_taken(key_ranges, bound, tokens, hq, hkv):
 @pytest.mark.parametrize("style", ["interleaved", "neox"])
 @pytest.mark.parametrize("hq,hkv,d,n_ctx,pos,s,max_keys", attention_cases.CASES)
 def test_attention_cached_matches_float64_and_appends_only_its_rows(
-        hq, hkv, d, n_ctx, pos, s, max_keys, style, cache, key_ranges, cuda_device, rng):
+        hq, hkv, d, n_ctx, pos, s, max_keys, style, cache, key_ranges, packs, cuda_device,
+        rng):
     _ranges_taken(key_ranges, max_keys or n_ctx, s, hq, hkv)
     qkv, kc, vc = attention_cases._case(rng, hq, hkv, d, n_ctx, s, cache)
     state = attention_cases._state(rng, pos, extra=(12345,))
@@ -258,7 +268,7 @@ def test_attention_cached_matches_float64_and_appends_only_its_rows(
 @pytest.mark.parametrize("cache", [np.float32, np.float16])
 @pytest.mark.parametrize("hq,hkv,d,n_ctx,pos,s,window", attention_cases.WINDOW_CASES)
 def test_attention_cached_window_softcap_and_scaled_rope_match_float64(
-        hq, hkv, d, n_ctx, pos, s, window, cache, key_ranges, cuda_device, rng):
+        hq, hkv, d, n_ctx, pos, s, window, cache, key_ranges, packs, cuda_device, rng):
     qkv, kc, vc = attention_cases._case(rng, hq, hkv, d, n_ctx, s, cache)
     qkv *= 3.0  # scores large enough for the cap to matter
     params = {"freq_factors": tuple(1.0 + 7.0 * rng.random(d // 2)), "attn_factor": 1.15,
@@ -316,7 +326,8 @@ def test_positions_beyond_max_keys_are_nan_rows_and_not_appended(max_keys, key_r
     assert np.isfinite(inside[0]).all()
 
 
-def test_one_captured_attention_step_serves_every_position(key_ranges, cuda_device, rng):
+def test_one_captured_attention_step_serves_every_position(key_ranges, packs, cuda_device,
+                                                           rng):
     # As a decoding step: captured once, submitted again with the new token's qkv and
     # the position written between submits; it attends and appends at each position.
     hq, hkv, d, n_ctx = 4, 2, 16, 140
@@ -346,7 +357,7 @@ def test_one_captured_attention_step_serves_every_position(key_ranges, cuda_devi
     (14, 2, 64, 32, (40, 1), (0, 250)),           # a group of 7: two packs
 ])
 def test_attention_paged_gives_each_sequence_its_cached_attention(
-        hq, hkv, d, block_size, lengths, starts, cache, key_ranges, cuda_device, rng):
+        hq, hkv, d, block_size, lengths, starts, cache, key_ranges, packs, cuda_device, rng):
     qkv, kp, vp, tokens, table = paged_cases._batch(
         rng, lengths, starts, hq=hq, hkv=hkv, d=d, block_size=block_size,
         n_blocks=len(lengths) * (-(-(max(starts) + max(lengths)) // block_size)) + 3,

@@ -116,6 +116,18 @@ def key_ranges(bound: int, blocks: int) -> tuple[int, int]:
     return -(-bound // range_len), range_len
 
 
+#: Caches of more than PACK_MIN_KEYS keys are read by packs of ptx_transformer.PACK
+#: query heads of a KV head (each key read once for them); shorter ones a head a block,
+#: whose walks are shorter and blocks more.
+PACK_MIN_KEYS = 1024
+
+
+def head_pack(bound: int, group: int) -> int:
+    """Query heads a block of `attend` takes, for `bound` keys and `group` query heads a
+    KV head."""
+    return ptx_transformer.PACK if group > 1 and bound > PACK_MIN_KEYS else 1
+
+
 def _vec(d: int, half_cache: bool) -> int:
     return next(v for v in ptx_transformer.piece_vecs(half_cache) if d % v == 0)
 
@@ -138,14 +150,15 @@ def _attend(ctx, qkv, k_cache, v_cache, positions, rows: list, bound: int, n_hea
         ctx.launch(ptx_transformer.append, (neox, addressing, half_cache),
                    [qkv, k_cache, v_cache, positions, table, elements, n_heads, hkv, d,
                     *row_args], ctx.stride_grid(elements))
-    packs = -(-(n_heads // hkv) // ptx_transformer.PACK)
+    pack = head_pack(bound, n_heads // hkv)
+    packs = -(-(n_heads // hkv) // pack)
     n_ranges, range_len = key_ranges(bound, t * hkv * packs)
     out = ctx.empty((t, n_heads * d), np.float16 if half else np.float32)
     part = ctx.empty((t * n_heads * n_ranges, d + 2) if n_ranges > 1 else (1,), np.float32,
                      "attention partial sums")
     counts = ctx.counters(t * hkv * packs if n_ranges > 1 else 1)
     ctx.launch(ptx_transformer.attend,
-               (neox, addressing, half_cache, _vec(d, half_cache), half, appends),
+               (neox, addressing, half_cache, _vec(d, half_cache), half, appends, pack),
                [qkv, k_cache, v_cache, positions, table, part, counts, out, n_heads, hkv, d,
                 n_ranges, range_len, scale, float(softcap), int(window), *row_args],
                (n_ranges, hkv * packs, t), block=ptx_transformer.THREADS)

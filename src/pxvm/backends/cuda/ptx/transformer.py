@@ -46,8 +46,11 @@ from .rows import THREADS, WARPS
 
 #: Where a position's cache row is (module docstring).
 ADDRESSING = ("plain", "ring", "paged")
-#: Query heads of one KV head that a block of `attend` attends with.
+#: Query heads of one KV head that a block of `attend` attends with: PACK where the
+#: keys are many (each key and value read once for the pack), 1 where they are few (more
+#: blocks, each a shorter walk).
 PACK = 4
+PACKS = (1, PACK)
 #: Threads that score a key together (each its share of the row's pieces, adjacent
 #: threads adjacent pieces), and the keys a trip of `attend` scores.
 SPLIT_LOG2 = 2
@@ -59,7 +62,9 @@ KEY_PIECES = 4
 #: Keys of a value group whose loads are issued before their products.
 VALUE_UNROLL = 8
 #: Ranges whose records a thread of the merge reads before adding them up.
-MERGE_UNROLL = 8
+MERGE_UNROLL = 16
+#: Registers a thread of `attend` with packs of PACK may use: four blocks a multiprocessor.
+MAX_REGISTERS = 64
 #: The most key ranges a head's keys may be cut into.
 MAX_RANGES = THREADS
 #: The largest head dimension (the staged queries' row in shared memory).
@@ -285,26 +290,28 @@ def _load_piece(k: Kernel, address: Reg, offset: int, vec: int, half_cache: bool
 
 
 def _reduce_pack(k: Kernel, values: list[Reg], instr: str, scratch: str) -> list[Reg]:
-    """`instr` (max.f32, add.f32) of each of the PACK values over the block, in every
-    thread: butterflies within warps, then the warps' results through shared memory."""
+    """`instr` (max.f32, add.f32) of each of the values (a pack's heads') over the block,
+    in every thread: butterflies within warps, then the warps' results through shared
+    memory."""
+    pack = len(values)
     for offset in (16, 8, 4, 2, 1):
         values = [k.op(instr, v, k.op("shfl.sync.bfly.b32", v, offset, "0x1f", "0xffffffff"))
                   for v in values]
     tid = k.special("%tid.x")
     base = k.op("mov.u32", scratch)
-    warp_slot = k.op("mad.lo.u32", k.op("shr.u32", tid, 5), 4 * PACK, base)
+    warp_slot = k.op("mad.lo.u32", k.op("shr.u32", tid, 5), 4 * pack, base)
     with k.if_(k.setp("eq.u32", k.op("and.b32", tid, 31), 0)):
         for j, v in enumerate(values):
             k.store("f32", f"{warp_slot}+{4 * j}", v, space="shared")
     k.emit("bar.sync 0")
-    out = [k.tree(instr, [k.load("f32", f"{base}+{4 * (w * PACK + j)}", space="shared")
-                          for w in range(WARPS)]) for j in range(PACK)]
+    out = [k.tree(instr, [k.load("f32", f"{base}+{4 * (w * pack + j)}", space="shared")
+                          for w in range(WARPS)]) for j in range(pack)]
     k.emit("bar.sync 0")  # the scratch is written again by the next reduction
     return out
 
 
 def attend(neox: bool, addressing: str, half_cache: bool, vec: int, half: bool = False,
-           appends: bool = False) -> Kernel:
+           appends: bool = False, pack: int = PACK) -> Kernel:
     """Grid (n_ranges, Hkv * packs, T), THREADS threads: token t's pack of query heads
     over range r's keys (module docstring); a key row read `vec` elements a load.
     `half`: the output in float16 (what a prompt's tensor-core output projection reads).
@@ -315,32 +322,34 @@ def attend(neox: bool, addressing: str, half_cache: bool, vec: int, half: bool =
     from the cache)."""
     if appends and addressing == "paged":
         raise ValueError("attend appends a single token of a plain or ring cache")
-    k = Kernel(f"{_name('cached_attend', neox, addressing, half_cache)}_v{vec}"
+    k = Kernel(f"{_name('cached_attend', neox, addressing, half_cache)}_v{vec}_p{pack}"
                f"{'_f16' if half else ''}{'_appends' if appends else ''}",
                [("qkv", "u64"), ("k_cache", "u64"), ("v_cache", "u64"), ("state", "u64"),
                 ("table", "u64"), ("part", "u64"), ("counts", "u64"), ("out", "u64"),
                 ("hq", "u32"), ("hkv", "u32"), ("head_dim", "u32"), ("n_ranges", "u32"),
                 ("range_len", "u32"), ("scale", "f32"), ("softcap", "f32"),
-                ("window", "u32"), *ROW_PARAMS])
+                ("window", "u32"), *ROW_PARAMS],
+               max_registers=MAX_REGISTERS if pack > 1 else None)
     (qkv, k_cache, v_cache, state, table, part, counts, out, hq, hkv, d, n_ranges,
      range_len, scale, softcap, window, n_ctx, max_keys, blocks, block_size, max_blocks,
      sequences) = k.params()
     esize = 2 if half_cache else 4
     cache_type = "b16" if half_cache else "f32"
-    scratch = k.shared("partial", "f32", WARPS * PACK, 16)
-    query = k.op("mov.u32", k.shared("query", "f32", PACK * MAX_HEAD_DIM, 16))
-    exps = k.op("mov.u32", k.shared("exps", "f32", PACK * CHUNK, 16))
-    sums = k.op("mov.u32", k.shared("sums", "f32", PACK * 2 * THREADS, 16))
-    stats = k.op("mov.u32", k.shared("stats", "f32", 2 * PACK, 16))  # maxima, totals
+    scratch = k.shared("partial", "f32", WARPS * pack, 16)
+    query = k.op("mov.u32", k.shared("query", "f32", pack * MAX_HEAD_DIM, 16))
+    exps = k.op("mov.u32", k.shared("exps", "f32", pack * CHUNK, 16))
+    sums = k.op("mov.u32", k.shared("sums", "f32", pack * 2 * THREADS, 16))
+    stats = k.op("mov.u32", k.shared("stats", "f32", 2 * pack, 16))  # maxima, totals
     tid = k.special("%tid.x")
     r, pack_id, token = k.special("%ctaid.x"), k.special("%ctaid.y"), k.special("%ctaid.z")
     one_range = k.setp("eq.u32", n_ranges, 1)
     group = k.op("div.u32", hq, hkv)
-    packs = k.op("div.u32", k.op("add.u32", group, PACK - 1), PACK)
+    packs = k.op("div.u32", k.op("add.u32", group, pack - 1), pack)
     kvh = k.op("div.u32", pack_id, packs)
-    pack = k.op("rem.u32", pack_id, packs)
-    first_head = k.op("mad.lo.u32", kvh, group, k.op("mul.lo.u32", pack, PACK))
-    heads = k.op("min.u32", k.op("sub.u32", group, k.op("mul.lo.u32", pack, PACK)), PACK)
+    pack_of_group = k.op("rem.u32", pack_id, packs)
+    first_head = k.op("mad.lo.u32", kvh, group, k.op("mul.lo.u32", pack_of_group, pack))
+    heads = k.op("min.u32", k.op("sub.u32", group, k.op("mul.lo.u32", pack_of_group, pack)),
+                 pack)
     begin = k.op("mul.lo.u32", r, range_len)
     row_stride = k.op("mul.lo.u32", k.op("mul.lo.u32", hkv, d), esize)  # bytes between rows
     head_offset = k.op("mul.wide.u32", k.op("mul.lo.u32", kvh, d), esize)
@@ -375,7 +384,7 @@ def attend(neox: bool, addressing: str, half_cache: bool, vec: int, half: bool =
     half_d = k.op("shr.u32", d, 1)
     within_d = k.setp("lt.u32", tid, d)
     staged = k.op("mad.lo.u32", tid, 4, query)
-    for j in range(PACK):
+    for j in range(pack):
         q = k.op("mov.f32", f32(0.0))
         with k.if_(k.op("and.pred", within_d, k.setp("gt.u32", heads, j))):
             base = k.op("mad.lo.u32", k.op("add.u32", first_head, j), d, token_row)
@@ -397,7 +406,7 @@ def attend(neox: bool, addressing: str, half_cache: bool, vec: int, half: bool =
             k.store(cache_type, k.op("mad.lo.u32", tid, esize, new_value), value,
                     space="shared")
             own_range = k.setp("lt.u32", at, k.op("add.u32", begin, range_len))
-            with k.if_(k.op("and.pred", k.setp("eq.u32", pack, 0), own_range)):
+            with k.if_(k.op("and.pred", k.setp("eq.u32", pack_of_group, 0), own_range)):
                 slot = k.op("mad.lo.u32", k.op("mad.lo.u32", rows.row(at), hkv, kvh), d, tid)
                 k.store(cache_type, k.element(k_cache, slot, esize), key)
                 k.store(cache_type, k.element(v_cache, slot, esize), value)
@@ -410,9 +419,9 @@ def attend(neox: bool, addressing: str, half_cache: bool, vec: int, half: bool =
     k.emit("bar.sync 0")
 
     capped = k.setp("gt.f32", softcap, f32(0.0))
-    m_run = [k.op("mov.f32", f32(EMPTY)) for _ in range(PACK)]  # the range's max score so far
-    l_run = [k.op("mov.f32", f32(0.0)) for _ in range(PACK)]    # this thread's keys' exps
-    acc = [[k.op("mov.f32", f32(0.0)) for _ in range(2)] for _ in range(PACK)]  # its pair's sums
+    m_run = [k.op("mov.f32", f32(EMPTY)) for _ in range(pack)]  # the range's max score so far
+    l_run = [k.op("mov.f32", f32(0.0)) for _ in range(pack)]    # this thread's keys' exps
+    acc = [[k.op("mov.f32", f32(0.0)) for _ in range(2)] for _ in range(pack)]  # its pair's sums
     key_slot = k.op("shr.u32", tid, SPLIT_LOG2)  # the chunk's key this thread scores
     key_part = k.op("and.b32", tid, SPLIT - 1)   # .. its pieces part, part + SPLIT, ..
     first_in_key = k.setp("eq.u32", key_part, 0)
@@ -420,7 +429,7 @@ def attend(neox: bool, addressing: str, half_cache: bool, vec: int, half: bool =
     with k.loop(c0, end, CHUNK):
         n_keys = k.op("min.u32", k.op("sub.u32", end, c0), CHUNK)
         mine = k.setp("lt.u32", key_slot, n_keys)
-        dots = [k.op("mov.f32", f32(0.0)) for _ in range(PACK)]
+        dots = [k.op("mov.f32", f32(0.0)) for _ in range(pack)]
         with k.if_(mine):
             position = k.op("add.u32", c0, key_slot)
             key = k.op("add.u64", k_head, k.op("mul.wide.u32", rows.row(position), row_stride))
@@ -436,7 +445,7 @@ def attend(neox: bool, addressing: str, half_cache: bool, vec: int, half: bool =
                                       k.setp("lt.u32", k.op("add.u32", c, i * SPLIT * vec), d))
                           for i in range(KEY_PIECES)]
                 for i, piece in enumerate(pieces):
-                    for j in range(PACK):
+                    for j in range(pack):
                         offset = 4 * (j * MAX_HEAD_DIM + i * SPLIT * vec)
                         queries = []
                         for part_at in range(0, vec, 4):
@@ -445,7 +454,7 @@ def attend(neox: bool, addressing: str, half_cache: bool, vec: int, half: bool =
                         for x, y in zip(piece, queries):
                             k.to(dots[j], "fma.rn.f32", x, y, dots[j])
         scores = []
-        for j in range(PACK):  # the key's SPLIT partial dot products met by shuffles
+        for j in range(pack):  # the key's SPLIT partial dot products met by shuffles
             for offset in range(SPLIT_LOG2 - 1, -1, -1):
                 k.to(dots[j], "add.f32", dots[j],
                      k.op("shfl.sync.bfly.b32", dots[j], 1 << offset, "0x1f", "0xffffffff"))
@@ -455,7 +464,7 @@ def attend(neox: bool, addressing: str, half_cache: bool, vec: int, half: bool =
                                mine))
         tops = _reduce_pack(k, scores, "max.f32", scratch)
         rescale = []
-        for j in range(PACK):
+        for j in range(pack):
             top = k.op("max.f32", m_run[j], tops[j])
             rescale.append(_exp(k, k.op("sub.f32", m_run[j], top)))  # 0 at the first chunk
             # a key's exp counted once, by its first thread
@@ -467,7 +476,7 @@ def attend(neox: bool, addressing: str, half_cache: bool, vec: int, half: bool =
             k.to(m_run[j], "mov.f32", top)
         k.emit("bar.sync 0")
         with k.if_(in_group):
-            for j in range(PACK):
+            for j in range(pack):
                 for i in range(2):
                     k.to(acc[j][i], "mul.f32", acc[j][i], rescale[j])
             u0 = k.op("mov.u32", g)
@@ -485,28 +494,28 @@ def attend(neox: bool, addressing: str, half_cache: bool, vec: int, half: bool =
                                         k.setp("eq.u32", position, at))
                     values = _load_piece(k, value_at, 0, 2, half_cache, space, present)
                     weights = []
-                    for j in range(PACK):
+                    for j in range(pack):
                         w = k.op("mov.f32", f32(0.0))
                         k.to(w, "ld.shared.f32",
                              f"[{k.op('mad.lo.u32', u, 4, exps)}+{4 * CHUNK * j}]", pred=present)
                         weights.append(w)
                     batch.append((values, weights))
                 for values, weights in batch:
-                    for j in range(PACK):
+                    for j in range(pack):
                         for i in range(2):
                             k.to(acc[j][i], "fma.rn.f32", weights[j], values[i], acc[j][i])
         k.emit("bar.sync 0")  # exps is rewritten by the next chunk
 
     totals = _reduce_pack(k, l_run, "add.f32", scratch)
     with k.if_(in_group):
-        for j in range(PACK):
+        for j in range(pack):
             slot = k.op("mad.lo.u32", k.op("mad.lo.u32", k.op("mad.lo.u32", groups, j, g), d,
                                             k.op("shl.b32", pair, 1)), 4, sums)
             k.store_vector("f32", slot, acc[j], space="shared")
     with k.if_(k.setp("eq.u32", tid, 0)):
-        for j in range(PACK):
+        for j in range(pack):
             k.store("f32", f"{stats}+{4 * j}", m_run[j], space="shared")
-            k.store("f32", f"{stats}+{4 * (PACK + j)}", totals[j], space="shared")
+            k.store("f32", f"{stats}+{4 * (pack + j)}", totals[j], space="shared")
     k.emit("bar.sync 0")
     o = k.op("mov.u32", tid)
     with k.loop(o, k.op("mul.lo.u32", heads, d), THREADS):
@@ -518,7 +527,7 @@ def attend(neox: bool, addressing: str, half_cache: bool, vec: int, half: bool =
                         4, sums)
             k.to(value, "add.f32", value, k.load("f32", slot, space="shared"))
         stat = k.op("mad.lo.u32", j, 4, stats)
-        total = k.load("f32", f"{stat}+{4 * PACK}", space="shared")
+        total = k.load("f32", f"{stat}+{4 * pack}", space="shared")
         head_out = k.op("add.u32", first_out, o)
         with k.if_(one_range):
             _put(k, out, head_out, k.op("div.rn.f32", value, total), half)
@@ -550,84 +559,64 @@ def attend(neox: bool, addressing: str, half_cache: bool, vec: int, half: bool =
         k.emit("bar.sync 0")
         merges = k.setp("ne.u32", k.load("u32", last, space="shared"), 0)
         with k.if_(merges):  # the block's threads all, or none
-            j = k.op("mov.u32", 0)
-            with k.loop(j, heads, 1):
-                head = k.op("add.u32", k.op("mad.lo.u32", token, hq, first_head), j)
-                _merge(k, part, out, k.op("mad.lo.u32", head, d, tid), head, tid, d,
-                       n_ranges, used, half)
-                k.emit("bar.sync 0")  # the merge's shared partials are reused
+            _merge(k, part, out, k.op("mad.lo.u32", token, hq, first_head), heads, tid, d,
+                   n_ranges, used, half, pack)
     return k
+
+
 def _ranges_used(k: Kernel, at: Reg, range_len: Reg, n_ranges: Reg) -> Reg:
     """The ranges holding keys of the token at position `at` (later ones return early)."""
     return k.op("min.u32", k.op("add.u32", k.op("div.u32", at, range_len), 1), n_ranges)
 
 
-def _merge(k: Kernel, part: Reg, out: Reg, head_out: Reg, head: Reg, tid: Reg, d: Reg,
-           n_ranges: Reg, used: Reg, half: bool) -> None:
-    """A head's output (element e: out's element head_out, float16 where `half`) from
-    its `used` ranges' records (D sums, max, sum of exps: AttentionPartials'), rescaled
-    to their common max, by every thread of the block in one trip to L2 where it can:
-    the block's THREADS / D groups of D threads take every groups-th range, a thread its
-    element of MERGE_UNROLL ranges a trip (their sums, maxima and sums of exps loaded
-    together), combined online (rescaled to the largest max so far); then the groups'
-    results meet in shared memory. Records are read through L2 (.cg): other blocks wrote
-    them during this launch."""
-    stride_bytes = k.op("mul.lo.u32", k.op("add.u32", d, 2), 4)
-    first = k.op("add.u64", part, k.op("mul.wide.u32", k.op("mul.lo.u32", head, n_ranges),
-                                        stride_bytes))
-    d_bytes = k.op("cvt.u64.u32", k.op("mul.lo.u32", d, 4))
-    groups = k.op("max.u32", k.op("div.u32", THREADS, d), 1)
-    g = k.op("div.u32", tid, d)
-    element_bytes = k.op("cvt.u64.u32", k.op("mul.lo.u32", k.op("rem.u32", tid, d), 4))
-    top = k.op("mov.f32", f32(EMPTY))  # this thread's largest max so far
-    acc = k.op("mov.f32", f32(0.0))    # its element's sums, relative to top
-    total = k.op("mov.f32", f32(0.0))  # its sums of exps, the same
-    # a thread past the last whole group (THREADS not a multiple of D) takes no range
-    r = k.op("selp.u32", g, used, k.setp("lt.u32", g, groups))
-    with k.loop(r, used, k.op("mul.lo.u32", groups, MERGE_UNROLL)):
-        loaded = []
-        for j in range(MERGE_UNROLL):
-            rj = k.op("mad.lo.u32", groups, j, r)
-            present = k.setp("lt.u32", rj, used)
-            record = k.op("add.u64", first, k.op("mul.wide.u32", rj, stride_bytes))
-            tail = k.op("add.u64", record, d_bytes)
-            value, top_r, sum_r = (k.op("mov.f32", f32(0.0)), k.op("mov.f32", f32(EMPTY)),
-                                   k.op("mov.f32", f32(0.0)))
-            k.to(value, "ld.global.cg.f32", f"[{k.op('add.u64', record, element_bytes)}]",
-                 pred=present)
-            k.to(top_r, "ld.global.cg.f32", f"[{tail}]", pred=present)
-            k.to(sum_r, "ld.global.cg.f32", f"[{tail}+4]", pred=present)
-            loaded.append((value, top_r, sum_r))
-        for value, top_r, sum_r in loaded:
-            _rescaled_add(k, (top, acc, total), (top_r, value, sum_r))
-    partials = [k.op("mov.u32", k.shared(name, "f32", THREADS, 16))
-                for name in ("merge_top", "merge_acc", "merge_total")]
-    for array, v in zip(partials, (top, acc, total)):
-        k.store("f32", k.op("mad.lo.u32", tid, 4, array), v, space="shared")
-    k.emit("bar.sync 0")
-    with k.if_(k.setp("lt.u32", tid, d)):  # thread e adds element e of every group
-        u = k.op("mov.u32", 1)
-        with k.loop(u, groups, 1):
-            slot = k.op("mul.lo.u32", k.op("mad.lo.u32", u, d, tid), 4)
-            other = [k.load("f32", k.op("add.u32", array, slot), space="shared")
-                     for array in partials]
-            _rescaled_add(k, (top, acc, total), other)
-        _put(k, out, head_out, k.op("div.rn.f32", acc, total), half)
-
-
-def _rescaled_add(k: Kernel, running: tuple[Reg, Reg, Reg], record) -> None:
-    """(max, sums, sum of exps) running += record, both rescaled to their larger max
-    (records without keys, max EMPTY and sums 0, add nothing)."""
-    top, acc, total = running
-    top_r, value, sum_r = record
-    larger = k.op("max.f32", top, top_r)
-    old = _exp(k, k.op("sub.f32", top, larger))
-    new = _exp(k, k.op("sub.f32", top_r, larger))
-    k.to(acc, "fma.rn.f32", value, new, k.op("mul.f32", acc, old))
-    k.to(total, "fma.rn.f32", sum_r, new, k.op("mul.f32", total, old))
-    k.to(top, "mov.f32", larger)
-
-
+def _merge(k: Kernel, part: Reg, out: Reg, first: Reg, heads: Reg, tid: Reg, d: Reg,
+           n_ranges: Reg, used: Reg, half: bool, pack: int) -> None:
+    """The output of query heads first .. first + heads - 1 (out's rows, float16 where
+    `half`) from their `used` ranges' records (D sums, max, sum of exps:
+    AttentionPartials'), rescaled to their common max: the block's threads in `pack`
+    groups, a head each, a thread its pairs of elements e, e + 2 THREADS / pack, .. over
+    MERGE_UNROLL ranges a trip (each range's pair of sums and its max and sum of exps
+    loaded together), combined online (rescaled to the largest max so far). Records are
+    read through L2 (.cg): other blocks wrote them during this launch."""
+    per_head = THREADS // pack
+    j = k.op("div.u32", tid, per_head)
+    with k.if_(k.setp("lt.u32", j, heads)):
+        head = k.op("add.u32", first, j)
+        stride_bytes = k.op("mul.lo.u32", k.op("add.u32", d, 2), 4)
+        records = k.op("add.u64", part, k.op("mul.wide.u32", k.op("mul.lo.u32", head, n_ranges),
+                                              stride_bytes))
+        tail_bytes = k.op("cvt.u64.u32", k.op("mul.lo.u32", d, 4))
+        e = k.op("shl.b32", k.op("rem.u32", tid, per_head), 1)  # the pair's first element
+        with k.loop(e, d, 2 * per_head):
+            top = k.op("mov.f32", f32(EMPTY))  # the largest max so far
+            acc = [k.op("mov.f32", f32(0.0)) for _ in range(2)]  # the pair's sums, relative to it
+            total = k.op("mov.f32", f32(0.0))  # the sums of exps, the same
+            pair_bytes = k.op("cvt.u64.u32", k.op("mul.lo.u32", e, 4))
+            r = k.op("mov.u32", 0)
+            with k.loop(r, used, MERGE_UNROLL):
+                loaded = []
+                for u in range(MERGE_UNROLL):
+                    present = k.setp("lt.u32", k.op("add.u32", r, u), used)
+                    record = k.op("add.u64", records,
+                                  k.op("mul.wide.u32", k.op("add.u32", r, u), stride_bytes))
+                    sums = [k.op("mov.f32", f32(0.0)) for _ in range(2)]
+                    top_r, sum_r = k.op("mov.f32", f32(EMPTY)), k.op("mov.f32", f32(0.0))
+                    k.emit(f"@{present} ld.global.cg.v2.f32 {{{sums[0]}, {sums[1]}}}, "
+                           f"[{k.op('add.u64', record, pair_bytes)}]")
+                    k.emit(f"@{present} ld.global.cg.v2.f32 {{{top_r}, {sum_r}}}, "
+                           f"[{k.op('add.u64', record, tail_bytes)}]")
+                    loaded.append((sums, top_r, sum_r))
+                for sums, top_r, sum_r in loaded:  # records without keys add nothing
+                    larger = k.op("max.f32", top, top_r)
+                    old = _exp(k, k.op("sub.f32", top, larger))
+                    new = _exp(k, k.op("sub.f32", top_r, larger))
+                    for i in range(2):
+                        k.to(acc[i], "fma.rn.f32", sums[i], new, k.op("mul.f32", acc[i], old))
+                    k.to(total, "fma.rn.f32", sum_r, new, k.op("mul.f32", total, old))
+                    k.to(top, "mov.f32", larger)
+            at = k.op("mad.lo.u32", head, d, e)
+            for i in range(2):
+                _put(k, out, k.op("add.u32", at, i), k.op("div.rn.f32", acc[i], total), half)
 
 
 def piece_vecs(half_cache: bool) -> tuple[int, ...]:
@@ -641,13 +630,14 @@ def variants():
             for half_cache in (False, True):
                 yield append, (neox, addressing, half_cache)
                 for vec in piece_vecs(half_cache):
-                    yield attend, (neox, addressing, half_cache, vec, False, False)
-                    yield attend, (neox, addressing, half_cache, vec, True, False)
-                    if addressing != "paged":
-                        yield attend, (neox, addressing, half_cache, vec, False, True)
+                    for pack in PACKS:
+                        yield attend, (neox, addressing, half_cache, vec, False, False, pack)
+                        yield attend, (neox, addressing, half_cache, vec, True, False, pack)
+                        if addressing != "paged":
+                            yield attend, (neox, addressing, half_cache, vec, False, True, pack)
         for half_cache in (False, True):
             yield flash_inputs, (neox, half_cache)
 
 
-__all__ = ["ADDRESSING", "CHUNK", "EMPTY", "MAX_RANGES", "PACK", "append", "attend",
+__all__ = ["ADDRESSING", "CHUNK", "EMPTY", "MAX_RANGES", "PACK", "PACKS", "append", "attend",
            "flash_inputs", "piece_vecs", "variants"]

@@ -253,21 +253,23 @@ class Engine:
                 if stopping:
                     self._cancel_all()
                 chunks = [] if stopping else self._schedule()
+                # the step's tables now: a callback below may cancel a sequence of it
+                step = self._tables(chunks) if chunks else None
                 events = self._take_events()
             _deliver(events)
             if stopping:
                 return
-            if chunks:
-                self._step(chunks)
+            if step is not None:
+                self._step(chunks, step)
             else:  # work that cannot be scheduled yet: not expected, but never spin
                 with self._wake:
                     self._wake.wait(0.01)
 
-    def _step(self, chunks: list[_Chunk]) -> None:
+    def _step(self, chunks: list[_Chunk], tables: tuple) -> None:
         """One forward over the chunks, then their new tokens; an error ends the
         chunks' requests with FinishEvent("error"), never the engine."""
         try:
-            logits = self._forward(chunks)
+            logits = self.model.forward_paged(self.cache, *tables)
         except Exception as exc:  # noqa: BLE001 - the requests get the error, not the thread
             log.exception("pxvm engine: a step failed")
             with self._wake:
@@ -278,7 +280,7 @@ class Engine:
             sampling = [c for c in chunks if c.samples]
             for chunk in chunks:
                 self._computed(chunk)
-            for chunk, row in zip(sampling, logits):
+            for chunk, row in zip(sampling, logits[len(logits) - len(sampling):]):
                 if not chunk.seq.finished:
                     try:
                         self._next_token(chunk.seq, row)
@@ -286,10 +288,10 @@ class Engine:
                         log.exception("pxvm engine: sampling failed")
                         self._finish(chunk.seq, "error", f"{type(exc).__name__}: {exc}")
 
-    def _forward(self, chunks: list[_Chunk]) -> np.ndarray:
-        """The logits of the sampling chunks' last tokens, in their order. Tokens go in
-        any order (attention_paged's table says where each is): every other token first,
-        then the sampling ones' last, so the LM head runs on those rows only."""
+    def _tables(self, chunks: list[_Chunk]) -> tuple:
+        """forward_paged's arguments for the chunks. Tokens go in any order
+        (attention_paged's table says where each is): every other token first, then the
+        sampling chunks' last ones, so that the LM head runs on those rows only."""
         body, tail = [], []
         for row, c in enumerate(chunks):
             entries = [(c.seq.tokens[p], row, p) for p in range(c.start, c.start + c.n)]
@@ -302,9 +304,7 @@ class Engine:
         for row, c in enumerate(chunks):
             block_table[row, :len(c.seq.blocks)] = c.seq.blocks
         token_table = np.stack([table_seq, table_pos], axis=1).astype(np.int32)
-        logits = self.model.forward_paged(self.cache, np.array(ids, np.int32), token_table,
-                                          block_table, last_rows=max(len(tail), 1))
-        return logits[len(logits) - len(tail):]
+        return np.array(ids, np.int32), token_table, block_table, max(len(tail), 1)
 
     # ---- scheduling (under the lock) ----------------------------------------------------
     def _schedule(self) -> list[_Chunk]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
@@ -461,3 +462,81 @@ def _deliver(events: list[tuple[_Sequence, object]]) -> None:
             seq.on_event(event)
         except Exception:  # noqa: BLE001 - the server's bug must not stop other streams
             log.exception("pxvm engine: on_event of request %d failed", seq.id)
+
+
+def benchmark_batched(model: Model, batch: int, prompt_tokens: int, gen_tokens: int,
+                      repeats: int = 3, warmup: int = 1) -> dict:
+    """The engine's throughput as llama-batched-bench measures it (-npp, -ntg, -npl):
+    `batch` requests of `prompt_tokens` seeded random ids, submitted together, each
+    generating `gen_tokens` greedy tokens (no stop token), on an engine of max_batch
+    `batch` with blocks for all of them. Prompt tokens/s: the batch's prompt tokens over
+    the time until every request has its first token (the engine decodes the first
+    requests meanwhile: prompts are chunked); generation tokens/s: the tokens generated
+    after that over the time they took (every prompt read: decoding only); total: all
+    tokens over the whole run. Medians of `repeats` runs after `warmup` unmeasured ones,
+    each with new prompts (the prefix cache would otherwise serve them)."""
+    if min(batch, prompt_tokens, gen_tokens, repeats) < 1 or warmup < 0:
+        raise ValueError("batch, prompt_tokens, gen_tokens and repeats must be >= 1, "
+                         "warmup >= 0")
+    if prompt_tokens + gen_tokens > model.context_length:
+        raise RequestError(f"{prompt_tokens} + {gen_tokens} tokens exceed the model's context "
+                           f"of {model.context_length}; lower --prompt-tokens or --gen-tokens "
+                           f"or raise --context")
+    block_size = 16
+    engine = Engine(model, max_batch=batch, block_size=block_size, max_waiting=batch,
+                    kv_blocks=batch * -(-(prompt_tokens + gen_tokens) // block_size))
+    engine.start()
+    rng = np.random.default_rng(0)
+    runs = []
+    try:
+        for run in range(warmup + repeats):
+            prompts = rng.integers(0, model.config.vocab_size, (batch, prompt_tokens))
+            timing = _timed_run(engine, prompts.tolist(), gen_tokens)
+            if run >= warmup:
+                runs.append(timing)
+    finally:
+        engine.shutdown()
+    median = lambda key: float(np.median([r[key] for r in runs]))  # noqa: E731
+    return {"backend": model.backend_name, "device": model.device_name,
+            "kv_cache": model.kv_cache, "batch": batch, "prompt_tokens": prompt_tokens,
+            "gen_tokens": gen_tokens, "repeats": repeats, "runs": runs,
+            "prompt_tokens_per_s": median("prompt_tokens_per_s"),
+            "generation_tokens_per_s": median("generation_tokens_per_s"),
+            "total_tokens_per_s": median("total_tokens_per_s")}
+
+
+def _timed_run(engine: Engine, prompts: list[list[int]], gen_tokens: int) -> dict:
+    """One benchmark_batched run: its seconds and speeds."""
+    token_times: list[float] = []
+    first_times: dict[int, float] = {}
+    finished: list[FinishEvent] = []
+    done = threading.Event()
+
+    def on_event(key):
+        def record(event):  # from the engine thread only: no lock needed
+            now = time.perf_counter()
+            if isinstance(event, TokenEvent):
+                token_times.append(now)
+                first_times.setdefault(key, now)
+            else:
+                finished.append(event)
+                if len(finished) == len(prompts):
+                    done.set()
+        return record
+
+    start = time.perf_counter()
+    for key, prompt in enumerate(prompts):
+        engine.submit(Request(prompt, gen_tokens), on_event(key))
+    done.wait()
+    end = time.perf_counter()
+    if failed := [f for f in finished if f.reason != "length"]:
+        raise PxvmError(f"a benchmark request ended with {failed[0].reason}: "
+                        f"{failed[0].error}")
+    prompts_read = max(first_times.values())
+    after = sum(t > prompts_read for t in token_times)
+    decoding_s = end - prompts_read
+    total = sum(map(len, prompts)) + len(token_times)
+    return {"prompt_s": prompts_read - start, "generation_s": decoding_s,
+            "prompt_tokens_per_s": sum(map(len, prompts)) / (prompts_read - start),
+            "generation_tokens_per_s": after / decoding_s if after else 0.0,
+            "total_tokens_per_s": total / (end - start)}

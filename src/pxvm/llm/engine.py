@@ -223,7 +223,7 @@ class Engine:
                 self._cancel_all()
                 events = self._take_events()
             _deliver(events)
-        else:
+        elif thread is not threading.current_thread():  # (shut down from a callback)
             thread.join(timeout)
 
     # ---- checks -------------------------------------------------------------------------
@@ -251,11 +251,19 @@ class Engine:
                 self._wake.wait_for(lambda: self._stopping or self._events or self.running
                                     or self.waiting)
                 stopping = self._stopping
-                if stopping:
-                    self._cancel_all()
-                chunks = [] if stopping else self._schedule()
-                # the step's tables now: a callback below may cancel a sequence of it
-                step = self._tables(chunks) if chunks else None
+                chunks, step = [], None
+                try:
+                    if stopping:
+                        self._cancel_all()
+                    else:
+                        chunks = self._schedule()
+                        # the step's tables now: a callback below may cancel one of them
+                        step = self._tables(chunks) if chunks else None
+                except Exception as exc:  # noqa: BLE001 - a bug here must not hang clients
+                    log.exception("pxvm engine: scheduling failed")
+                    for seq in [*self.running, *self.waiting]:
+                        self._finish(seq, "error", f"{type(exc).__name__}: {exc}")
+                    chunks, step = [], None
                 events = self._take_events()
             _deliver(events)
             if stopping:

@@ -12,7 +12,9 @@ backend (on the GPU with the weights resident and still quantized).
 
 Most lines are one fused op of pxvm.ops.transformer. The math records into the active
 Batch: a prompt is one batch, a decoding step one recorded Graph, which decode.py
-schedules.
+schedules. The cache is the model's own (CacheAttention: one sequence), or blocks of a
+paged cache that many sequences share (PagedAttention: a step of engine.py's continuous
+batching, one batch).
 """
 
 from __future__ import annotations
@@ -433,7 +435,7 @@ class Model:
         whole context take, at most what fits (MAX_KV_CACHE_BYTES, MEMORY_SHARE of the
         free memory, the largest tensor); ContextSizeError when not one block fits."""
         cfg = self.config
-        dtype = transformer.KV_CACHE_DTYPES[self.kv_cache]
+        dtype = self._paged_dtype()
         row_bytes = cfg.n_kv_heads * cfg.head_dim * np.dtype(dtype).itemsize
         block_bytes = 2 * cfg.n_layers * block_size * row_bytes  # every layer's keys and values
         if blocks is None:
@@ -453,6 +455,18 @@ class Model:
         with footprint.uploading(self.backend):
             return PagedCache([self.backend.zeros(shape, dtype) for _ in self.layers],
                               [self.backend.zeros(shape, dtype) for _ in self.layers])
+
+    def _paged_dtype(self) -> np.dtype:
+        """The paged cache's dtype: the model's KV cache's where attention_paged reads it
+        on this backend, else float32; MissingKernelError where it reads neither."""
+        for name in dict.fromkeys([self.kv_cache, "f32"]):
+            dtype = transformer.KV_CACHE_DTYPES[name]
+            if transformer.attention_paged.takes(self.backend, {"k_pool": dtype,
+                                                                 "v_pool": dtype}):
+                return dtype
+        raise ops.MissingKernelError(
+            f"the {self.backend_name} backend has no attention_paged kernel yet, which "
+            f"batched generation needs", other_backend="cpu")
 
     def forward_paged(self, cache: PagedCache, token_ids: np.ndarray, token_table: np.ndarray,
                       block_table: np.ndarray, last_rows: int) -> np.ndarray:

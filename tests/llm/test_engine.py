@@ -362,3 +362,31 @@ def test_every_family_generates_batched_as_the_single_sequence_model(family, eng
         for event, step_logits in zip(got.events[i], logits):
             ids, values = zip(*event.top_logprobs)
             assert nmse(np.array(values), log_softmax(step_logits)[list(ids)]) <= NMSE_MODEL
+
+
+def test_many_requests_with_cancels_under_preemption_finish_once_and_leak_no_block(
+        model, engines, rng):
+    # 30 requests through 16 blocks of 4 (64 positions; a request takes up to 44), 6 at
+    # a time, a third of them cancelled from another thread while they wait or run
+    lengths = rng.integers(1, 25, 30).tolist()
+    max_tokens = rng.integers(1, 21, 30).tolist()
+    prompts = _prompts(rng, lengths)
+    engine = engines(model, block_size=4, kv_blocks=16, max_batch=6)
+    got = Collector()
+    ids = [engine.submit(Request(p, n, PENALIZED), got.callback(i))
+           for i, (p, n) in enumerate(zip(prompts, max_tokens))]
+    engine.start()
+    for i in rng.permutation(30)[:10]:
+        engine.cancel(ids[i])
+        threading.Event().wait(float(rng.uniform(0, 0.02)))
+    got.wait()
+    for i in range(30):
+        finish = got.finish(i)
+        assert finish.completion_tokens == len(got.tokens(i))
+        if finish.reason == "length":
+            expected = single_sequence(model, prompts[i], max_tokens[i])[0]
+            assert got.tokens(i) == expected, f"request {i}"
+        else:
+            assert finish.reason == "cancelled"
+    stats = engine.stats()
+    assert (stats.running, stats.waiting, stats.kv_blocks_used) == (0, 0, 0)

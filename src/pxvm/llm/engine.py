@@ -30,6 +30,7 @@ import numpy as np
 from ..core.errors import PxvmError
 from .kv_blocks import BlockManager, block_hash, prefix_hashes, ROOT_HASH
 from .model import Model, PagedCache, load_model
+from .paged_steps import PagedSteps
 from .sampling import Sampler, SamplingParams
 
 log = logging.getLogger("pxvm.llm.engine")
@@ -157,9 +158,14 @@ class Engine:
             model, backend=backend, progress=progress)
         self.context_length = self.model.context_length
         self.max_batch, self.max_waiting = max_batch, max_waiting
-        self.cache: PagedCache = self.model.paged_cache(block_size, kv_blocks, max_batch)
+        # and one more block, the decoding graphs' scratch (paged_steps.py)
+        self.cache: PagedCache = self.model.paged_cache(
+            block_size, None if kv_blocks is None else kv_blocks + 1, max_batch)
         self.block_size = block_size
-        self.blocks = BlockManager(self.cache.blocks)
+        self.blocks = BlockManager(self.cache.blocks - 1)
+        self.steps = PagedSteps(self.model, self.cache, scratch=self.cache.blocks - 1,
+                                width=self._blocks_for(self.context_length),
+                                max_batch=max_batch)
         self.running: list[_Sequence] = []   # in order of admission
         self.waiting: deque[_Sequence] = deque()
         self._events: list[tuple[_Sequence, object]] = []  # to send from the engine thread
@@ -278,7 +284,7 @@ class Engine:
         """One forward over the chunks, then their new tokens; an error ends the
         chunks' requests with FinishEvent("error"), never the engine."""
         try:
-            logits = self.model.forward_paged(self.cache, *tables)
+            logits = self.steps.run(*tables)
         except Exception as exc:  # noqa: BLE001 - the requests get the error, not the thread
             log.exception("pxvm engine: a step failed")
             with self._wake:

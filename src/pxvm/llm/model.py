@@ -481,6 +481,13 @@ class Model:
         batch.execute()
         return batch.read(logits)
 
+    def record_paged(self, cache: PagedCache, token_ids: Tensor, token_table: Tensor,
+                     block_table: Tensor) -> Tensor:
+        """forward_paged's logits of every token, from tensors on the device (the graph
+        of a decoding step, paged_steps.py)."""
+        return self.transformer(token_ids, PagedAttention(self, cache, token_table,
+                                                          block_table))
+
     def warm_up(self) -> None:
         """Compile the kernels and record the decoding steps that a generation uses, so
         that its first tokens are not timed with them (docs/benchmarks-log.md: first use). A

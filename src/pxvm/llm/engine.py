@@ -336,7 +336,15 @@ class Engine:
                 chunks.append(_Chunk(seq, seq.computed, n))
                 budget -= n
         while self.waiting and len(self.running) < self.max_batch and budget > 0:
-            chunk = self._admit(self.waiting[0], budget)
+            seq = self.waiting[0]
+            most = self._blocks_for(seq.prompt_tokens + seq.request.max_tokens)
+            if most > self.blocks.total:  # it could never finish, however long it waited
+                self._finish(seq, "error", f"the request may need {most} KV blocks of "
+                             f"{self.block_size} positions, more than the engine's "
+                             f"{self.blocks.total}; lower max_tokens or start the engine "
+                             f"with more kv_blocks")
+                continue
+            chunk = self._admit(seq, budget)
             if chunk is None:
                 break
             chunks.append(chunk)
@@ -371,14 +379,6 @@ class Engine:
         """Start (or resume) seq with its first chunk: the cached blocks of its prefix
         taken, blocks for the rest of the chunk allocated, leaving one block for each
         running sequence to grow by; None where they are not there."""
-        request = seq.request
-        most = self._blocks_for(len(request.prompt_ids) + request.max_tokens)
-        if most > self.blocks.total:  # it could never finish, however long it waited
-            self._finish(seq, "error", f"the request may need {most} KV blocks of "
-                         f"{self.block_size} positions, more than the engine's "
-                         f"{self.blocks.total}; lower max_tokens or start the engine with "
-                         f"more kv_blocks")
-            return self._admit(self.waiting[0], budget) if self.waiting else None
         # blocks wholly before the last token: that one is always computed (its logits
         # choose the next token) and so never written into a shared block
         hashes = prefix_hashes(seq.tokens, self.block_size,

@@ -421,7 +421,7 @@ class Engine:
         if request.logits_processor is not None:
             chosen = np.asarray(request.logits_processor(list(seq.generated), logits.copy()),
                                 np.float32)
-        token = seq.sampler(chosen, seq.tokens)
+        token = seq.sampler(chosen, _penalty_window(seq.tokens, request.sampling))
         if token in request.stop_token_ids:
             self._finish(seq, "stop")
             return
@@ -456,6 +456,14 @@ class Engine:
     def _take_events(self) -> list[tuple[_Sequence, object]]:
         events, self._events = self._events, []
         return events
+
+
+def _penalty_window(tokens: list[int], params: SamplingParams) -> list[int]:
+    """The tokens the repetition penalty looks at (the Sampler's `previous`), cut here:
+    copying a whole long context for every token of every sequence would cost the step."""
+    if params.repeat_penalty == 1.0 or params.repeat_last_n <= 0:
+        return []
+    return tokens[-params.repeat_last_n:]
 
 
 def _logprobs(logits: np.ndarray, token: int, k: int) -> tuple[float, list[tuple[int, float]]]:

@@ -195,7 +195,8 @@ def test_logprobs_are_the_log_softmax_of_the_single_sequence_logits(model, engin
         assert sorted(ids) == list(range(VOCAB))
         assert list(values) == sorted(values, reverse=True)
         assert nmse(np.array(values), expected[list(ids)]) <= NMSE_MODEL
-        assert event.logprob == pytest.approx(expected[event.token_id], abs=1e-4)
+        # within what NMSE_MODEL allows (sqrt(1e-5): ~3e-3 relative)
+        assert event.logprob == pytest.approx(expected[event.token_id], rel=3e-3)
     assert all(len(e.top_logprobs) == 3 for e in got.events[1] if isinstance(e, TokenEvent))
 
 

@@ -480,3 +480,35 @@ def test_ctrl_c_at_the_prompt_leaves_the_chat_cleanly(scripted, monkeypatch):
     result = runner.invoke(app, ["chat"])
     assert result.exit_code == 0, result.output
     assert result.output.endswith("\n")
+
+
+@pytest.fixture
+def tiny_model(tmp_path):
+    """A tiny random-weight GGUF file of a 64-position context."""
+    import numpy as np
+    from make_tiny_gguf import TinySpec, write_tiny_gguf
+
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path, TinySpec(context_length=64), np.random.default_rng(0))
+    return path
+
+
+def test_bench_llm_batch_prints_and_writes_the_batched_speeds(tiny_model, tmp_path):
+    out = tmp_path / "batched.json"
+    run = run_pxvm("bench", "llm", "--model", str(tiny_model), "--backend", "numpy",
+                   "--batch", "3", "--prompt-tokens", "9", "--gen-tokens", "5", "--repeats", "2",
+                   "--output", str(out))
+    assert run.returncode == 0, run.stderr
+    data = json.loads(out.read_text())
+    assert (data["batch"], data["prompt_tokens"], data["gen_tokens"]) == (3, 9, 5)
+    assert len(data["runs"]) == 2 and all(
+        r["prompt_tokens_per_s"] > 0 and r["generation_tokens_per_s"] > 0 for r in data["runs"])
+    each = "3 sequences of 9 prompt tokens and 5 generated"
+    assert f"prompts ({each})" in run.stdout and f"generation ({each})" in run.stdout
+
+
+def test_bench_llm_batch_beyond_the_context_is_a_one_line_error(tiny_model):
+    run = run_pxvm("bench", "llm", "--model", str(tiny_model), "--backend", "numpy",
+                   "--batch", "2", "--prompt-tokens", "60", "--gen-tokens", "8")
+    assert run.returncode == 1
+    assert "exceed the model's context of 64" in run.stderr and "Traceback" not in run.stderr

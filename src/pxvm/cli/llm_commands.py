@@ -14,6 +14,7 @@ from rich.table import Table
 
 from .. import llm
 from ..core.selection import names
+from ..llm.engine import benchmark_batched
 from ..llm.generate import (PromptTooLongError, benchmark, context_length, encode_prompt,
                             encode_text)
 from ..llm.generate import generate as run_generation
@@ -51,6 +52,9 @@ REPEAT_PENALTY_HELP = ("Make tokens already in the text less likely by this fact
 SEED_HELP = "Seed for sampling: the same seed gives the same text (default: a new one each run)."
 #: Bounds of options that only cost time: a typo of a few more digits is refused.
 MAX_RUNS = 1000
+#: The most sequences `bench llm --batch` runs together (llama-batched-bench's largest -npl
+#: in the issue is 64).
+MAX_BATCH = 1024
 
 
 def _open(model: Path | None, backend: str, kv_cache: str):
@@ -258,10 +262,22 @@ def bench_llm(
                                      "JSON to this file."),
     profile: bool = typer.Option(False, help="Also show where one decoded token's time goes "
                                  "(host encoding, GPU time of the step and per kernel, readback)."),
+    batch: int = typer.Option(None, "--batch", "-b", min=1, max=MAX_BATCH,
+                              help="Instead, run this many sequences together through the "
+                                   "continuous-batching engine (llama-batched-bench's -npl "
+                                   "with -npp --prompt-tokens, -ntg --gen-tokens): aggregate "
+                                   "prompt and generation tokens/s."),
 ):
     """Measure prefill tokens/s (one long prompt) and decode tokens/s (one token at a time),
-    as llama-bench's pp and tg tests: both start from an empty context unless --depth."""
+    as llama-bench's pp and tg tests: both start from an empty context unless --depth.
+    With --batch B, the speeds of B sequences generated together instead."""
     check_output_file(output, "--output")
+    if batch is not None:
+        if depth or profile:
+            raise typer.BadParameter("--batch measures from an empty context without a "
+                                     "profile: leave out --depth and --profile")
+        return _bench_batched(model, backend, context, kv_cache, output, batch, prompt_tokens,
+                              gen_tokens, repeats, warmup)
     file, tok = _open(model, backend, kv_cache)
     lm = _load(file, backend, context, warm_up=False,  # its own warm-up runs
                kv_cache=kv_cache)
@@ -278,6 +294,25 @@ def bench_llm(
     at = f" after {depth} tokens of context" if depth else ""
     console.print(f"prefill ({prompt_tokens} tokens{at}): {prefill:.1f} tokens/s")
     console.print(f"decode ({gen_tokens} tokens{at}): {decode:.1f} tokens/s")
+    if output is not None:
+        output.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        console.print(f"wrote {output}")
+
+
+def _bench_batched(model, backend, context, kv_cache, output, batch, prompt_tokens,
+                   gen_tokens, repeats, warmup):
+    """bench llm --batch: engine.benchmark_batched, printed as the single-stream bench."""
+    file, _ = _open(model, backend, kv_cache)
+    lm = _load(file, backend, context, warm_up=False, kv_cache=kv_cache)
+    with err_console.status(f"benchmarking {batch} sequences on {lm.device_name}"):
+        result = benchmark_batched(lm, batch, prompt_tokens, gen_tokens, repeats, warmup)
+    result["model"] = str(model) if model is not None else "default (SmolLM2-135M-Instruct)"
+    console.print(f"device: {result['device']} (backend {result['backend']}, KV cache "
+                  f"{result['kv_cache']})")
+    each = f"{batch} sequences of {prompt_tokens} prompt tokens and {gen_tokens} generated"
+    console.print(f"prompts ({each}): {result['prompt_tokens_per_s']:.1f} tokens/s")
+    console.print(f"generation ({each}): {result['generation_tokens_per_s']:.1f} tokens/s")
+    console.print(f"total: {result['total_tokens_per_s']:.1f} tokens/s")
     if output is not None:
         output.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
         console.print(f"wrote {output}")

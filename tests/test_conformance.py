@@ -47,8 +47,7 @@ GAPS: dict[tuple[str, str], tuple[int, ...] | None] = {
     # CUDA's attention reads float32 KV caches only (cases.py: the float16 caches' cases)
     ("attention_cached", "cuda"): (4, 5, 6, 7, 8, 9, 10),
     ("attention_cached_matmul_quant_add", "cuda"): (2, 3),
-    # continuous batching's attention: the numpy reference so far (issue 39)
-    ("attention_paged", "webgpu"): ALL,
+    # continuous batching's attention (issue 39)
     ("attention_paged", "cuda"): ALL,
 }
 

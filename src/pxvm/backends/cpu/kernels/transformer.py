@@ -270,8 +270,8 @@ def attention_paged(qkv, k_pool, v_pool, tokens, blocks, table, n_heads, neox, s
     in row p % block_size of block blocks[b, p // block_size]. Every token's key (rotated)
     and value are written to its row first; then each token attends causally over its
     sequence's positions (its last `window` where window > 0), as attention_cached does.
-    A token whose table entries fall outside the tables or the pools writes nothing and
-    gets a NaN row."""
+    A token whose table entries fall outside the tables or the pools gets a NaN row (and
+    writes nothing where its own row is outside them)."""
     if k_pool.dtype == np.float16:  # numba has no float16 type: the pools' bits
         k_pool, v_pool = k_pool.view(np.uint16), v_pool.view(np.uint16)
     n_blocks, block_size, hkv, d = k_pool.shape
@@ -326,10 +326,10 @@ def _attention_paged(qkv, k_rows, v_rows, block_size, tokens, blocks, table, n_h
             longest = max(longest, tokens[t, 1] + 1 - _first_key(tokens[t, 1], window))
     rotated = np.empty(d, _F32)
     for t in range(t_new):
-        if not ok[t]:
-            continue
         pos = tokens[t, 1]
         row = _paged_row(blocks, block_size, n_rows, tokens[t, 0], pos)
+        if row < 0:
+            continue
         for h in range(hkv):
             _rotate(qkv[t, (n_heads + h) * d:(n_heads + h + 1) * d], table, pos, neox, rotated)
             for i in range(d):

@@ -1,5 +1,5 @@
 """A transformer layer's kernels on the CPU: rmsnorm, SwiGLU / GeGLU, and attention over a KV
-cache with the rotary embedding (the CPU forms of pxvm.ops.transformer's fused ops,
+cache (or a paged one's blocks, through a block table) with the rotary embedding (the CPU forms of pxvm.ops.transformer's fused ops,
 whose numpy references they are tested against). Products are quantized.py's."""
 
 from __future__ import annotations

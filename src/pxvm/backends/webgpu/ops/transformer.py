@@ -1,5 +1,5 @@
-"""norm.wgsl, attention_cached.wgsl, attention_prompt.wgsl and matmul_quant.wgsl for
-pxvm.ops.transformer.
+"""norm.wgsl, attention_cached.wgsl, attention_prompt.wgsl, attention_paged.wgsl and
+matmul_quant.wgsl for pxvm.ops.transformer.
 
 The fused products are quantized.py's `product` with the norm, the residual's add or the
 GLU in the same dispatch. One token's attention (decoding) runs attention_cached.wgsl's
@@ -9,7 +9,9 @@ dispatches however many keys it sees (three where many ranges meet a wide projec
 `combine` merges them once, PRODUCT_MERGES_MAX_WORK); a prompt's runs attention_prompt.wgsl (blocks of
 tokens walking the keys in tiles: prompt_tiled_takes), or `split` and `combine`. KV
 caches of float32 or float16 (two values a u32 word, unpacked in the kernels: their
-F16_CACHE constant), any head size the op takes (even).
+F16_CACHE constant), any head size the op takes (even). A paged cache's batch
+(attention_paged) runs attention_paged.wgsl: `append`, then `split` over key ranges and
+`combine`, each token through its sequence's block table.
 """
 
 from __future__ import annotations

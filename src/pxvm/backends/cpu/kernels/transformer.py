@@ -207,53 +207,17 @@ def _attention_cached(qkv, k_cache, v_cache, state, table, n_heads, neox, scale,
         for g in range(group):
             head = kv * group + g
             _rotate(qkv[s, head * d:(head + 1) * d], table, pos + s, neox, q[g])
-        scores = np.empty((group, stop - first), _F32)
-        buffer = np.empty(d, _F32)
-        for j in range(first, stop):
-            key = _cache_row(k_cache, j % n_ctx, kv, buffer)
-            for g in range(group):
-                dot = _F32(0)
-                for i in range(d):
-                    dot += q[g, i] * key[i]
-                dot *= scale
-                if softcap > 0:
-                    dot = softcap * np.tanh(dot / softcap)
-                scores[g, j - first] = dot
-        for g in range(group):
-            m = scores[g, 0]
-            for j in range(1, stop - first):
-                m = max(m, scores[g, j])
-            sum_p = _F32(0)
-            for j in range(stop - first):
-                scores[g, j] = np.exp(scores[g, j] - m)
-                sum_p += scores[g, j]
-            top[s, kv, r, g] = m
-            total[s, kv, r, g] = sum_p
-        for j in range(first, stop):
-            value = _cache_row(v_cache, j % n_ctx, kv, buffer)
-            for g in range(group):
-                p = scores[g, j - first]
-                for i in range(d):
-                    acc[s, kv, r, g, i] += p * value[i]
+        rows = np.arange(first, stop) % n_ctx
+        _range_softmax(k_cache, v_cache, rows, kv, q, scale, softcap, top[s, kv, r],
+                       total[s, kv, r], acc[s, kv, r])
     for task in numba.prange(s_new * hkv):
         s = task // hkv
         kv = task % hkv
         seen = (pos + s + KEY_RANGE) // KEY_RANGE  # the ranges holding this token's keys
-        weight = np.empty(seen, _F32)
         for g in range(group):
-            m = top[s, kv, 0, g]
-            for r in range(1, seen):
-                m = max(m, top[s, kv, r, g])
-            norm = _F32(0)
-            for r in range(seen):
-                weight[r] = np.exp(top[s, kv, r, g] - m)
-                norm += total[s, kv, r, g] * weight[r]
             head = kv * group + g
-            for i in range(d):
-                value = _F32(0)
-                for r in range(seen):
-                    value += acc[s, kv, r, g, i] * weight[r]
-                out[s, head * d + i] = value / norm
+            _merge_ranges(top[s, kv, :seen, g], total[s, kv, :seen, g], acc[s, kv, :seen, g],
+                          out[s, head * d:(head + 1) * d])
 
 
 #: Tasks of attention_paged's key ranges that keep the threads busy: a batch of fewer

@@ -121,7 +121,7 @@ def test_webgpu_merges_key_ranges_with_combine_where_the_table_is_long(
     lengths, starts = (40, 1, 1), (70, 1100, 640)
     qkv, kp, vp, tokens, table = _batch(rng, lengths, starts, d=16, block_size=16,
                                         per_seq=80, n_blocks=250)
-    assert webgpu_transformer.cached_key_ranges(80 * 16) == (10, 128)
+    assert webgpu_transformer.paged_key_ranges(80 * 16, 42, 4) == (10, 128)
     got = _run("gpu", qkv, kp, vp, tokens, table, n_heads=4)
     kernel = (webgpu_transformer.PAGED_SUBGROUP_KERNEL if subgroups
               else webgpu_transformer.PAGED_KERNEL)
@@ -178,14 +178,28 @@ def test_kernels_give_nan_rows_and_write_nothing_for_tokens_outside_the_tables(
     table[4, 2] = -1            # the block token 4 writes to
     out, k_pool, v_pool = _run(backend_name, qkv, kp, vp, tokens, table, n_heads=4)
     assert np.isnan(out[1:]).all()
-    want, k_want, _ = expected_step(qkv[:1], _plain(kp, table[0], 4), _plain(vp, table[0], 4),
-                                    5, 4)
+    want, _, _ = expected_step(qkv[:1], _plain(kp, table[0], 4), _plain(vp, table[0], 4), 5, 4)
     assert_close(out[:1], want, NMSE_ELEMENTWISE)
     written = np.zeros(kp.shape[:2], bool)
     written[table[0, 1], 1] = True  # token 0's row (position 5)
     written[table[3, 2], 0] = True  # token 3's own row (position 8) is in the pool
     np.testing.assert_array_equal(k_pool[~written], kp[~written])
     np.testing.assert_array_equal(v_pool[~written], vp[~written])
+
+
+@pytest.mark.parametrize("keys,tokens,heads", [(4096, 64, 32), (4096, 576, 32),
+                                               (4096, 4096, 32), (100, 1, 4), (64, 1, 4),
+                                               (1280, 42, 4), (32768, 1, 64)])
+def test_paged_key_ranges_cover_the_keys_in_chunks_within_the_partials_bound(keys, tokens,
+                                                                             heads):
+    n_ranges, range_len = webgpu_transformer.paged_key_ranges(keys, tokens, heads)
+    assert range_len % webgpu_transformer.CACHED_CHUNK == 0
+    assert (n_ranges - 1) * range_len < keys <= n_ranges * range_len  # none empty
+    assert n_ranges <= webgpu_transformer.CACHED_MAX_RANGES
+    assert n_ranges == 1 or tokens * heads * n_ranges <= webgpu_transformer.PAGED_MAX_PARTIALS
+    if tokens * heads * webgpu_transformer.CACHED_MAX_RANGES <= \
+            webgpu_transformer.PAGED_MAX_PARTIALS:  # few tokens: attention_cached's ranges
+        assert (n_ranges, range_len) == webgpu_transformer.cached_key_ranges(keys)
 
 
 def test_python_constants_match_the_paged_kernel():

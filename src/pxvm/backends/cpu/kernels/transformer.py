@@ -1,6 +1,7 @@
 """A transformer layer's kernels on the CPU: rmsnorm, SwiGLU / GeGLU, and attention over a KV
-cache (or a paged one's blocks, through a block table) with the rotary embedding (the CPU forms of pxvm.ops.transformer's fused ops,
-whose numpy references they are tested against). Products are quantized.py's."""
+cache (or a paged one's blocks, through a block table) with the rotary embedding (the CPU
+forms of pxvm.ops.transformer's fused ops, whose numpy references they are tested
+against). Products are quantized.py's."""
 
 from __future__ import annotations
 

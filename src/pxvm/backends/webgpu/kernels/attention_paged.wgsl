@@ -226,13 +226,16 @@ fn split(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) li
             key_parts[slot * KEY_LANES + lane] = parts.x;
             key_parts[(slot + SLOTS) * KEY_LANES + lane] = parts.y;
         } else if (slot < n_keys) {
-            key_parts[slot * KEY_LANES + lane] = key_parts_of(chunk_rows[slot], chunk_rows[slot], lane).x;
+            let row = chunk_rows[slot];
+            key_parts[slot * KEY_LANES + lane] = key_parts_of(row, row, lane).x;
         }
         workgroupBarrier();
         var sc = EMPTY;
         if (lid < n_keys) {
             sc = 0.0;
-            for (var u = 0u; u < KEY_LANES; u = u + 1u) { sc = sc + key_parts[lid * KEY_LANES + u]; }
+            for (var u = 0u; u < KEY_LANES; u = u + 1u) {
+                sc = sc + key_parts[lid * KEY_LANES + u];
+            }
             // tanh of a clamped argument: some drivers compute it as a ratio of exps, NaN
             // for large ones (tanh(15) is 1 in f32 already).
             if (p.softcap > 0.0) { sc = p.softcap * tanh(clamp(sc / p.softcap, -15.0, 15.0)); }
@@ -284,7 +287,9 @@ fn combine(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) 
     let first = (t * p.hq + h) * p.n_ranges;
     let stride = PART_STRIDE;
     var mx = EMPTY;
-    for (var r = lid; r < n_used; r = r + WG) { mx = max(mx, part[(first + r) * stride + PART_MAX]); }
+    for (var r = lid; r < n_used; r = r + WG) {
+        mx = max(mx, part[(first + r) * stride + PART_MAX]);
+    }
     mx = reduce(lid, mx, true, WG);
     // Ranges' weights relative to the common max, computed once (n_used <= WG: the host
     // grids at most CACHED_MAX_RANGES ranges).
@@ -318,11 +323,13 @@ fn weighted_values(c: u32, g: u32, groups: u32, n_keys: u32) -> f32 {
     var u = g;
     for (; u + 7u * groups < n_keys; u = u + 8u * groups) {
         let u4 = u + 4u * groups;
-        a = a + vec4<f32>(exps[u], exps[u + groups], exps[u + 2u * groups], exps[u + 3u * groups])
+        a = a + vec4<f32>(exps[u], exps[u + groups], exps[u + 2u * groups],
+                          exps[u + 3u * groups])
               * vec4<f32>(value_at(chunk_rows[u] + c), value_at(chunk_rows[u + groups] + c),
                           value_at(chunk_rows[u + 2u * groups] + c),
                           value_at(chunk_rows[u + 3u * groups] + c));
-        b = b + vec4<f32>(exps[u4], exps[u4 + groups], exps[u4 + 2u * groups], exps[u4 + 3u * groups])
+        b = b + vec4<f32>(exps[u4], exps[u4 + groups], exps[u4 + 2u * groups],
+                          exps[u4 + 3u * groups])
               * vec4<f32>(value_at(chunk_rows[u4] + c), value_at(chunk_rows[u4 + groups] + c),
                           value_at(chunk_rows[u4 + 2u * groups] + c),
                           value_at(chunk_rows[u4 + 3u * groups] + c));

@@ -256,13 +256,29 @@ def attention_cached_matmul_quant_add(ctx, qkv, k_cache, v_cache, state, w, resi
 
 # ---- attention over a paged KV cache (continuous batching) ----------------------------
 # attention_paged.wgsl: `append` writes every token's key and value into its pool row,
-# then `split` over ranges of each token's keys (cached_key_ranges of the most keys a
+# then `split` over ranges of each token's keys (paged_key_ranges of the most keys a
 # token of the table may see), merged by `combine` where there are several: a batch of
 # decoding tokens of long sequences is many workgroups a token.
 PAGED_KERNEL = "attention_paged.wgsl"
 #: attention_paged.wgsl with its reductions by subgroup operations (subgroups.py)
 PAGED_SUBGROUP_KERNEL = "attention_paged_subgroups.wgsl"
 PAGED_WG = 256  # attention_paged.wgsl's WG
+# Partial results (a record a token, query head and range) a batch at most: a batch of
+# many tokens takes fewer, longer ranges (its tokens and heads fill the GPU by
+# themselves), so that a prompt's chunk does not make partials of hundreds of MB.
+# 2**16 records of heads of 128 are 34 MB; 64 decoding tokens of 32 heads take 16 ranges.
+PAGED_MAX_PARTIALS = 1 << 16
+
+
+def paged_key_ranges(keys: int, tokens: int, heads: int) -> tuple[int, int]:
+    """(ranges, keys per range) of attention_paged.wgsl's `split` for tokens seeing at
+    most `keys` keys: cached_key_ranges', in at most PAGED_MAX_PARTIALS / (tokens *
+    heads) ranges a token."""
+    most = min(CACHED_MAX_RANGES, PAGED_MAX_PARTIALS // (tokens * heads))
+    if keys <= CACHED_ONE_RANGE_MAX_KEYS or most <= 1:
+        return 1, -(-keys // CACHED_CHUNK) * CACHED_CHUNK
+    range_len = CACHED_CHUNK * -(-keys // (CACHED_CHUNK * most))
+    return -(-keys // range_len), range_len
 
 
 @kernel_params(PAGED_KERNEL, PAGED_SUBGROUP_KERNEL)
@@ -290,7 +306,8 @@ def attention_paged(ctx, qkv, k_pool, v_pool, token_table, block_table, n_heads=
     seqs, max_blocks = block_table.shape
     positions = max_blocks * block_size  # the most a sequence's table holds
     # the most keys a token sees: its ranges start at its first
-    n_ranges, range_len = cached_key_ranges(min(window, positions) if window else positions)
+    n_ranges, range_len = paged_key_ranges(min(window, positions) if window else positions,
+                                           tokens, n_heads)
     partials = AttentionPartials(d, n_ranges, range_len, positions)
     part = ctx.empty((1 if n_ranges == 1 else tokens * n_heads * n_ranges, partials.stride),
                      np.float32, "attention partial sums")

@@ -115,6 +115,18 @@ def test_a_prompt_chunk_beside_decoding_tokens_of_long_sequences(
                      style="neox")
 
 
+@pytest.mark.parametrize("cache", [np.float32, np.float16])
+@pytest.mark.parametrize("hq,hkv,d", [(4, 1, 256), (3, 3, 48), (2, 1, 2), (6, 2, 40)])
+def test_every_head_shape_the_op_takes(hq, hkv, d, cache, backend, rng):
+    # MQA with the largest head (one value group); MHA with heads not dividing the
+    # GPU's workgroup; the smallest head (a float16 word a row); a head of five eights
+    lengths, starts = (3, 1, 1), (60, 200, 5)
+    qkv, kp, vp, tokens, table = _batch(rng, lengths, starts, hq=hq, hkv=hkv, d=d,
+                                        block_size=8, per_seq=26, n_blocks=90, cache=cache)
+    got = _run(backend, qkv, kp, vp, tokens, table, n_heads=hq)
+    _check_sequences(got, qkv, kp, vp, tokens, table, lengths, starts, 8, hq)
+
+
 def test_webgpu_merges_key_ranges_with_combine_where_the_table_is_long(
         rng, gpu_device, dispatched, subgroups):
     # tables of 80 blocks of 16: 1280 positions, ranges of 128 keys (cached_key_ranges)

@@ -44,8 +44,6 @@ GAPS: dict[tuple[str, str], tuple[int, ...] | None] = {
     # CUDA's tensor-core kernels: B as (N, K); heads of 64 or 128
     ("matmul_f16", "cuda"): (0,),
     ("attention_f16", "cuda"): (0, 1),
-    # continuous batching's attention (issue 39)
-    ("attention_paged", "webgpu"): ALL,
 }
 
 

@@ -77,6 +77,20 @@ def attention_cached(ctx, qkv, k_cache, v_cache, state, n_heads=1, theta=10000.0
     return out
 
 
+@register(transformer.attention_paged)
+def attention_paged(ctx, qkv, k_pool, v_pool, token_table, block_table, n_heads=1,
+                    theta=10000.0, style="interleaved", scale=None, freq_factors=None,
+                    attn_factor=1.0, softcap=0.0, window=0):
+    _, block_size, _, d = k_pool.shape
+    out = ctx.empty((qkv.shape[0], n_heads * d), np.float32)
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    positions = block_table.shape[1] * block_size  # the most a sequence's table holds
+    ctx.call("transformer", "attention_paged", qkv, k_pool, v_pool, token_table, block_table,
+             rope_table(ctx, theta, d, positions, freq_factors, attn_factor), n_heads,
+             style == "neox", np.float32(scale), np.float32(softcap), int(window), out)
+    return out
+
+
 @register(transformer.attention_cached_matmul_quant_add)
 def attention_cached_matmul_quant_add(ctx, qkv, k_cache, v_cache, state, w, residual, *,
                                       qtype, k, n_heads=1, theta=10000.0, style="interleaved",

@@ -1,6 +1,7 @@
 """A transformer layer's kernels on the CPU: rmsnorm, SwiGLU / GeGLU, and attention over a KV
-cache with the rotary embedding (the CPU forms of pxvm.ops.transformer's fused ops,
-whose numpy references they are tested against). Products are quantized.py's."""
+cache (or a paged one's blocks, through a block table) with the rotary embedding (the CPU
+forms of pxvm.ops.transformer's fused ops, whose numpy references they are tested
+against). Products are quantized.py's."""
 
 from __future__ import annotations
 
@@ -207,50 +208,189 @@ def _attention_cached(qkv, k_cache, v_cache, state, table, n_heads, neox, scale,
         for g in range(group):
             head = kv * group + g
             _rotate(qkv[s, head * d:(head + 1) * d], table, pos + s, neox, q[g])
-        scores = np.empty((group, stop - first), _F32)
-        buffer = np.empty(d, _F32)
-        for j in range(first, stop):
-            key = _cache_row(k_cache, j % n_ctx, kv, buffer)
-            for g in range(group):
-                dot = _F32(0)
-                for i in range(d):
-                    dot += q[g, i] * key[i]
-                dot *= scale
-                if softcap > 0:
-                    dot = softcap * np.tanh(dot / softcap)
-                scores[g, j - first] = dot
-        for g in range(group):
-            m = scores[g, 0]
-            for j in range(1, stop - first):
-                m = max(m, scores[g, j])
-            sum_p = _F32(0)
-            for j in range(stop - first):
-                scores[g, j] = np.exp(scores[g, j] - m)
-                sum_p += scores[g, j]
-            top[s, kv, r, g] = m
-            total[s, kv, r, g] = sum_p
-        for j in range(first, stop):
-            value = _cache_row(v_cache, j % n_ctx, kv, buffer)
-            for g in range(group):
-                p = scores[g, j - first]
-                for i in range(d):
-                    acc[s, kv, r, g, i] += p * value[i]
+        rows = np.arange(first, stop) % n_ctx
+        _range_softmax(k_cache, v_cache, rows, kv, q, scale, softcap, top[s, kv, r],
+                       total[s, kv, r], acc[s, kv, r])
     for task in numba.prange(s_new * hkv):
         s = task // hkv
         kv = task % hkv
         seen = (pos + s + KEY_RANGE) // KEY_RANGE  # the ranges holding this token's keys
-        weight = np.empty(seen, _F32)
         for g in range(group):
-            m = top[s, kv, 0, g]
-            for r in range(1, seen):
-                m = max(m, top[s, kv, r, g])
-            norm = _F32(0)
-            for r in range(seen):
-                weight[r] = np.exp(top[s, kv, r, g] - m)
-                norm += total[s, kv, r, g] * weight[r]
             head = kv * group + g
+            _merge_ranges(top[s, kv, :seen, g], total[s, kv, :seen, g], acc[s, kv, :seen, g],
+                          out[s, head * d:(head + 1) * d])
+
+
+#: Tasks of attention_paged's key ranges that keep the threads busy: a batch of fewer
+#: (token, key/value head) pairs splits each token's keys into ranges (KEY_RANGE long at
+#: least) up to about this many tasks; a batch of many decoding sequences takes a range
+#: a token.
+PAGED_TASKS = 256
+
+
+def attention_paged(qkv, k_pool, v_pool, tokens, blocks, table, n_heads, neox, scale,
+                    softcap, window, out):
+    """attention_paged: T tokens, token t sequence tokens[t, 0]'s at position tokens[t, 1],
+    over pools (blocks, block_size, Hkv, D), float32 or float16, position p of sequence b
+    in row p % block_size of block blocks[b, p // block_size]. Every token's key (rotated)
+    and value are written to its row first; then each token attends causally over its
+    sequence's positions (its last `window` where window > 0), as attention_cached does.
+    A token whose table entries fall outside the tables or the pools gets a NaN row (and
+    writes nothing where its own row is outside them)."""
+    if k_pool.dtype == np.float16:  # numba has no float16 type: the pools' bits
+        k_pool, v_pool = k_pool.view(np.uint16), v_pool.view(np.uint16)
+    n_blocks, block_size, hkv, d = k_pool.shape
+    # one row a (block, slot): what _cache_row reads
+    k_rows = k_pool.reshape(n_blocks * block_size, hkv, d)
+    v_rows = v_pool.reshape(n_blocks * block_size, hkv, d)
+    _attention_paged(qkv, k_rows, v_rows, block_size, tokens, blocks, table, n_heads, neox,
+                     scale, softcap, window, out)
+
+
+@_serial
+def _first_key(pos, window):
+    """The first position a token at `pos` sees."""
+    return max(0, pos + 1 - window) if window > 0 else 0
+
+
+@_serial
+def _paged_row(blocks, block_size, n_rows, seq, pos):
+    """The pool row of sequence seq's position pos, or -1 outside the tables or the pool."""
+    if seq < 0 or seq >= blocks.shape[0] or pos < 0 or pos >= blocks.shape[1] * block_size:
+        return -1
+    row = blocks[seq, pos // block_size] * block_size + pos % block_size
+    return row if 0 <= row < n_rows else -1
+
+
+@_serial
+def _paged_token_ok(blocks, block_size, n_rows, seq, pos, window):
+    """Whether every position token (seq, pos) reads and writes has a pool row."""
+    for p in range(_first_key(pos, window), pos + 1, block_size):
+        if _paged_row(blocks, block_size, n_rows, seq, p) < 0:
+            return False
+    return _paged_row(blocks, block_size, n_rows, seq, pos) >= 0
+
+
+@_parallel
+def _attention_paged(qkv, k_rows, v_rows, block_size, tokens, blocks, table, n_heads, neox,
+                     scale, softcap, window, out):
+    """attention_paged over pools as rows (blocks * block_size, Hkv, D), float32 or
+    float16 bits (uint16).
+
+    A task is a token, a key/value head with the query heads that share it (each row is
+    read once for them) and a range of its keys; the ranges' softmaxes are merged after,
+    as attention_cached's."""
+    t_new = qkv.shape[0]
+    n_rows, hkv, d = k_rows.shape
+    group = n_heads // hkv
+    ok = np.empty(t_new, np.bool_)
+    longest = 1
+    for t in range(t_new):
+        ok[t] = _paged_token_ok(blocks, block_size, n_rows, tokens[t, 0], tokens[t, 1], window)
+        if ok[t]:
+            longest = max(longest, tokens[t, 1] + 1 - _first_key(tokens[t, 1], window))
+    rotated = np.empty(d, _F32)
+    for t in range(t_new):
+        pos = tokens[t, 1]
+        row = _paged_row(blocks, block_size, n_rows, tokens[t, 0], pos)
+        if row < 0:
+            continue
+        for h in range(hkv):
+            _rotate(qkv[t, (n_heads + h) * d:(n_heads + h + 1) * d], table, pos, neox, rotated)
             for i in range(d):
-                value = _F32(0)
-                for r in range(seen):
-                    value += acc[s, kv, r, g, i] * weight[r]
-                out[s, head * d + i] = value / norm
+                k_rows[row, h, i] = _written(rotated[i], k_rows)
+                v_rows[row, h, i] = _written(qkv[t, (n_heads + hkv + h) * d + i], v_rows)
+    # ranges a token: enough for PAGED_TASKS tasks, each at least KEY_RANGE keys long
+    ranges = min((longest + KEY_RANGE - 1) // KEY_RANGE,
+                 max(1, (PAGED_TASKS + t_new * hkv - 1) // (t_new * hkv)))
+    range_len = (longest + ranges - 1) // ranges
+    top = np.full((t_new, hkv, ranges, group), _F32(-3.0e38))  # empty ranges weigh 0
+    total = np.zeros((t_new, hkv, ranges, group), _F32)
+    acc = np.zeros((t_new, hkv, ranges, group, d), _F32)
+    for task in numba.prange(t_new * hkv * ranges):
+        t = task // (hkv * ranges)
+        kv = task // ranges % hkv
+        r = task % ranges
+        if not ok[t]:
+            continue
+        seq, pos = tokens[t, 0], tokens[t, 1]
+        first = _first_key(pos, window) + r * range_len
+        stop = min(first + range_len, pos + 1)
+        if first >= stop:
+            continue
+        q = np.empty((group, d), _F32)
+        for g in range(group):
+            head = kv * group + g
+            _rotate(qkv[t, head * d:(head + 1) * d], table, pos, neox, q[g])
+        rows = np.empty(stop - first, np.int64)
+        for j in range(first, stop):
+            rows[j - first] = _paged_row(blocks, block_size, n_rows, seq, j)
+        _range_softmax(k_rows, v_rows, rows, kv, q, scale, softcap, top[t, kv, r],
+                       total[t, kv, r], acc[t, kv, r])
+    for task in numba.prange(t_new * hkv):
+        t = task // hkv
+        kv = task % hkv
+        for g in range(group):
+            head = kv * group + g
+            if ok[t]:
+                _merge_ranges(top[t, kv, :, g], total[t, kv, :, g], acc[t, kv, :, g],
+                              out[t, head * d:(head + 1) * d])
+            else:
+                out[t, head * d:(head + 1) * d] = np.nan
+
+
+@_serial
+def _range_softmax(k_rows, v_rows, rows, kv, q, scale, softcap, top, total, acc):
+    """One range's softmax for the query heads q (group, D) of key/value head kv over the
+    cache rows `rows`: each head's max score into top (group), its sum of exponentials
+    relative to that into total (group) and its exponential-weighted values into acc
+    (group, D)."""
+    group, d = q.shape
+    n = rows.shape[0]
+    scores = np.empty((group, n), _F32)
+    buffer = np.empty(d, _F32)
+    for j in range(n):
+        key = _cache_row(k_rows, rows[j], kv, buffer)
+        for g in range(group):
+            dot = _F32(0)
+            for i in range(d):
+                dot += q[g, i] * key[i]
+            dot *= scale
+            if softcap > 0:
+                dot = softcap * np.tanh(dot / softcap)
+            scores[g, j] = dot
+    for g in range(group):
+        m = scores[g, 0]
+        for j in range(1, n):
+            m = max(m, scores[g, j])
+        sum_p = _F32(0)
+        for j in range(n):
+            scores[g, j] = np.exp(scores[g, j] - m)
+            sum_p += scores[g, j]
+        top[g] = m
+        total[g] = sum_p
+    for j in range(n):
+        value = _cache_row(v_rows, rows[j], kv, buffer)
+        for g in range(group):
+            p = scores[g, j]
+            for i in range(d):
+                acc[g, i] += p * value[i]
+
+
+@_serial
+def _merge_ranges(top, total, acc, out):
+    """out (D) = the ranges' softmaxes (max top[r], sum total[r], weighted values acc[r])
+    merged: rescaled to their common max and normalised."""
+    m = top[0]
+    for r in range(1, top.shape[0]):
+        m = max(m, top[r])
+    weight = np.empty(top.shape[0], _F32)
+    norm = _F32(0)
+    for r in range(top.shape[0]):
+        weight[r] = np.exp(top[r] - m)
+        norm += total[r] * weight[r]
+    for i in range(out.shape[0]):
+        value = _F32(0)
+        for r in range(top.shape[0]):
+            value += acc[r, i] * weight[r]
+        out[i] = value / norm

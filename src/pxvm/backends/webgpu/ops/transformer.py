@@ -1,5 +1,5 @@
-"""norm.wgsl, attention_cached.wgsl, attention_prompt.wgsl and matmul_quant.wgsl for
-pxvm.ops.transformer.
+"""norm.wgsl, attention_cached.wgsl, attention_prompt.wgsl, attention_paged.wgsl and
+matmul_quant.wgsl for pxvm.ops.transformer.
 
 The fused products are quantized.py's `product` with the norm, the residual's add or the
 GLU in the same dispatch. One token's attention (decoding) runs attention_cached.wgsl's
@@ -9,7 +9,9 @@ dispatches however many keys it sees (three where many ranges meet a wide projec
 `combine` merges them once, PRODUCT_MERGES_MAX_WORK); a prompt's runs attention_prompt.wgsl (blocks of
 tokens walking the keys in tiles: prompt_tiled_takes), or `split` and `combine`. KV
 caches of float32 or float16 (two values a u32 word, unpacked in the kernels: their
-F16_CACHE constant), any head size the op takes (even).
+F16_CACHE constant), any head size the op takes (even). A paged cache's batch
+(attention_paged) runs attention_paged.wgsl: `append`, then `split` over key ranges and
+`combine`, each token through its sequence's block table.
 """
 
 from __future__ import annotations
@@ -250,3 +252,78 @@ def attention_cached_matmul_quant_add(ctx, qkv, k_cache, v_cache, state, w, resi
                        epilogue=ADD_EPILOGUE)
     return product(ctx, result, w, w.shape[0], qtype, k, residual=residual,
                    epilogue=ADD_EPILOGUE, rows=tokens, merge=(state, partials))
+
+
+# ---- attention over a paged KV cache (continuous batching) ----------------------------
+# attention_paged.wgsl: `append` writes every token's key and value into its pool row,
+# then `split` over ranges of each token's keys (paged_key_ranges of the most keys a
+# token of the table may see), merged by `combine` where there are several: a batch of
+# decoding tokens of long sequences is many workgroups a token.
+PAGED_KERNEL = "attention_paged.wgsl"
+#: attention_paged.wgsl with its reductions by subgroup operations (subgroups.py)
+PAGED_SUBGROUP_KERNEL = "attention_paged_subgroups.wgsl"
+PAGED_WG = 256  # attention_paged.wgsl's WG
+# Partial results (a record a token, query head and range) a batch at most: a batch of
+# many tokens takes fewer, longer ranges (its tokens and heads fill the GPU by
+# themselves), so that a prompt's chunk does not make partials of hundreds of MB.
+# 2**16 records of heads of 128 are 34 MB; 64 decoding tokens of 32 heads take 16 ranges.
+PAGED_MAX_PARTIALS = 1 << 16
+
+
+def paged_key_ranges(keys: int, tokens: int, heads: int) -> tuple[int, int]:
+    """(ranges, keys per range) of attention_paged.wgsl's `split` for tokens seeing at
+    most `keys` keys: cached_key_ranges', in at most PAGED_MAX_PARTIALS / (tokens *
+    heads) ranges a token."""
+    most = min(CACHED_MAX_RANGES, PAGED_MAX_PARTIALS // (tokens * heads))
+    if keys <= CACHED_ONE_RANGE_MAX_KEYS or most <= 1:
+        return 1, -(-keys // CACHED_CHUNK) * CACHED_CHUNK
+    range_len = CACHED_CHUNK * -(-keys // (CACHED_CHUNK * most))
+    return -(-keys // range_len), range_len
+
+
+@kernel_params(PAGED_KERNEL, PAGED_SUBGROUP_KERNEL)
+class PagedAttentionParams(KernelParams):
+    t: u32           # tokens (rows of qkv and of the token table)
+    hq: u32
+    hkv: u32
+    block_size: u32  # rows of a pool block
+    n_blocks: u32    # blocks of the pools
+    seqs: u32        # sequences of the block table (its rows)
+    max_blocks: u32  # blocks a sequence at most (the block table's columns)
+    n_ranges: u32    # key ranges a token in the grid (and in the partials)
+    range_len: u32   # keys a range, a multiple of CACHED_CHUNK
+    scale: f32
+    softcap: f32     # scores become softcap * tanh(score / softcap); 0: not capped
+    window: u32      # a token sees its last `window` keys (itself included); 0: all
+
+
+@transformer.attention_paged.kernel("webgpu")
+def attention_paged(ctx, qkv, k_pool, v_pool, token_table, block_table, n_heads=1,
+                    theta=10000.0, style="interleaved", scale=None, freq_factors=None,
+                    attn_factor=1.0, softcap=0.0, window=0):
+    n_blocks, block_size, hkv, d = k_pool.shape
+    tokens = qkv.shape[0]
+    seqs, max_blocks = block_table.shape
+    positions = max_blocks * block_size  # the most a sequence's table holds
+    # the most keys a token sees: its ranges start at its first
+    n_ranges, range_len = paged_key_ranges(min(window, positions) if window else positions,
+                                           tokens, n_heads)
+    partials = AttentionPartials(d, n_ranges, range_len, positions)
+    part = ctx.empty((1 if n_ranges == 1 else tokens * n_heads * n_ranges, partials.stride),
+                     np.float32, "attention partial sums")
+    out = ctx.empty((tokens, n_heads * d), np.float32)
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    table = rope_table(ctx, theta, d, positions, freq_factors, attn_factor)
+    tensors = [qkv, k_pool, v_pool, token_table, block_table, table, part, out]
+    params = PagedAttentionParams(tokens, n_heads, hkv, block_size, n_blocks, seqs, max_blocks,
+                                  n_ranges, range_len, scale, float(softcap), int(window))
+    half = _half_cache(k_pool)
+    constants = {"NEOX": int(style == "neox"), "F16_CACHE": int(half), "HEAD_DIM": d,
+                 **partials.constants()}
+    kernel = subgroup_variant(ctx, PAGED_KERNEL, PAGED_SUBGROUP_KERNEL)
+    words = tokens * hkv * d // (2 if half else 1)  # `append`'s threads: a word of the pools each
+    ctx.dispatch(kernel, "append", tensors, params, -(-words // PAGED_WG), constants)
+    ctx.dispatch(kernel, "split", tensors, params, (n_ranges, n_heads, tokens), constants)
+    if n_ranges > 1:
+        ctx.dispatch(kernel, "combine", tensors, params, (n_heads, tokens, 1), constants)
+    return out

@@ -21,11 +21,12 @@ KERNELS = __package__.rsplit(".", 1)[0] + ".kernels"
 #: their ops check on the host and their loops from those shapes, and their tests run at
 #: odd shapes on poisoned buffers. Without the checks the products and attention run
 #: much faster (docs/benchmarks-log.md, issue 19). Kernels that index by data a user gives (the
-#: pxVM interpreter) keep them, as do browsers, which always check.
+#: pxVM interpreter) keep them, as do browsers, which always check; attention_paged's
+#: block table is such data, which its kernel checks before following any entry.
 UNCHECKED_KERNELS = frozenset({
     "matmul_blocked.wgsl", "matmul_f16_half.wgsl", "matmul_quant.wgsl",
     "matmul_quant_subgroups.wgsl", "attention_cached.wgsl", "attention_cached_subgroups.wgsl",
-    "attention_prompt.wgsl",
+    "attention_prompt.wgsl", "attention_paged.wgsl", "attention_paged_subgroups.wgsl",
 })
 
 

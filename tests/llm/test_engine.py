@@ -21,8 +21,6 @@ from pxvm.llm import load_model
 from pxvm.llm.engine import (Engine, FinishEvent, QueueFullError, Request, RequestError,
                              TokenEvent)
 from pxvm.llm.sampling import Sampler, SamplingParams
-from pxvm.ops import MissingKernelError
-from pxvm.ops.transformer import attention_paged
 
 VOCAB = 101
 #: Greedy with a repetition penalty: deterministic, and tiny random models, which repeat
@@ -395,22 +393,27 @@ def test_many_requests_with_cancels_under_preemption_finish_once_and_leak_no_blo
     assert (stats.running, stats.waiting, stats.kv_blocks_used) == (0, 0, 0)
 
 
-def test_webgpu_generates_batched_as_the_single_sequence_model(gpu_device, engines, tmp_path,
-                                                               rng):
+def _batched_equals_single_sequence(backend, engines, tmp_path, rng):
     path = tmp_path / "tiny.gguf"
     write_tiny_gguf(path, TinySpec(context_length=64), rng)
-    model = load_model(str(path), backend="webgpu", progress=False)
-    if attention_paged.implementation(model.backend) == "missing":
-        with pytest.raises(MissingKernelError, match="no attention_paged kernel.*'cpu'"):
-            Engine(model, kv_blocks=8)
-        pytest.skip("the webgpu backend has no attention_paged kernel yet")
+    model = load_model(str(path), backend=backend, progress=False)
     prompts = _prompts(rng, [5, 17, 2])
     expected = [single_sequence(model, p, 8)[0] for p in prompts]
     engine = engines(model, block_size=4, kv_blocks=24)
     got = Collector()
     for i, p in enumerate(prompts):
         engine.submit(Request(p, 8, PENALIZED), got.callback(i))
-    engine.start()
+    engine.start()  # its own thread, which runs the backend's work from then on
     got.wait()
     assert [got.tokens(i) for i in range(3)] == expected
     assert engine.stats().kv_blocks_used == 0
+
+
+def test_webgpu_generates_batched_as_the_single_sequence_model(gpu_device, engines, tmp_path,
+                                                               rng):
+    _batched_equals_single_sequence("webgpu", engines, tmp_path, rng)
+
+
+def test_cuda_generates_batched_as_the_single_sequence_model(cuda_device, engines, tmp_path,
+                                                             rng):
+    _batched_equals_single_sequence("cuda", engines, tmp_path, rng)

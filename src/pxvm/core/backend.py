@@ -162,6 +162,11 @@ class Backend(ABC):
         called, on the host arrays (the numpy reference backend)."""
         return None
 
+    def bind_thread(self) -> None:
+        """Let the calling thread run this backend's work: a thread other than the one
+        that made the backend (a serving engine's) calls it first (CUDA makes its
+        context current there; the others need nothing)."""
+
     async def wait_async(self) -> None:
         """Await all work submitted so far without blocking the event loop."""
 

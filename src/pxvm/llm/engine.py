@@ -252,6 +252,7 @@ class Engine:
 
     # ---- the engine's thread ------------------------------------------------------------
     def _loop(self) -> None:
+        self.model.backend.bind_thread()
         while True:
             with self._wake:
                 self._wake.wait_for(lambda: self._stopping or self._events or self.running

@@ -318,6 +318,9 @@ class CudaBackend(Backend):
         self.optional_bytes = 0  # kept optional derived forms (CudaContext.derived)
         self._counters: Tensor | None = None  # CudaContext.counters'
 
+    def bind_thread(self) -> None:
+        self.device.make_current()
+
     def kernel(self, builder: Callable[..., Kernel], builder_args: tuple) -> tuple:
         """(loaded function, name, its ParameterLayout, the indices of its pointer
         parameters) of kernel `builder(*builder_args)`, looked up once: finding a module

@@ -440,7 +440,7 @@ def test_kv_cache_auto_takes_float16_where_the_attention_reads_it(tiny_file, bac
 
 
 def test_kv_cache_auto_takes_float32_where_the_attention_reads_only_that(monkeypatch):
-    # a backend whose attention kernels declare float32 caches only (CUDA's, so far)
+    # a backend whose attention kernels declare float32 caches only (as CUDA's did)
     cpu = pxvm.get_backend("cpu")
     for op in (transformer.attention_cached, transformer.attention_cached_matmul_quant_add):
         monkeypatch.setitem(op.kernel_dtypes, "cpu", {1: (np.dtype(np.float32),),

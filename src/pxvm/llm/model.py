@@ -307,11 +307,13 @@ class Model:
                                                        for w in weights]))
 
     # ---- the math (recorded into the active batch) --------------------------------------
-    def transformer(self, tokens: Tensor, state: Tensor, max_keys: int, last_only: bool = False,
+    def transformer(self, tokens: Tensor, attention: "CacheAttention | PagedAttention",
+                    last_rows: int | None = None,
                     after_layer: Callable[[], object] | None = None) -> Tensor:
-        """Logits of `tokens` (int32 ids on the device) at positions state[1], state[1]
-        + 1, ..: one row per token, or the last one's only. Attention sees keys below
-        `max_keys`; `after_layer` runs between layers (a prompt's batch flushes there)."""
+        """Logits of `tokens` (int32 ids on the device), one row per token, or of the last
+        `last_rows` tokens only; `attention` is where each layer's keys and values go and
+        come from (the model's own cache, or blocks of a paged one). `after_layer` runs
+        between layers (a prompt's batch flushes there)."""
         cfg = self.config
         x = None  # the sum of the table parts' lookups (each gives its rows, zeros elsewhere)
         for e in self.embedding:
@@ -320,23 +322,22 @@ class Model:
             x = rows if x is None else ops.add(x, rows)
         if cfg.embedding_scale != 1.0:
             x = ops.scale(x, cfg.embedding_scale)
-        for i, (layer, k_cache, v_cache) in enumerate(zip(self.layers, self.k_cache,
-                                                          self.v_cache)):
+        for i, layer in enumerate(self.layers):
             if i and after_layer is not None:
                 after_layer()
-            x = self.layer(x, layer, k_cache, v_cache, state, max_keys, self.attention[i])
-        if last_only and x.shape[0] > 1:
-            x = ops.slice_rows(x, x.shape[0] - 1, x.shape[0])
+            x = self.layer(x, layer, i, attention)
+        if last_rows is not None and last_rows < x.shape[0]:
+            x = ops.slice_rows(x, x.shape[0] - last_rows, x.shape[0])
         logits = self.normed_product(x, self.output_norm, self.output)
         if cfg.final_softcap:
             cap = cfg.final_softcap
             logits = ops.scale(ops.tanh(ops.scale(logits, 1.0 / cap)), cap)
         return logits
 
-    def layer(self, x: Tensor, w: LayerWeights, k_cache: Tensor, v_cache: Tensor,
-              state: Tensor, max_keys: int, attention: dict) -> Tensor:
-        """norm -> attention -> residual -> norm -> feed-forward -> residual, with the
-        family's extras (`attention`: this layer's attention_cached parameters)."""
+    def layer(self, x: Tensor, w: LayerWeights, i: int,
+              attention: "CacheAttention | PagedAttention") -> Tensor:
+        """Layer i: norm -> attention -> residual -> norm -> feed-forward -> residual,
+        with the family's extras."""
         cfg = self.config
         qkv = self.normed_product(x, w.attn_norm, w.wqkv)
         if w.qkv_bias is not None:
@@ -344,17 +345,7 @@ class Model:
         if w.q_norm is not None:
             qkv = transformer.qk_norm(qkv, w.q_norm, w.k_norm, n_heads=cfg.n_heads,
                                       n_kv_heads=cfg.n_kv_heads, eps=cfg.norm_eps)
-        # the residual joins the output projection's product in one op where Wo is one
-        # tensor; over row parts it is added to their joined columns
-        if w.post_attn_norm is None and len(w.wo) == 1:
-            wo = w.wo[0]
-            x = transformer.attention_cached_matmul_quant_add(
-                qkv, k_cache, v_cache, state, wo.tensor, x, n_heads=cfg.n_heads,
-                max_keys=max_keys, qtype=wo.qtype, k=wo.k, **attention)
-        else:
-            h = transformer.attention_cached(qkv, k_cache, v_cache, state, n_heads=cfg.n_heads,
-                                             max_keys=max_keys, **attention)
-            x = self.residual_add(x, self.product(h, w.wo), w.post_attn_norm)
+        x = attention.attend(i, qkv, x, w)
         h = self.feed_forward_in(x, w)
         if w.post_ffn_norm is None and len(w.w_down) == 1:
             w_down = w.w_down[0]
@@ -398,9 +389,14 @@ class Model:
         of that token; then state becomes [the token drawn, position + 1], the token also
         in its history (decoding.sample_step with `sampler`: the argmax at temperature
         0). Valid at positions below `max_keys`."""
-        logits = self.transformer(state.prefix(1), state, max_keys)
+        logits = self.transformer(state.prefix(1), CacheAttention(self, state, max_keys))
         decoding.sample_step(logits, state, sampler)
         return {"logits": logits, "state": state}
+
+    def record_piece(self, tokens: Tensor, state: Tensor, max_keys: int) -> Tensor:
+        """The last logits of a prompt's piece `tokens` at positions from state[1] (a
+        recorded graph of prompts.py). Valid while those positions stay below `max_keys`."""
+        return self.transformer(tokens, CacheAttention(self, state, max_keys), last_rows=1)
 
     # ---- running ------------------------------------------------------------------------
     def forward(self, token_ids) -> np.ndarray:
@@ -429,6 +425,47 @@ class Model:
     def reset(self) -> None:
         """Forget the conversation: the next forward starts at position 0."""
         self.position = 0
+
+    def paged_cache(self, block_size: int, blocks: int | None = None,
+                    sequences: int = 1) -> PagedCache:
+        """A paged KV cache (PagedCache) of `blocks` blocks of `block_size` positions, of
+        the model's KV cache dtype; when None, as many as `sequences` sequences of the
+        whole context take, at most what fits (MAX_KV_CACHE_BYTES, MEMORY_SHARE of the
+        free memory, the largest tensor); ContextSizeError when not one block fits."""
+        cfg = self.config
+        dtype = transformer.KV_CACHE_DTYPES[self.kv_cache]
+        row_bytes = cfg.n_kv_heads * cfg.head_dim * np.dtype(dtype).itemsize
+        block_bytes = 2 * cfg.n_layers * block_size * row_bytes  # every layer's keys and values
+        if blocks is None:
+            room = MAX_KV_CACHE_BYTES
+            if (memory := self.backend.memory_bytes()) is not None:
+                room = min(room, memory_bound(memory))
+            if (limit := self.backend.max_tensor_bytes) is not None:
+                room = min(room, limit // (block_size * row_bytes) * block_bytes)
+            blocks = min(sequences * -(-self.context_length // block_size), room // block_bytes)
+            if blocks < 1:
+                raise ContextSizeError(f"not one KV block of {block_size} positions "
+                                       f"({byte_size(block_bytes)}) fits beside the model")
+        check_cache_tensors(self.backend, [blocks * block_size], row_bytes)
+        footprint = Footprint(0, blocks * block_bytes, blocks * block_size)
+        footprint.check(self.backend)
+        shape = (blocks, block_size, cfg.n_kv_heads, cfg.head_dim)
+        with footprint.uploading(self.backend):
+            return PagedCache([self.backend.zeros(shape, dtype) for _ in self.layers],
+                              [self.backend.zeros(shape, dtype) for _ in self.layers])
+
+    def forward_paged(self, cache: PagedCache, token_ids: np.ndarray, token_table: np.ndarray,
+                      block_table: np.ndarray, last_rows: int) -> np.ndarray:
+        """One pass over tokens of many sequences through a paged cache (PagedAttention's
+        tables, int32): the logits (last_rows, vocab) of the last `last_rows` tokens."""
+        with Batch(self.backend) as batch:
+            attention = PagedAttention(self, cache, batch.upload(token_table),
+                                       batch.upload(block_table))
+            logits = self.transformer(
+                batch.upload(np.asarray(token_ids, np.int32)), attention, last_rows=last_rows,
+                after_layer=batch.flush if len(token_ids) >= FLUSH_MIN_TOKENS else None)
+        batch.execute()
+        return batch.read(logits)
 
     def warm_up(self) -> None:
         """Compile the kernels and record the decoding steps that a generation uses, so
@@ -488,14 +525,72 @@ class Model:
                 last = start + chunk >= s
                 state = batch.upload(np.array([piece[-1], pos + start], np.int32))
                 logits = self.transformer(
-                    batch.upload(piece), state, max_keys=pos + start + piece.size,
-                    last_only=last_only,
+                    batch.upload(piece), CacheAttention(self, state, pos + start + piece.size),
+                    last_rows=1 if last_only else None,
                     after_layer=batch.flush if piece.size >= FLUSH_MIN_TOKENS else None)
                 if last or not last_only:
                     parts.append(logits)
         batch.execute()
         self.position = pos + s
         return np.concatenate([batch.read(part) for part in parts])
+
+
+class CacheAttention:
+    """Attention through the model's own KV cache: one sequence's tokens at positions
+    from state[1] (attention_cached), seeing keys below `max_keys`."""
+
+    def __init__(self, model: Model, state: Tensor, max_keys: int):
+        self.model, self.state, self.max_keys = model, state, max_keys
+
+    def attend(self, i: int, qkv: Tensor, x: Tensor, w: LayerWeights) -> Tensor:
+        """x + layer i's attention @ Wo (x + rmsnorm(..): post-norm families); one op with
+        the product and the residual where Wo is one tensor."""
+        model = self.model
+        caches = model.k_cache[i], model.v_cache[i], self.state
+        params = dict(n_heads=model.config.n_heads, max_keys=self.max_keys, **model.attention[i])
+        if w.post_attn_norm is None and len(w.wo) == 1:
+            wo = w.wo[0]
+            return transformer.attention_cached_matmul_quant_add(
+                qkv, *caches, wo.tensor, x, qtype=wo.qtype, k=wo.k, **params)
+        h = transformer.attention_cached(qkv, *caches, **params)
+        return model.residual_add(x, model.product(h, w.wo), w.post_attn_norm)
+
+
+@dataclass
+class PagedCache:
+    """The keys and values of many sequences, in blocks of `block_size` positions of one
+    pool per layer, (blocks, block_size, Hkv, D): which blocks hold a sequence is its
+    block table's (kv_blocks.BlockManager)."""
+
+    k_pools: list[Tensor]
+    v_pools: list[Tensor]
+
+    @property
+    def blocks(self) -> int:
+        return self.k_pools[0].shape[0]
+
+    @property
+    def block_size(self) -> int:
+        return self.k_pools[0].shape[1]
+
+
+class PagedAttention:
+    """Attention of a batch of sequences' tokens through a paged cache (attention_paged):
+    token t is sequence token_table[t, 0]'s at position token_table[t, 1], and row b of
+    block_table lists the blocks of sequence b."""
+
+    def __init__(self, model: Model, cache: PagedCache, token_table: Tensor,
+                 block_table: Tensor):
+        self.model, self.cache = model, cache
+        self.token_table, self.block_table = token_table, block_table
+
+    def attend(self, i: int, qkv: Tensor, x: Tensor, w: LayerWeights) -> Tensor:
+        """x + layer i's attention @ Wo (x + rmsnorm(..): post-norm families)."""
+        model = self.model
+        h = transformer.attention_paged(qkv, self.cache.k_pools[i], self.cache.v_pools[i],
+                                        self.token_table, self.block_table,
+                                        n_heads=model.config.n_heads, **model.attention[i])
+        return model.residual_add(x, model.product(h, w.wo), w.post_attn_norm)
 
 
 def _joined_columns(outs: list[Tensor]) -> Tensor:

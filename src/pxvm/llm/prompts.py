@@ -78,9 +78,8 @@ class PromptGraphs:
         backend, positions = model.backend, model.context_length
         tokens = backend.from_numpy(np.zeros(n, np.int32))
         state = backend.from_numpy(np.zeros(2, np.int32))
-        transformer = weakref.WeakMethod(model.transformer)
-        graph = Graph(backend, lambda: {"logits": transformer()(
-            tokens, state, max_keys=positions, last_only=True)})
+        record = weakref.WeakMethod(model.record_piece)
+        graph = Graph(backend, lambda: {"logits": record()(tokens, state, positions)})
         if (graph.scratch_bytes or 0) > GRAPH_BYTES:
             self._too_large.add(n)
             return None

@@ -1,0 +1,463 @@
+"""Continuous batching: many requests generated together on one model, for a server.
+
+The engine's thread runs steps. Each step is one forward (Model.forward_paged) over
+every running sequence's next tokens, through a paged KV cache whose blocks kv_blocks.py
+hands out: a decoding sequence's one token, and chunks of prompts within a budget of
+STEP_TOKENS tokens, so running streams keep flowing while a long prompt is read.
+Between steps, requests join (admitted while blocks and max_batch allow; prompt blocks
+already in the prefix cache are not computed again) and leave (finished or cancelled,
+their blocks freed at once). When a running sequence needs a block and none is left, the
+newest running sequence is preempted: its blocks are released and it waits at the head
+of the queue, to be computed again from its prompt and the tokens it generated.
+
+Each sequence samples on the host with its own pxvm.llm.sampling.Sampler (a numpy
+Generator from its seed), so a seeded request draws the same tokens whatever else runs.
+The server (pxvm.serve) speaks HTTP; this module knows nothing of it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from ..core.errors import PxvmError
+from .kv_blocks import BlockManager, block_hash, prefix_hashes, ROOT_HASH
+from .model import Model, PagedCache, load_model
+from .sampling import Sampler, SamplingParams
+
+log = logging.getLogger("pxvm.llm.engine")
+
+#: Tokens a step computes beyond the decoding sequences' one each: prompts are read in
+#: chunks of what is left, so one long prompt delays the running streams by one step of
+#: this many tokens, not by the whole prompt. vLLM's default budget is 512 to 8192; the
+#: smaller keeps the inter-token gap short.
+STEP_TOKENS = 512
+
+
+@dataclass
+class Request:
+    """One generation: the prompt's token ids (chat template already applied), at most
+    `max_tokens` new tokens, drawn with `sampling`; a token of `stop_token_ids` ends it
+    (and is not sent). `logprobs` k: each token's logprob and the top k; the
+    logits_processor(tokens generated so far, float32 logits (vocab,)) returns the logits
+    to sample from (-inf where a grammar forbids)."""
+
+    prompt_ids: list[int]
+    max_tokens: int
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop_token_ids: frozenset[int] = frozenset()
+    logprobs: int | None = None
+    logits_processor: Callable[[list[int], np.ndarray], np.ndarray] | None = None
+
+
+@dataclass
+class TokenEvent:
+    """One generated token; its log-softmax of the model's logits and the top ones (best
+    first) where the request asked for logprobs."""
+
+    token_id: int
+    logprob: float | None = None
+    top_logprobs: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass
+class FinishEvent:
+    """A request's last event, sent exactly once. reason: "stop" (a stop token), "length"
+    (max_tokens), "cancelled" or "error" (`error` says what)."""
+
+    reason: str
+    prompt_tokens: int
+    cached_tokens: int       # prompt tokens whose keys came from the prefix cache
+    completion_tokens: int   # tokens sent (a stop token is not)
+    error: str | None = None
+
+
+@dataclass
+class EngineStats:
+    running: int
+    waiting: int
+    kv_blocks_used: int      # blocks held by running sequences
+    kv_blocks_total: int
+    prompt_tokens_total: int
+    generated_tokens_total: int
+
+
+class QueueFullError(PxvmError):
+    """submit() while `max_waiting` requests already wait, or after shutdown: retry later."""
+
+
+class RequestError(PxvmError, ValueError):
+    """A request the engine cannot run as given (empty prompt, token ids outside the
+    vocabulary, prompt and max_tokens beyond the context); the message says which."""
+
+
+@dataclass(eq=False)
+class _Sequence:
+    """A request as the engine runs it: its tokens (prompt, then generated) and which of
+    them have their keys and values in its blocks."""
+
+    id: int
+    request: Request
+    on_event: Callable
+    sampler: Sampler
+    tokens: list[int]
+    blocks: list[int] = field(default_factory=list)
+    computed: int = 0        # tokens whose keys and values are in the blocks
+    hashes: list[bytes] = field(default_factory=list)  # of its full computed blocks
+    cached_tokens: int | None = None  # set when first admitted
+    finished: bool = False
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.request.prompt_ids)
+
+    @property
+    def generated(self) -> list[int]:
+        return self.tokens[self.prompt_tokens:]
+
+
+@dataclass
+class _Chunk:
+    """A step's tokens of one sequence: tokens[start:start + n]; `samples` where they
+    reach its last token, whose logits then choose the next."""
+
+    seq: _Sequence
+    start: int
+    n: int
+
+    @property
+    def samples(self) -> bool:
+        return self.start + self.n == len(self.seq.tokens)
+
+
+class Engine:
+    """Runs requests (submit) with continuous batching on `model` (a loaded Model, or a
+    GGUF path loaded on `backend`): at most `max_batch` sequences a step, a paged KV cache
+    of `kv_blocks` blocks of `block_size` positions (None: as many as max_batch sequences
+    of the whole context take, at most what fits in memory), at most `max_waiting`
+    requests waiting. Events go to each request's on_event from the engine's thread."""
+
+    def __init__(self, model: Model | str, *, backend="auto", max_batch: int = 64,
+                 block_size: int = 16, kv_blocks: int | None = None, max_waiting: int = 256,
+                 progress: bool = False):
+        for name, value in (("max_batch", max_batch), ("block_size", block_size),
+                            ("max_waiting", max_waiting), ("kv_blocks", kv_blocks)):
+            if value is None and name == "kv_blocks":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, not {value!r}")
+        self.model = model if isinstance(model, Model) else load_model(
+            model, backend=backend, progress=progress)
+        self.context_length = self.model.context_length
+        self.max_batch, self.max_waiting = max_batch, max_waiting
+        self.cache: PagedCache = self.model.paged_cache(block_size, kv_blocks, max_batch)
+        self.block_size = block_size
+        self.blocks = BlockManager(self.cache.blocks)
+        self.running: list[_Sequence] = []   # in order of admission
+        self.waiting: deque[_Sequence] = deque()
+        self._events: list[tuple[_Sequence, object]] = []  # to send from the engine thread
+        self._ids = itertools.count(1)
+        self._by_id: dict[int, _Sequence] = {}
+        self._wake = threading.Condition()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._prompt_total = self._generated_total = 0
+
+    # ---- the API (any thread) -----------------------------------------------------------
+    def start(self) -> None:
+        """Start the engine's thread (a daemon), which idles when there is no work."""
+        with self._wake:
+            if self._thread is None and not self._stopping:
+                self._thread = threading.Thread(target=self._loop, name="pxvm-engine",
+                                                daemon=True)
+                self._thread.start()
+
+    def submit(self, request: Request, on_event: Callable[[TokenEvent | FinishEvent], None]
+               ) -> int:
+        """Queue `request`; returns its id. RequestError when it cannot run,
+        QueueFullError when max_waiting requests wait or the engine is shut down."""
+        self._check(request)
+        with self._wake:
+            if self._stopping:
+                raise QueueFullError("the engine is shutting down; retry on another server")
+            if len(self.waiting) >= self.max_waiting:
+                raise QueueFullError(f"{len(self.waiting)} requests are already waiting "
+                                     f"(max_waiting={self.max_waiting}); retry later")
+            seq = _Sequence(next(self._ids), request, on_event, Sampler(request.sampling),
+                            list(map(int, request.prompt_ids)))
+            self._by_id[seq.id] = seq
+            self.waiting.append(seq)
+            self._wake.notify()
+        return seq.id
+
+    def cancel(self, request_id: int) -> None:
+        """End a request now (its blocks freed at once); FinishEvent("cancelled") follows
+        from the engine thread. Nothing for an unknown or finished request."""
+        with self._wake:
+            seq = self._by_id.get(request_id)
+            if seq is not None:
+                self._finish(seq, "cancelled")
+                self._wake.notify()
+
+    def stats(self) -> EngineStats:
+        with self._wake:
+            return EngineStats(len(self.running), len(self.waiting), self.blocks.used(),
+                               self.blocks.total, self._prompt_total, self._generated_total)
+
+    def shutdown(self, timeout: float = 5.0) -> None:
+        """Take no more requests and end every open one with FinishEvent("cancelled"),
+        waiting up to `timeout` seconds for the engine's thread to send them."""
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+            thread = self._thread
+        if thread is None:  # never started: the events go from here
+            with self._wake:
+                self._cancel_all()
+                events = self._take_events()
+            _deliver(events)
+        else:
+            thread.join(timeout)
+
+    # ---- checks -------------------------------------------------------------------------
+    def _check(self, request: Request) -> None:
+        ids, vocab = request.prompt_ids, self.model.config.vocab_size
+        if len(ids) == 0:
+            raise RequestError("the prompt has no tokens")
+        if any(isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < vocab
+               for t in ids):
+            raise RequestError(f"prompt token ids must be integers in 0..{vocab - 1}")
+        if isinstance(request.max_tokens, bool) or not isinstance(request.max_tokens, int) \
+                or request.max_tokens < 1:
+            raise RequestError(f"max_tokens must be a positive integer, not "
+                               f"{request.max_tokens!r}")
+        if len(ids) + request.max_tokens > self.context_length:
+            raise RequestError(f"{len(ids)} prompt tokens and max_tokens={request.max_tokens} "
+                               f"do not fit in the context of {self.context_length}")
+        if request.logprobs is not None and not 0 <= request.logprobs <= vocab:
+            raise RequestError(f"logprobs must be in 0..{vocab}, not {request.logprobs}")
+
+    # ---- the engine's thread ------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                self._wake.wait_for(lambda: self._stopping or self._events or self.running
+                                    or self.waiting)
+                stopping = self._stopping
+                if stopping:
+                    self._cancel_all()
+                chunks = [] if stopping else self._schedule()
+                events = self._take_events()
+            _deliver(events)
+            if stopping:
+                return
+            if chunks:
+                self._step(chunks)
+            else:  # work that cannot be scheduled yet: not expected, but never spin
+                with self._wake:
+                    self._wake.wait(0.01)
+
+    def _step(self, chunks: list[_Chunk]) -> None:
+        """One forward over the chunks, then their new tokens; an error ends the
+        chunks' requests with FinishEvent("error"), never the engine."""
+        try:
+            logits = self._forward(chunks)
+        except Exception as exc:  # noqa: BLE001 - the requests get the error, not the thread
+            log.exception("pxvm engine: a step failed")
+            with self._wake:
+                for chunk in chunks:
+                    self._finish(chunk.seq, "error", f"{type(exc).__name__}: {exc}")
+            return
+        with self._wake:
+            sampling = [c for c in chunks if c.samples]
+            for chunk in chunks:
+                self._computed(chunk)
+            for chunk, row in zip(sampling, logits):
+                if not chunk.seq.finished:
+                    try:
+                        self._next_token(chunk.seq, row)
+                    except Exception as exc:  # noqa: BLE001 - a bad logits_processor
+                        log.exception("pxvm engine: sampling failed")
+                        self._finish(chunk.seq, "error", f"{type(exc).__name__}: {exc}")
+
+    def _forward(self, chunks: list[_Chunk]) -> np.ndarray:
+        """The logits of the sampling chunks' last tokens, in their order. Tokens go in
+        any order (attention_paged's table says where each is): every other token first,
+        then the sampling ones' last, so the LM head runs on those rows only."""
+        body, tail = [], []
+        for row, c in enumerate(chunks):
+            entries = [(c.seq.tokens[p], row, p) for p in range(c.start, c.start + c.n)]
+            if c.samples:
+                tail.append(entries.pop())
+            body += entries
+        ids, table_seq, table_pos = map(list, zip(*(body + tail)))
+        width = max(len(c.seq.blocks) for c in chunks)
+        block_table = np.zeros((len(chunks), width), np.int32)
+        for row, c in enumerate(chunks):
+            block_table[row, :len(c.seq.blocks)] = c.seq.blocks
+        token_table = np.stack([table_seq, table_pos], axis=1).astype(np.int32)
+        logits = self.model.forward_paged(self.cache, np.array(ids, np.int32), token_table,
+                                          block_table, last_rows=max(len(tail), 1))
+        return logits[len(logits) - len(tail):]
+
+    # ---- scheduling (under the lock) ----------------------------------------------------
+    def _schedule(self) -> list[_Chunk]:
+        """This step's chunks: each running sequence's next token or prompt chunk (oldest
+        first, preempting the newest where blocks run out), then new sequences admitted
+        while the token budget, max_batch and the blocks allow."""
+        budget, chunks = STEP_TOKENS, []
+        for seq in list(self.running):
+            if seq not in self.running:  # preempted for an older one this step
+                continue
+            pending = len(seq.tokens) - seq.computed
+            n = 1 if pending == 1 else min(pending, budget)  # decoding never waits
+            if n and self._grow(seq, seq.computed + n):
+                chunks.append(_Chunk(seq, seq.computed, n))
+                budget -= n
+        while self.waiting and len(self.running) < self.max_batch and budget > 0:
+            chunk = self._admit(self.waiting[0], budget)
+            if chunk is None:
+                break
+            chunks.append(chunk)
+            budget -= chunk.n
+        return chunks
+
+    def _blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.block_size)
+
+    def _grow(self, seq: _Sequence, tokens: int) -> bool:
+        """Blocks for seq's first `tokens` tokens, preempting the newest running sequences
+        while too few are left; False where seq itself was the newest (preempted)."""
+        needed = self._blocks_for(tokens) - len(seq.blocks)
+        while needed > self.blocks.available():
+            victim = self.running[-1]
+            self._preempt(victim)
+            if victim is seq:
+                return False
+        seq.blocks += self.blocks.allocate(max(needed, 0))
+        return True
+
+    def _preempt(self, seq: _Sequence) -> None:
+        """Free seq's blocks; it waits first in line, to be computed again (much of it
+        from the prefix cache where its blocks are not evicted meanwhile)."""
+        log.debug("pxvm engine: preempting request %d at %d tokens", seq.id, len(seq.tokens))
+        self.running.remove(seq)
+        self.blocks.release(seq.blocks)
+        seq.blocks, seq.hashes, seq.computed = [], [], 0
+        self.waiting.appendleft(seq)
+
+    def _admit(self, seq: _Sequence, budget: int) -> _Chunk | None:
+        """Start (or resume) seq with its first chunk: the cached blocks of its prefix
+        taken, blocks for the rest of the chunk allocated, leaving one block for each
+        running sequence to grow by; None where they are not there."""
+        request = seq.request
+        most = self._blocks_for(len(request.prompt_ids) + request.max_tokens)
+        if most > self.blocks.total:  # it could never finish, however long it waited
+            self._finish(seq, "error", f"the request may need {most} KV blocks of "
+                         f"{self.block_size} positions, more than the engine's "
+                         f"{self.blocks.total}; lower max_tokens or start the engine with "
+                         f"more kv_blocks")
+            return self._admit(self.waiting[0], budget) if self.waiting else None
+        # blocks wholly before the last token: that one is always computed (its logits
+        # choose the next token) and so never written into a shared block
+        hashes = prefix_hashes(seq.tokens, self.block_size,
+                               (len(seq.tokens) - 1) // self.block_size)
+        cached = self.blocks.cached_prefix(hashes)
+        computed = len(cached) * self.block_size
+        n = min(len(seq.tokens) - computed, budget)
+        needed = self._blocks_for(computed + n) - len(cached)
+        idle_cached = sum(1 for b in cached if self.blocks.refs[b] == 0)
+        if needed + len(self.running) > self.blocks.available() - idle_cached:
+            return None
+        self.waiting.popleft()
+        self.blocks.take(cached)
+        seq.blocks = cached + self.blocks.allocate(needed)
+        seq.hashes, seq.computed = hashes[:len(cached)], computed
+        if seq.cached_tokens is None:
+            seq.cached_tokens = computed
+            self._prompt_total += len(seq.tokens)
+        self.running.append(seq)
+        return _Chunk(seq, computed, n)
+
+    # ---- a step's results (under the lock) ----------------------------------------------
+    def _computed(self, chunk: _Chunk) -> None:
+        """The chunk's keys and values are in its blocks: full blocks join the prefix cache."""
+        seq = chunk.seq
+        if seq.finished or seq.computed != chunk.start:  # cancelled or preempted meanwhile
+            return
+        seq.computed += chunk.n
+        for j in range(len(seq.hashes), seq.computed // self.block_size):
+            previous = seq.hashes[-1] if seq.hashes else ROOT_HASH
+            seq.hashes.append(block_hash(previous, seq.tokens[j * self.block_size:
+                                                              (j + 1) * self.block_size]))
+            self.blocks.register(seq.blocks[j], seq.hashes[-1])
+
+    def _next_token(self, seq: _Sequence, logits: np.ndarray) -> None:
+        """Sample seq's next token from its logits; send it or finish."""
+        request = seq.request
+        logits = np.asarray(logits, np.float32)
+        chosen = logits
+        if request.logits_processor is not None:
+            chosen = np.asarray(request.logits_processor(list(seq.generated), logits.copy()),
+                                np.float32)
+        token = seq.sampler(chosen, seq.tokens)
+        if token in request.stop_token_ids:
+            self._finish(seq, "stop")
+            return
+        event = TokenEvent(token)
+        if request.logprobs is not None:
+            event.logprob, event.top_logprobs = _logprobs(logits, token, request.logprobs)
+        seq.tokens.append(token)
+        self._generated_total += 1
+        self._events.append((seq, event))
+        if len(seq.generated) >= request.max_tokens:
+            self._finish(seq, "length")
+
+    def _finish(self, seq: _Sequence, reason: str, error: str | None = None) -> None:
+        """End seq: its blocks freed, its FinishEvent queued."""
+        if seq.finished:
+            return
+        seq.finished = True
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.blocks.release(seq.blocks)
+        seq.blocks = []
+        del self._by_id[seq.id]
+        self._events.append((seq, FinishEvent(reason, seq.prompt_tokens, seq.cached_tokens or 0,
+                                              len(seq.generated), error)))
+
+    def _cancel_all(self) -> None:
+        for seq in [*self.running, *self.waiting]:
+            self._finish(seq, "cancelled")
+
+    def _take_events(self) -> list[tuple[_Sequence, object]]:
+        events, self._events = self._events, []
+        return events
+
+
+def _logprobs(logits: np.ndarray, token: int, k: int) -> tuple[float, list[tuple[int, float]]]:
+    """The chosen token's log-softmax of the model's logits, and the k best (id, logprob)."""
+    z = np.asarray(logits, np.float64)
+    z = z - z.max()
+    logp = z - np.log(np.exp(z).sum())
+    top = np.argpartition(-logp, k - 1)[:k] if 0 < k < logp.size else np.arange(logp.size)[:k]
+    top = top[np.argsort(-logp[top], kind="stable")]
+    return float(logp[token]), [(int(i), float(logp[i])) for i in top]
+
+
+def _deliver(events: list[tuple[_Sequence, object]]) -> None:
+    """Send events outside the lock (a callback may cancel or submit); a callback's error
+    is logged, not the engine's end."""
+    for seq, event in events:
+        try:
+            seq.on_event(event)
+        except Exception:  # noqa: BLE001 - the server's bug must not stop other streams
+            log.exception("pxvm engine: on_event of request %d failed", seq.id)

@@ -21,7 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..core.errors import PxvmError, shortened
+from ..core.errors import shortened
 from ..llm.chat import ChatTemplateError
 from ..llm.engine import QueueFullError
 from ..llm.sampling import SamplingParams
@@ -47,14 +47,22 @@ def error_response(status: int, message: str, kind: str = "invalid_request_error
                                    "code": code}}, status_code=status, headers=headers)
 
 
+_TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
+
+
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     errors = exc.errors()
     if not errors:
         return "the request body is not valid", None
     first = errors[0]
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    # union members add their type to the location ("prompt.list[str]"): not the client's
+    loc = [str(p) for p in first.get("loc", ())
+           if p != "body" and not (isinstance(p, str) and ("[" in p or p in _TYPE_TAGS))]
     if first.get("type") == "json_invalid":
         return "the request body is not valid JSON: " + str(first.get("msg", "")), None
+    if not loc and first.get("type") in ("model_attributes_type", "dict_type"):
+        return ("the request body must be a JSON object, sent as Content-Type: "
+                "application/json"), None
     where = ".".join(loc) or "the body"
     if first.get("type") == "extra_forbidden":
         message = f"unknown field {where!r}; remove it"

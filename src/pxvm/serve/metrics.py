@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 # seconds; TTFT spans prefill waits, inter-token a decoding step of a batch
@@ -46,8 +46,6 @@ class ServerMetrics:
         self.inter_token = Histogram("pxvm_inter_token_latency_seconds",
                                      "Between consecutive tokens of a sequence",
                                      buckets=_ITL_BUCKETS, registry=self.registry)
-        self.requests = Counter("pxvm_requests", "Requests answered, by route and status",
-                                ["route", "status"], registry=self.registry)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -57,19 +57,26 @@ class Choice:
             self.finish_reason = FINISH_REASONS.get(event.reason, event.reason)
             self.error = event.error
             self.text += self.decoder.flush()
+            if self._cut_at_stop():
+                self.finish_reason = "stop"
             return self._piece(len(self.text))
         if self.done:  # generated after a stop string, before the engine heard of it
             return None
         self.token_ids.append(event.token_id)
         self.pending.append(event)
         self.text += self.decoder.push(event.token_id)
-        hit = min((self.text.find(s) for s in self.stops if s in self.text), default=-1)
-        if hit >= 0:
-            self.text = self.text[:hit]
+        if self._cut_at_stop():
             self.finish_reason = "stop"
             return self._piece(len(self.text))
         safe = len(self.text) - held_back(self.text, self.stops)
         return self._piece(safe) if safe > self.emitted else None
+
+    def _cut_at_stop(self) -> bool:
+        """Cut the text at the first stop string in it; whether there was one."""
+        hit = min((self.text.find(s) for s in self.stops if s in self.text), default=-1)
+        if hit >= 0:
+            self.text = self.text[:hit]
+        return hit >= 0
 
     def _piece(self, end: int) -> Piece:
         text = self.text[self.emitted:end] if end > self.emitted else ""

@@ -308,5 +308,8 @@ def ops(
 
 
 def register(app: typer.Typer) -> None:
+    from .serve_bench_commands import SERVE_HELP, serve_bench
+
     bench.command("ops", help=OPS_HELP)(ops)
+    bench.command("serve", help=SERVE_HELP)(serve_bench)
     app.add_typer(bench, name="bench")

@@ -8,7 +8,7 @@ import contextlib
 import pytest
 from tiny_chat_model import write_tiny_chat_model
 
-from pxvm.serve.server import ApiServer, model_service
+from pxvm.serve.server import HttpServer, connections_for, model_service
 
 
 @contextlib.contextmanager
@@ -16,7 +16,8 @@ def live_server(model_path, **options):
     """A server for `model_path`, loaded and accepting connections; stopped after."""
     server_options = {k: options.pop(k) for k in ("api_key",) if k in options}
     service = model_service(str(model_path), backend="numpy", **options)
-    server = ApiServer(service, **server_options).start()
+    connections = connections_for(options.get("max_batch", 64), options.get("max_waiting", 256))
+    server = HttpServer(service, max_connections=connections, **server_options).start()
     try:
         server.load().join(120)
         assert service.ready, service.load_error

@@ -18,7 +18,7 @@ from openai import AsyncOpenAI, OpenAI
 from serving import live_server, server, tiny_model  # noqa: F401 - fixtures
 
 from pxvm.serve import guard
-from pxvm.serve.server import ApiServer
+from pxvm.serve.server import HttpServer
 from pxvm.serve.service import Service
 
 CHAT = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
@@ -127,7 +127,7 @@ def test_health_is_503_while_the_model_loads_and_the_api_says_so(tiny_model):  #
         return Engine(str(tiny_model), backend="numpy")
 
     service = Service(slow_engine, "tiny")
-    srv = ApiServer(service).start()
+    srv = HttpServer(service).start()
     try:
         loading = srv.load()
         r = httpx.get(srv.url + "/health")

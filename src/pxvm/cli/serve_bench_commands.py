@@ -75,7 +75,7 @@ def serve_bench(
     from ..llm import GGUFModelFile
     from ..llm.tokenizer import Tokenizer
     from ..serve import bench
-    from ..serve.server import ApiServer, model_service
+    from ..serve.server import HttpServer, connections_for, model_service
 
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 170)
     err = Console(stderr=True, highlight=False)
@@ -95,7 +95,7 @@ def serve_bench(
         if backend.lower() not in names():
             raise typer.BadParameter(f"--backend must be one of {', '.join(names())}")
         service = model_service(str(model), backend=backend, max_batch=max(levels_n))
-        server = ApiServer(service).start()
+        server = HttpServer(service, max_connections=connections_for(max(levels_n), 256)).start()
         err.print(f"loading {model.name} for pxvm's server at {server.url}")
         server.load().join()
         if service.load_error:

@@ -11,8 +11,7 @@ from pathlib import Path
 import typer
 
 from ..core.selection import names
-from ..web.httpd import is_loopback
-from ..web.server import make_server
+from ..web.httpd import MAX_CONNECTIONS, is_loopback
 
 MODEL_HELP = ("Also serve this .gguf model through an OpenAI-compatible API (/v1/chat/"
               "completions, /v1/completions, /v1/models, /health, /metrics), batching "
@@ -40,66 +39,55 @@ def serve(
     """Serve the pxvm web page: WebGPU adapter info, the kernel conformance suite,
     benchmarks, and .pxi programs run on the browser's GPU next to the CPU executor; with
     --model, an OpenAI-compatible API for that model."""
-    if model is not None:
-        return _serve_model(model, host, port, backend, api_key, max_batch, max_waiting)
-    try:
-        server = make_server(host, port)
-    except OSError as exc:
-        typer.secho(f"error: cannot listen on {host}:{port}: {exc.strerror or exc}", err=True, fg="red")
-        raise typer.Exit(1) from None
-    if not is_loopback(server.server_address[0]):
-        typer.secho(f"warning: listening on {host}, reachable from other machines; the page "
-                    "runs GPU work on request", err=True, fg="yellow")
-    typer.echo(f"pxvm page at {server.url}  (Ctrl-C stops)")
-    if open_browser:
-        threading.Timer(0.3, webbrowser.open, args=(server.url,)).start()
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        typer.echo("stopped")
-    finally:
-        server.server_close()
-
-
-def _serve_model(model: Path, host: str, port: int, backend: str, api_key: str | None,
-                 max_batch: int, max_waiting: int) -> None:
-    from ..llm import GGUFModelFile
-    from ..serve.server import ApiServer, model_service
+    from ..serve.page import Page
+    from ..serve.server import HttpServer, connections_for, model_service
 
     if backend.lower() not in names():
         raise typer.BadParameter(f"--backend must be one of {', '.join(names())}, not {backend!r}")
-    GGUFModelFile(str(model))  # a file that is not a model fails here, before listening
     if api_key is not None and not api_key.strip():
         raise typer.BadParameter("--api-key is empty; give a key or leave the option out")
+    service = None
+    if model is not None:
+        from ..llm import GGUFModelFile
+
+        GGUFModelFile(str(model))  # a file that is not a model fails here, before listening
+        service = model_service(str(model), backend=backend, max_batch=max_batch,
+                                max_waiting=max_waiting)
     loopback = is_loopback(host)
-    service = model_service(str(model), backend=backend, max_batch=max_batch,
-                            max_waiting=max_waiting)
     try:
-        server = ApiServer(service, host, port, api_key=api_key, loopback_only=loopback,
-                           log_level="warning")
+        server = HttpServer(service, host, port, api_key=api_key, loopback_only=loopback,
+                            page=Page(), max_connections=connections_for(max_batch, max_waiting)
+                            if service else MAX_CONNECTIONS)
     except OSError as exc:
         typer.secho(f"error: cannot listen on {host}:{port}: {exc.strerror or exc}", err=True, fg="red")
         raise typer.Exit(1) from None
     if not loopback:
-        typer.secho(f"warning: listening on {host}, reachable from other machines"
-                    + ("" if api_key else "; anyone who reaches it can use the model (give "
-                       "--api-key)"), err=True, fg="yellow")
-
-    def load():
-        service.load()
-        if service.load_error:
-            server.server.should_exit = True
-        else:
-            typer.echo(f"model ready: {service.model_id} on {service.engine.model.backend_name}")
-
-    threading.Thread(target=load, name="pxvm-load", daemon=True).start()
-    typer.echo(f"pxvm API at {server.url}/v1 (loading {model.name}; /health says when it is "
-               "ready; Ctrl-C stops)")
+        exposed = "the page runs GPU work on request"
+        if service is not None:
+            exposed += "; the API runs the model" + ("" if api_key else " for anyone (give --api-key)")
+        typer.secho(f"warning: listening on {host}, reachable from other machines; {exposed}",
+                    err=True, fg="yellow")
+    typer.echo(f"pxvm page at {server.url}/  (Ctrl-C stops)")
+    if service is not None:
+        typer.echo(f"OpenAI API at {server.url}/v1 (loading {model.name}; /health says when "
+                   "it is ready)")
+        threading.Thread(target=_load, args=(service, server), name="pxvm-load",
+                         daemon=True).start()
+    if open_browser:
+        threading.Timer(0.3, webbrowser.open, args=(server.url + "/",)).start()
     server.serve_forever()
-    if service.load_error:
+    if service is not None and service.load_error:
         typer.secho(f"error: {service.load_error}", err=True, fg="red")
         raise typer.Exit(1)
     typer.echo("stopped")
+
+
+def _load(service, server) -> None:
+    service.load()
+    if service.load_error:
+        server.server.should_exit = True
+    else:
+        typer.echo(f"model ready: {service.model_id} on {service.engine.model.backend_name}")
 
 
 def register(app: typer.Typer) -> None:

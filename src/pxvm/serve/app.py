@@ -72,10 +72,11 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return shortened(message, 300) + more, ".".join(loc) or None
 
 
-def create_app(service: Service, *, api_key: str | None = None,
+def create_app(service: Service | None, page=None, *, api_key: str | None = None,
                loopback_only: bool = True) -> FastAPI:
+    """The app: the OpenAI API for `service`'s model (when given) and the browser `page`
+    (a pxvm.serve.page.Page, when given) for every path the API does not route."""
     app = FastAPI(title="pxvm", docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.service = service
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request, exc: RequestValidationError):
@@ -93,6 +94,19 @@ def create_app(service: Service, *, api_key: str | None = None,
         log.error("error answering %s", request.url.path, exc_info=exc)
         return error_response(500, "internal error (logged by the server)", "server_error")
 
+    if service is not None:
+        _add_api(app, service)
+    if page is not None:
+        async def fallback(scope, receive, send):  # /v1/ paths the API lacks: its own 404
+            if scope["path"].startswith("/v1"):
+                return await app.router.not_found(scope, receive, send)
+            return await page(scope, receive, send)
+        app.router.default = fallback
+    app.add_middleware(Guard, api_key=api_key, loopback_only=loopback_only)
+    return app
+
+
+def _add_api(app: FastAPI, service: Service) -> None:
     @app.get("/health")
     async def health():
         if service.ready:
@@ -123,9 +137,6 @@ def create_app(service: Service, *, api_key: str | None = None,
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         return await _answer(service, request, body, chat=False)
-
-    app.add_middleware(Guard, api_key=api_key, loopback_only=loopback_only)
-    return app
 
 
 # ---- building jobs ---------------------------------------------------------------------

@@ -12,6 +12,11 @@ from rich.console import Console
 from rich.table import Table
 
 from ..core.selection import names
+from ..llm import GGUFModelFile
+from ..llm.tokenizer import Tokenizer
+from ..serve import bench
+from ..serve.bench import MAX_CONCURRENCY
+from ..serve.server import HttpServer, connections_for, model_service
 from .output_paths import check_output_file
 
 SERVE_HELP = (
@@ -28,8 +33,6 @@ SERVE_HELP = (
 
 
 def _concurrency(text: str) -> list[int]:
-    from ..serve.bench import MAX_CONCURRENCY
-
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
@@ -72,11 +75,6 @@ def serve_bench(
                                    "TPOT against N to this PNG (needs matplotlib)."),
 ):
     """Concurrent streaming clients against an OpenAI-compatible server (SERVE_HELP)."""
-    from ..llm import GGUFModelFile
-    from ..llm.tokenizer import Tokenizer
-    from ..serve import bench
-    from ..serve.server import HttpServer, connections_for, model_service
-
     console = Console(highlight=False, width=None if sys.stdout.isatty() else 170)
     err = Console(stderr=True, highlight=False)
     levels_n = _concurrency(concurrency)

@@ -11,6 +11,9 @@ from pathlib import Path
 import typer
 
 from ..core.selection import names
+from ..llm import GGUFModelFile
+from ..serve.page import Page
+from ..serve.server import HttpServer, connections_for, model_service
 from ..web.httpd import MAX_CONNECTIONS, is_loopback
 
 MODEL_HELP = ("Also serve this .gguf model through an OpenAI-compatible API (/v1/chat/"
@@ -39,17 +42,12 @@ def serve(
     """Serve the pxvm web page: WebGPU adapter info, the kernel conformance suite,
     benchmarks, and .pxi programs run on the browser's GPU next to the CPU executor; with
     --model, an OpenAI-compatible API for that model."""
-    from ..serve.page import Page
-    from ..serve.server import HttpServer, connections_for, model_service
-
     if backend.lower() not in names():
         raise typer.BadParameter(f"--backend must be one of {', '.join(names())}, not {backend!r}")
     if api_key is not None and not api_key.strip():
         raise typer.BadParameter("--api-key is empty; give a key or leave the option out")
     service = None
     if model is not None:
-        from ..llm import GGUFModelFile
-
         GGUFModelFile(str(model))  # a file that is not a model fails here, before listening
         service = model_service(str(model), backend=backend, max_batch=max_batch,
                                 max_waiting=max_waiting)

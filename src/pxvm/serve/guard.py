@@ -26,7 +26,7 @@ from ..web.httpd import SAME_SITE_FETCHES, is_loopback
 #: largest request body read (bytes): the page's uploads are limited to as much
 MAX_BODY = 4 << 20
 #: seconds a request's body may take to arrive
-BODY_SECONDS = 30.0
+BODY_SECONDS = 20.0
 #: path prefixes whose requests do work (and are refused from other sites' pages)
 _WORK_PREFIXES = ("/api/", "/v1/")
 
@@ -140,9 +140,14 @@ async def _body(headers, receive) -> bytes | None:
         raise Refusal(408, f"the body did not arrive within {BODY_SECONDS:g} s: "
                       f"{len(got):,} of the {length:,} bytes its Content-Length "
                       "declares") from None
+    if not arrived:
+        return None
     if length > MAX_BODY:
         raise too_large
-    return bytes(got) if arrived else None
+    if len(got) != length:
+        raise Refusal(400, f"the body ended: {len(got):,} of the {length:,} bytes its "
+                      "Content-Length declares")
+    return bytes(got)
 
 
 def _host_name(host: str) -> str:

@@ -87,13 +87,23 @@ class _BoundedH11(H11Protocol):
             self.transport.close()
 
     def send_400_response(self, msg: str) -> None:
+        if self.cycle is not None and not self.cycle.response_complete:
+            # malformed bytes after a request's head (a broken chunk, a pipelined line):
+            # its body ends here and the app answers it, on a connection that then closes
+            self.cycle.more_body = False
+            self.cycle.keep_alive = False
+            self.cycle.message_event.set()
+            return
         body = json.dumps({"error": f"malformed request ({msg.rstrip('.')}); send HTTP/1.1 "
                                     "with one Content-Length for a body"}).encode()
         response = h11.Response(status_code=400, reason=b"Bad Request", headers=[
             (b"content-type", b"application/json"),
             (b"content-length", str(len(body)).encode()), (b"connection", b"close")])
-        for event in (response, h11.Data(data=body), h11.EndOfMessage()):
-            self.transport.write(self.conn.send(event))
+        try:
+            for event in (response, h11.Data(data=body), h11.EndOfMessage()):
+                self.transport.write(self.conn.send(event))
+        except h11.LocalProtocolError:  # bytes after an answer that closes: nothing to say
+            pass
         self.transport.close()
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
 from ..core.errors import PxvmError
-from ..llm.engine import Engine, FinishEvent, Request, TokenEvent
+from ..llm.engine import Engine, Request, TokenEvent
 from ..llm.generate import encode_text
 from ..llm.sampling import SamplingParams
 from ..llm.tokenizer import Tokenizer

@@ -1,6 +1,7 @@
-"""The local web server behind `pxvm serve`: the page (static/), the package's own kernels
-and example programs, and test data computed on request (dispatch plans, numpy reference
-outputs, CPU executor results, native benchmark numbers).
+"""The routes of the page `pxvm serve` serves (pxvm.serve.page answers them over HTTP):
+the page (static/), the package's own kernels and example programs, and test data
+computed on request (dispatch plans, numpy reference outputs, CPU executor results,
+native benchmark numbers).
 
 Nothing is served from a path built out of the request: every URL is matched against a
 fixed route table and a whitelist of shipped file names, so `..`, absolute paths and
@@ -14,7 +15,7 @@ native benchmarks run only for requests carrying the session token that /api/inf
 Every request is bounded: bodies and responses have a size cap, reads a time limit, and an
 uploaded program is planned (validated, recorded and run on the CPU executor) in a process
 of its own under a memory and a time limit, killed when the time is up or the client goes
-away, while the server's other threads keep answering. Every refusal is a JSON error with
+away, while the server keeps answering others. Every refusal is a JSON error with
 a status line; no request gets a 5xx unless the server has a bug.
 """
 
@@ -36,14 +37,12 @@ from ..vm import ProgramError, load_pxi
 from ..vm.io import ImageTooLarge, read_png_header
 from . import cases, plans
 from .cases import BENCHMARKS
-from .httpd import DRAIN_LIMIT, BoundedHandler, BoundedServer
 from .uploads import PLAN_STATUS, UPLOAD_MAX_PIXELS, PlanRunner
 
 log = logging.getLogger(__name__)
 
 #: Largest .pxi upload accepted (bytes); larger bodies get 413 before being read.
 MAX_UPLOAD = 4 * 1024 * 1024
-DEFAULT_HOST = "127.0.0.1"
 MAX_SEED = 2**32 - 1
 
 CONTENT_TYPES = {
@@ -248,69 +247,3 @@ def upload_answer(body: bytes, planner: PlanRunner, client_gone) -> tuple[int, b
         log.error("planning an upload failed:\n%s", payload)
         payload = "internal error while planning the upload (logged by the server)"
     return error_answer(PLAN_STATUS[outcome], payload)
-
-
-class PxvmRequestHandler(BoundedHandler):
-    server_version = f"pxvm/{__version__}"
-
-    # ---- GET -----------------------------------------------------------------------
-    def do_GET(self):
-        if self._has_body():  # never read: the connection ends after the answer, so a body
-            self.close_connection = True  # is never taken for the next request
-        self._guarded(self._get)
-
-    def _get(self):
-        routed = self._route()
-        if routed is None:
-            return
-        seg, query = routed
-        check = get_check(seg)
-        if check is not None and not self._same_origin(token=check == "token"):
-            return
-        self._send(*page_get(seg, query, self.server.session, self.server.native))
-
-    # ---- POST: run a dropped .pxi ----------------------------------------------------
-    def do_POST(self):
-        self._guarded(self._post)
-
-    def _post(self):
-        routed = self._route()
-        if routed is None:
-            self.close_connection = True  # the body was not read
-            return
-        seg, _ = routed
-        if not self._same_origin(token=True):
-            return
-        if seg != UPLOAD_ROUTE:
-            self.close_connection = True
-            return self._error(HTTPStatus.NOT_FOUND, "not found")
-        length = self._content_length()
-        if length is None:
-            return
-        if length > MAX_UPLOAD:
-            # a modest excess is read and dropped so the client sees the 413 instead of a
-            # reset connection; anything larger is left unread and the connection closed
-            if length <= DRAIN_LIMIT:
-                self._discard(length)
-            self.close_connection = True
-            return self._error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                               f"uploads are limited to {MAX_UPLOAD // (1024 * 1024)} MiB")
-        body = self._read_body(length)
-        if body is None:
-            return
-        answer = upload_answer(body, self.server.planner, self._client_gone)
-        if answer is None:
-            self.close_connection = True
-            return
-        self._send(*answer)
-
-class PxvmServer(BoundedServer):
-    def __init__(self, address, handler=PxvmRequestHandler, planner: PlanRunner | None = None):
-        super().__init__(address, handler)
-        self.native = NativeBenchmarks()
-        self.planner = planner if planner is not None else PlanRunner()
-
-
-def make_server(host: str = DEFAULT_HOST, port: int = 8765) -> PxvmServer:
-    """A server bound to (host, port); port 0 picks a free one. Loopback by default."""
-    return PxvmServer((host, port))

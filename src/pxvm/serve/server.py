@@ -65,10 +65,14 @@ class _BoundedH11(H11Protocol):
         if self.scope["path"].startswith("/v1/"):
             return False  # API clients never half-close: gone, so its sequences end at once
         self.scope["pxvm.eof"].set()
-        return True  # keep our side open for the answer; the deadlines close it after
+        return True  # keep our side open for the answer (on_response_complete closes it)
 
     def on_response_complete(self) -> None:
+        half_closed = self.scope.get("pxvm.eof") is not None and self.scope["pxvm.eof"].is_set()
         super().on_response_complete()
+        if half_closed:  # no request can follow: free the connection's slot now
+            self.transport.close()
+            return
         self._arm()
 
     def connection_lost(self, exc) -> None:

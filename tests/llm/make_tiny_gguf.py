@@ -41,6 +41,9 @@ class TinySpec:
     tokens: list | None = None
     #: further string metadata under its full key, e.g. {"tokenizer.chat_template": ...}
     strings: dict | None = None
+    #: a whole tokenizer, under full keys ("tokenizer.ggml.model", "tokenizer.ggml.tokens",
+    #: ...), written in place of `tokens` and the "llama" model (vocab_size tokens)
+    tokenizer: dict | None = None
 
 
 # The tensors each architecture's layers carry besides attn_norm, attn_output, ffn_norm
@@ -88,8 +91,11 @@ def write_tiny_gguf(path, spec: TinySpec, rng: np.random.Generator) -> dict:
     w.add_vocab_size(spec.vocab_size)
     if spec.rope_scaling is not None:
         w.add_string(f"{spec.arch}.rope.scaling.type", spec.rope_scaling)
-    w.add_string("tokenizer.ggml.model", "llama")
-    w.add_array("tokenizer.ggml.tokens", spec.tokens or [f"t{i}" for i in range(spec.vocab_size)])
+    if spec.tokenizer is None:
+        w.add_string("tokenizer.ggml.model", "llama")
+        w.add_array("tokenizer.ggml.tokens", spec.tokens or [f"t{i}" for i in range(spec.vocab_size)])
+    else:
+        _add_fields(w, spec.tokenizer)
     for key, text in (spec.strings or {}).items():
         w.add_string(key, text)
 
@@ -155,6 +161,16 @@ def write_metadata_gguf(path, arch: str, meta: dict) -> None:
     """A GGUF file with metadata only (no tensors), e.g. a tokenizer's: token lists,
     scores, types and merges through gguf's own writers, other values by their type."""
     w = gguf.GGUFWriter(str(path), arch)
+    _add_fields(w, meta)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def _add_fields(w: gguf.GGUFWriter, meta: dict) -> None:
+    """Token lists, scores, types and merges through gguf's own writers, other values by
+    their type."""
     writers = {"tokenizer.ggml.tokens": w.add_token_list,
                "tokenizer.ggml.scores": w.add_token_scores,
                "tokenizer.ggml.token_type": w.add_token_types,
@@ -168,7 +184,3 @@ def write_metadata_gguf(path, arch: str, meta: dict) -> None:
             w.add_uint32(key, value)
         else:
             w.add_string(key, value)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()

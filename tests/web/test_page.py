@@ -39,13 +39,12 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def page_url():
-    from pxvm.web.server import make_server
+    from pxvm.serve.page import Page
+    from pxvm.serve.server import HttpServer
 
-    srv = make_server(port=0)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield srv.url
-    srv.shutdown()
-    srv.server_close()
+    srv = HttpServer(None, page=Page()).start()
+    yield srv.url + "/"
+    srv.stop()
 
 
 def test_page_runs_suite_programs_and_benchmarks(page_url):
@@ -196,22 +195,27 @@ def test_a_page_of_another_site_cannot_run_an_upload_or_the_benchmarks():
 
     from playwright.sync_api import sync_playwright
 
-    from pxvm.web.server import PxvmRequestHandler, PxvmServer
+    from pxvm.serve.page import Page
+    from pxvm.serve.server import HttpServer
 
     answered = {}
+    srv = HttpServer(None, page=Page())
+    app = srv.server.config.app
 
-    class Recording(PxvmRequestHandler):  # notes each answer's status
-        def send_response(self, code, message=None):
-            answered[self.path.rsplit("/", 1)[-1]] = code
-            super().send_response(code, message)
+    async def recording(scope, receive, send):  # notes each answer's status
+        async def noting(message):
+            if message["type"] == "http.response.start":
+                answered[scope["path"].rsplit("/", 1)[-1]] = message["status"]
+            await send(message)
+        await app(scope, receive, noting)
 
-    srv = PxvmServer(("127.0.0.1", 0), Recording)
+    srv.server.config.app = recording
     ran = []
-    srv.planner.run = lambda *a: ran.append("upload") or ("error", "ran")
-    srv.native.measure = lambda: ran.append("bench") or {"results": {}}
+    srv.page.planner.run = lambda *a: ran.append("upload") or ("error", "ran")
+    srv.page.native.measure = lambda: ran.append("bench") or {"results": {}}
+    srv.start()
     other = HTTPServer(("127.0.0.1", 0), _AttackerPage)
-    for server in (srv, other):
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=other.serve_forever, daemon=True).start()
     program = list(resources.files("pxvm.examples").joinpath("dot_test.pxi").read_bytes())
     try:
         with sync_playwright() as p:
@@ -219,12 +223,12 @@ def test_a_page_of_another_site_cannot_run_an_upload_or_the_benchmarks():
             try:
                 page = browser.new_page()
                 page.goto(f"http://localhost:{other.server_address[1]}/attacker.html")
-                page.evaluate("([t, p]) => window.attack(t, p)", [srv.url, program])
+                page.evaluate("([t, p]) => window.attack(t, p)", [srv.url + "/", program])
                 assert answered == {"upload": 403, "native": 403}, answered
                 assert ran == []
             finally:
                 browser.close()
     finally:
-        for server in (srv, other):
-            server.shutdown()
-            server.server_close()
+        srv.stop()
+        other.shutdown()
+        other.server_close()

@@ -21,6 +21,7 @@ from ..tools import bench_ops
 from ..core.errors import PxvmError
 from . import help_format
 from .output_paths import check_output_file
+from .serve_bench_commands import SERVE_HELP, serve_bench
 
 bench = typer.Typer(help="Benchmarks: `ops` (pxvm's kernels against numpy and PyTorch) and "
                     "`llm` (a model's prefill and decode speed).", no_args_is_help=True,
@@ -309,4 +310,5 @@ def ops(
 
 def register(app: typer.Typer) -> None:
     bench.command("ops", help=OPS_HELP)(ops)
+    bench.command("serve", help=SERVE_HELP)(serve_bench)
     app.add_typer(bench, name="bench")

@@ -1,15 +1,27 @@
 """`pxvm serve`: the local web page that runs pxvm's kernels and .pxi programs with the
-browser's WebGPU (see pxvm/web)."""
+browser's WebGPU (see pxvm/web), and with --model an OpenAI-compatible API for a GGUF
+model (see pxvm/serve)."""
 
 from __future__ import annotations
 
 import threading
 import webbrowser
+from pathlib import Path
 
 import typer
 
-from ..web.httpd import is_loopback
-from ..web.server import make_server
+from ..core.selection import names
+from ..llm import GGUFModelFile
+from ..serve.page import Page
+from ..serve.server import HttpServer, connections_for, model_service
+from ..web.httpd import MAX_CONNECTIONS, is_loopback
+
+MODEL_HELP = ("Also serve this .gguf model through an OpenAI-compatible API (/v1/chat/"
+              "completions, /v1/completions, /v1/models, /health, /metrics), batching "
+              "concurrent requests.")
+BACKEND_HELP = "Where the model runs: " + ", ".join(names()) + "."
+API_KEY_HELP = ("Require this key from API clients (sent as 'Authorization: Bearer <key>'); "
+                "give it whenever --host exposes the server. Also read from PXVM_API_KEY.")
 
 
 def serve(
@@ -18,26 +30,62 @@ def serve(
     host: str = typer.Option("127.0.0.1", "--host",
                              help="Address to bind; loopback unless you mean to expose it."),
     open_browser: bool = typer.Option(False, "--open", help="Open the page in the default browser."),
+    model: Path | None = typer.Option(None, "--model", help=MODEL_HELP),
+    backend: str = typer.Option("auto", "--backend", help=BACKEND_HELP),
+    api_key: str | None = typer.Option(None, "--api-key", envvar="PXVM_API_KEY",
+                                       help=API_KEY_HELP, show_envvar=False),
+    max_batch: int = typer.Option(64, "--max-batch", min=1, max=4096,
+                                  help="Sequences decoded together at most."),
+    max_waiting: int = typer.Option(256, "--max-waiting", min=1, max=65536,
+                                    help="Requests queued at most; more are answered 429."),
 ):
     """Serve the pxvm web page: WebGPU adapter info, the kernel conformance suite,
-    benchmarks, and .pxi programs run on the browser's GPU next to the CPU executor."""
+    benchmarks, and .pxi programs run on the browser's GPU next to the CPU executor; with
+    --model, an OpenAI-compatible API for that model."""
+    if backend.lower() not in names():
+        raise typer.BadParameter(f"--backend must be one of {', '.join(names())}, not {backend!r}")
+    if api_key is not None and not api_key.strip():
+        raise typer.BadParameter("--api-key is empty; give a key or leave the option out")
+    service = None
+    if model is not None:
+        GGUFModelFile(str(model))  # a file that is not a model fails here, before listening
+        service = model_service(str(model), backend=backend, max_batch=max_batch,
+                                max_waiting=max_waiting)
+    loopback = is_loopback(host)
     try:
-        server = make_server(host, port)
+        server = HttpServer(service, host, port, api_key=api_key, loopback_only=loopback,
+                            page=Page(), max_connections=connections_for(max_batch, max_waiting)
+                            if service else MAX_CONNECTIONS)
     except OSError as exc:
         typer.secho(f"error: cannot listen on {host}:{port}: {exc.strerror or exc}", err=True, fg="red")
         raise typer.Exit(1) from None
-    if not is_loopback(server.server_address[0]):
-        typer.secho(f"warning: listening on {host}, reachable from other machines; the page "
-                    "runs GPU work on request", err=True, fg="yellow")
-    typer.echo(f"pxvm page at {server.url}  (Ctrl-C stops)")
+    if not loopback:
+        exposed = "the page runs GPU work on request"
+        if service is not None:
+            exposed += "; the API runs the model" + ("" if api_key else " for anyone (give --api-key)")
+        typer.secho(f"warning: listening on {host}, reachable from other machines; {exposed}",
+                    err=True, fg="yellow")
+    typer.echo(f"pxvm page at {server.url}/  (Ctrl-C stops)")
+    if service is not None:
+        typer.echo(f"OpenAI API at {server.url}/v1 (loading {model.name}; /health says when "
+                   "it is ready)")
+        threading.Thread(target=_load, args=(service, server), name="pxvm-load",
+                         daemon=True).start()
     if open_browser:
-        threading.Timer(0.3, webbrowser.open, args=(server.url,)).start()
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        typer.echo("stopped")
-    finally:
-        server.server_close()
+        threading.Timer(0.3, webbrowser.open, args=(server.url + "/",)).start()
+    server.serve_forever()
+    if service is not None and service.load_error:
+        typer.secho(f"error: {service.load_error}", err=True, fg="red")
+        raise typer.Exit(1)
+    typer.echo("stopped")
+
+
+def _load(service, server) -> None:
+    service.load()
+    if service.load_error:
+        server.server.should_exit = True
+    else:
+        typer.echo(f"model ready: {service.model_id} on {service.engine.model.backend_name}")
 
 
 def register(app: typer.Typer) -> None:

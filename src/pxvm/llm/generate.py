@@ -99,7 +99,7 @@ def encode_text(tokenizer: Tokenizer, metadata: dict, prompt: str | None = None,
     return tokenizer.encode(prompt)
 
 
-def _held_back(text: str, stops: Sequence[str]) -> int:
+def held_back(text: str, stops: Sequence[str]) -> int:
     """How many trailing characters might be the start of a stop string."""
     held = 0
     for s in stops:
@@ -158,7 +158,7 @@ def generate(model: LanguageModel, tokenizer: Tokenizer, prompt: str | None = No
                 text = text[:hit]
                 reason = "stop_string"
                 break
-            safe = len(text) - _held_back(text, stops)
+            safe = len(text) - held_back(text, stops)
             if safe > emitted:
                 emit(text[emitted:safe])
                 emitted = safe

@@ -1,6 +1,7 @@
-"""The local web server behind `pxvm serve`: the page (static/), the package's own kernels
-and example programs, and test data computed on request (dispatch plans, numpy reference
-outputs, CPU executor results, native benchmark numbers).
+"""The routes of the page `pxvm serve` serves (pxvm.serve.page answers them over HTTP):
+the page (static/), the package's own kernels and example programs, and test data
+computed on request (dispatch plans, numpy reference outputs, CPU executor results,
+native benchmark numbers).
 
 Nothing is served from a path built out of the request: every URL is matched against a
 fixed route table and a whitelist of shipped file names, so `..`, absolute paths and
@@ -14,12 +15,13 @@ native benchmarks run only for requests carrying the session token that /api/inf
 Every request is bounded: bodies and responses have a size cap, reads a time limit, and an
 uploaded program is planned (validated, recorded and run on the CPU executor) in a process
 of its own under a memory and a time limit, killed when the time is up or the client goes
-away, while the server's other threads keep answering. Every refusal is a JSON error with
+away, while the server keeps answering others. Every refusal is a JSON error with
 a status line; no request gets a 5xx unless the server has a bug.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -35,14 +37,12 @@ from ..vm import ProgramError, load_pxi
 from ..vm.io import ImageTooLarge, read_png_header
 from . import cases, plans
 from .cases import BENCHMARKS
-from .httpd import DRAIN_LIMIT, BoundedHandler, BoundedServer
 from .uploads import PLAN_STATUS, UPLOAD_MAX_PIXELS, PlanRunner
 
 log = logging.getLogger(__name__)
 
 #: Largest .pxi upload accepted (bytes); larger bodies get 413 before being read.
 MAX_UPLOAD = 4 * 1024 * 1024
-DEFAULT_HOST = "127.0.0.1"
 MAX_SEED = 2**32 - 1
 
 CONTENT_TYPES = {
@@ -117,159 +117,133 @@ class BadRequest(PxvmError):
     """A request the server cannot answer as asked (a malformed seed, say); answered 400."""
 
 
-class PxvmRequestHandler(BoundedHandler):
-    server_version = f"pxvm/{__version__}"
-
-    # ---- GET -----------------------------------------------------------------------
-    def do_GET(self):
-        if self._has_body():  # never read: the connection ends after the answer, so a body
-            self.close_connection = True  # is never taken for the next request
-        self._guarded(self._get)
-
-    def _get(self):
-        routed = self._route()
-        if routed is None:
-            return
-        seg, query = routed
-        try:
-            if not seg:
-                return self._file(static_files(), "index.html")
-            head, rest = seg[0], seg[1:]
-            if head == "static" and len(rest) == 1:
-                return self._file(static_files(), rest[0])
-            if head == "kernels" and len(rest) == 1 and rest[0] in kernel_files():
-                # as the runtime compiles it: a variant file after the file it extends
-                return self._send(200, load_wgsl(rest[0]).encode(), CONTENT_TYPES[".wgsl"])
-            if head == "examples" and len(rest) == 1:
-                return self._file(example_files(), rest[0])
-            if head == "api":
-                if not self._same_origin(token=rest == ["bench", "native"]):
-                    return None
-                return self._api_get(rest, query)
-        except KeyError as exc:
-            what = exc.args[0] if exc.args else ""
-            return self._error(HTTPStatus.NOT_FOUND, f"not found: {shortened(str(what))}")
-        except PxvmError as exc:
-            return self._error(HTTPStatus.BAD_REQUEST, str(exc))
-        self._error(HTTPStatus.NOT_FOUND, "not found")
-
-    def _file(self, files: dict, name: str):
-        if name not in files:
-            return self._error(HTTPStatus.NOT_FOUND, "not found")
-        suffix = "." + name.rsplit(".", 1)[-1]
-        self._send(200, files[name].read_bytes(), CONTENT_TYPES.get(suffix, "application/octet-stream"))
-
-    def _seed(self, query) -> int:
-        values = query.get("seed", ["0"])
-        text = values[-1]
-        if len(values) > 1 or not (text.isascii() and text.isdigit()) or len(text) > 10 \
-                or int(text) > MAX_SEED:
-            raise BadRequest(f"seed must be one integer in 0..{MAX_SEED}, got "
-                             f"{shortened(', '.join(values))!r}")
-        return int(text)
-
-    def _features(self, query) -> tuple[str, ...]:
-        """The plan features `features=a,b` asks for (plans.BROWSER_FEATURES)."""
-        values = query.get("features", [""])
-        if len(values) > 1 or len(values[-1]) > 200:
-            raise BadRequest("features must be one comma-separated list")
-        try:
-            return plans.plan_features([v for v in values[-1].split(",") if v])
-        except ValueError as exc:
-            raise BadRequest(shortened(str(exc))) from exc
-
-    def _api_get(self, rest, query):
-        route = "/".join(rest)
-        if route == "info":
-            return self._json({
-                "version": __version__,
-                "cases": [{"id": cid, "op": cid.partition("-")[0]}
-                          for cid in plans.case_ids(REGISTRY)],
-                "ops_without_case": plans.ops_without_case(REGISTRY),
-                "benchmarks": [n for n in BENCHMARKS if n in REGISTRY],
-                "examples": sorted(example_files()),
-                "kernels": sorted(kernel_files()),
-                "vm": True,
-                "max_upload": MAX_UPLOAD,
-                "max_upload_pixels": UPLOAD_MAX_PIXELS,
-                "session": self.server.session,  # for SESSION_HEADER: only this origin reads it
-            })
-        if len(rest) == 2 and rest[0] == "case":
-            if rest[1] not in plans.case_ids(REGISTRY):
-                raise KeyError(f"no conformance case {rest[1]!r}; /api/info lists them")
-            return self._json(plans.conformance_plan(rest[1], self._seed(query),
-                                                     self._features(query)))
-        if len(rest) == 2 and rest[0] == "bench":
-            if rest[1] == "native":
-                return self._json(self.server.native.measure())
-            if rest[1] not in BENCHMARKS or rest[1] not in REGISTRY:
-                raise KeyError(f"no benchmark {rest[1]!r}; /api/info lists them")
-            return self._json(plans.benchmark_plan(rest[1]))
-        if len(rest) == 2 and rest[0] == "program" and rest[1] == "random":
-            return self._json(plans.program_plan(cases.random_program(self._seed(query))))
-        if len(rest) == 3 and rest[:2] == ["program", "example"]:
-            files = example_files()
-            if rest[2] not in files:
-                raise KeyError(f"no example {rest[2]!r}; /api/info lists them")
-            plan = plans.program_plan(load_pxi(files[rest[2]].read_bytes()))
-            plan["name"] = rest[2]
-            return self._json(plan)
-        raise KeyError(route)
-
-    # ---- POST: run a dropped .pxi ----------------------------------------------------
-    def do_POST(self):
-        self._guarded(self._post)
-
-    def _post(self):
-        routed = self._route()
-        if routed is None:
-            self.close_connection = True  # the body was not read
-            return
-        seg, _ = routed
-        if not self._same_origin(token=True):
-            return
-        if seg != ["api", "program", "upload"]:
-            self.close_connection = True
-            return self._error(HTTPStatus.NOT_FOUND, "not found")
-        length = self._content_length()
-        if length is None:
-            return
-        if length > MAX_UPLOAD:
-            # a modest excess is read and dropped so the client sees the 413 instead of a
-            # reset connection; anything larger is left unread and the connection closed
-            if length <= DRAIN_LIMIT:
-                self._discard(length)
-            self.close_connection = True
-            return self._error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                               f"uploads are limited to {MAX_UPLOAD // (1024 * 1024)} MiB")
-        body = self._read_body(length)
-        if body is None:
-            return
-        try:  # the header alone decides the size, before anything is decoded
-            read_png_header(body, "the upload", max_pixels=UPLOAD_MAX_PIXELS)
-        except ImageTooLarge as exc:
-            return self._error(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                               f"{exc} in an upload (run larger programs with `pxvm run`)")
-        except ProgramError as exc:
-            return self._error(HTTPStatus.BAD_REQUEST, str(exc))
-        outcome, payload = self.server.planner.run(body, self._client_gone)
-        if outcome == "gone":
-            self.close_connection = True
-            return
-        if outcome == "ok":
-            return self._send(HTTPStatus.OK, payload, "application/json")
-        if outcome == "bug":
-            log.error("planning an upload failed:\n%s", payload)
-            payload = "internal error while planning the upload (logged by the server)"
-        self._error(PLAN_STATUS[outcome], payload)
-
-class PxvmServer(BoundedServer):
-    def __init__(self, address, handler=PxvmRequestHandler, planner: PlanRunner | None = None):
-        super().__init__(address, handler)
-        self.native = NativeBenchmarks()
-        self.planner = planner if planner is not None else PlanRunner()
+def _json(obj, status: int = HTTPStatus.OK) -> tuple[int, bytes, str]:
+    return status, json.dumps(obj).encode(), "application/json"
 
 
-def make_server(host: str = DEFAULT_HOST, port: int = 8765) -> PxvmServer:
-    """A server bound to (host, port); port 0 picks a free one. Loopback by default."""
-    return PxvmServer((host, port))
+def error_answer(status: int, message: str) -> tuple[int, bytes, str]:
+    return _json({"error": message}, status)
+
+
+def _file(files: dict, name: str) -> tuple[int, bytes, str]:
+    if name not in files:
+        return error_answer(HTTPStatus.NOT_FOUND, "not found")
+    suffix = "." + name.rsplit(".", 1)[-1]
+    return HTTPStatus.OK, files[name].read_bytes(), CONTENT_TYPES.get(suffix, "application/octet-stream")
+
+
+def parse_seed(query: dict) -> int:
+    values = query.get("seed", ["0"])
+    text = values[-1]
+    if len(values) > 1 or not (text.isascii() and text.isdigit()) or len(text) > 10 \
+            or int(text) > MAX_SEED:
+        raise BadRequest(f"seed must be one integer in 0..{MAX_SEED}, got "
+                         f"{shortened(', '.join(values))!r}")
+    return int(text)
+
+
+def parse_features(query: dict) -> tuple[str, ...]:
+    """The plan features `features=a,b` asks for (plans.BROWSER_FEATURES)."""
+    values = query.get("features", [""])
+    if len(values) > 1 or len(values[-1]) > 200:
+        raise BadRequest("features must be one comma-separated list")
+    try:
+        return plans.plan_features([v for v in values[-1].split(",") if v])
+    except ValueError as exc:
+        raise BadRequest(shortened(str(exc))) from exc
+
+
+def get_check(seg: list[str]) -> str | None:
+    """What a GET of `seg` needs first: "token" (the session token, and from no other
+    site's page), "origin" (from no other site's page) or nothing (the page's files)."""
+    if seg[:1] != ["api"]:
+        return None
+    return "token" if seg[1:] == ["bench", "native"] else "origin"
+
+
+def page_get(seg: list[str], query: dict, session: str, native: "NativeBenchmarks"
+             ) -> tuple[int, bytes, str]:
+    """(status, body, content type) of a GET of the path segments `seg`, matched against
+    the fixed routes (get_check's checks already passed)."""
+    try:
+        if not seg:
+            return _file(static_files(), "index.html")
+        head, rest = seg[0], seg[1:]
+        if head == "static" and len(rest) == 1:
+            return _file(static_files(), rest[0])
+        if head == "kernels" and len(rest) == 1 and rest[0] in kernel_files():
+            # as the runtime compiles it: a variant file after the file it extends
+            return HTTPStatus.OK, load_wgsl(rest[0]).encode(), CONTENT_TYPES[".wgsl"]
+        if head == "examples" and len(rest) == 1:
+            return _file(example_files(), rest[0])
+        if head == "api":
+            return _json(_api_get(rest, query, session, native))
+    except KeyError as exc:
+        what = exc.args[0] if exc.args else ""
+        return error_answer(HTTPStatus.NOT_FOUND, f"not found: {shortened(str(what))}")
+    except PxvmError as exc:
+        return error_answer(HTTPStatus.BAD_REQUEST, str(exc))
+    return error_answer(HTTPStatus.NOT_FOUND, "not found")
+
+
+def _api_get(rest, query, session: str, native: "NativeBenchmarks"):
+    route = "/".join(rest)
+    if route == "info":
+        return {
+            "version": __version__,
+            "cases": [{"id": cid, "op": cid.partition("-")[0]}
+                      for cid in plans.case_ids(REGISTRY)],
+            "ops_without_case": plans.ops_without_case(REGISTRY),
+            "benchmarks": [n for n in BENCHMARKS if n in REGISTRY],
+            "examples": sorted(example_files()),
+            "kernels": sorted(kernel_files()),
+            "vm": True,
+            "max_upload": MAX_UPLOAD,
+            "max_upload_pixels": UPLOAD_MAX_PIXELS,
+            "session": session,  # for SESSION_HEADER: only this origin reads it
+        }
+    if len(rest) == 2 and rest[0] == "case":
+        if rest[1] not in plans.case_ids(REGISTRY):
+            raise KeyError(f"no conformance case {rest[1]!r}; /api/info lists them")
+        return plans.conformance_plan(rest[1], parse_seed(query), parse_features(query))
+    if len(rest) == 2 and rest[0] == "bench":
+        if rest[1] == "native":
+            return native.measure()
+        if rest[1] not in BENCHMARKS or rest[1] not in REGISTRY:
+            raise KeyError(f"no benchmark {rest[1]!r}; /api/info lists them")
+        return plans.benchmark_plan(rest[1])
+    if len(rest) == 2 and rest[0] == "program" and rest[1] == "random":
+        return plans.program_plan(cases.random_program(parse_seed(query)))
+    if len(rest) == 3 and rest[:2] == ["program", "example"]:
+        files = example_files()
+        if rest[2] not in files:
+            raise KeyError(f"no example {rest[2]!r}; /api/info lists them")
+        plan = plans.program_plan(load_pxi(files[rest[2]].read_bytes()))
+        plan["name"] = rest[2]
+        return plan
+    raise KeyError(route)
+
+
+UPLOAD_ROUTE = ["api", "program", "upload"]
+
+
+def upload_answer(body: bytes, planner: PlanRunner, client_gone) -> tuple[int, bytes, str] | None:
+    """(status, body, content type) of an upload of `body` (within MAX_UPLOAD, its
+    request's checks passed): planned in a process of its own; None when the client went
+    away meanwhile (the planning was stopped)."""
+    try:  # the header alone decides the size, before anything is decoded
+        read_png_header(body, "the upload", max_pixels=UPLOAD_MAX_PIXELS)
+    except ImageTooLarge as exc:
+        return error_answer(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                            f"{exc} in an upload (run larger programs with `pxvm run`)")
+    except ProgramError as exc:
+        return error_answer(HTTPStatus.BAD_REQUEST, str(exc))
+    outcome, payload = planner.run(body, client_gone)
+    if outcome == "gone":
+        return None
+    if outcome == "ok":
+        return HTTPStatus.OK, payload, "application/json"
+    if outcome == "bug":
+        log.error("planning an upload failed:\n%s", payload)
+        payload = "internal error while planning the upload (logged by the server)"
+    return error_answer(PLAN_STATUS[outcome], payload)

@@ -31,7 +31,21 @@ def tiny_model(tmp_path_factory):
     return write_tiny_chat_model(tmp_path_factory.mktemp("serve") / "tiny-chat.gguf")
 
 
+@pytest.fixture(scope="session")
+def long_model(tmp_path_factory):
+    """The tiny model with a context of 8,192: requests long enough that none finishes
+    before a test has seen it running, however slow the machine."""
+    return write_tiny_chat_model(tmp_path_factory.mktemp("serve") / "long-context.gguf",
+                                 context_length=8192)
+
+
 @pytest.fixture(scope="module")
 def server(tiny_model):
     with live_server(tiny_model) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def long_server(long_model):
+    with live_server(long_model) as srv:
         yield srv

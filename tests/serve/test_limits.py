@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 from openai import AsyncOpenAI, OpenAI
-from serving import live_server, server, tiny_model  # noqa: F401 - fixtures
+from serving import live_server, long_model, long_server, server, tiny_model  # noqa: F401
 
 from pxvm.serve import guard
 from pxvm.serve.server import HttpServer
@@ -169,20 +169,23 @@ def _wait_idle(engine, seconds=5.0):
     return engine.stats()
 
 
-def test_a_client_that_goes_away_frees_its_sequence_at_once(server):  # noqa: F811
+def test_a_client_that_goes_away_frees_its_sequence_at_once(long_server):  # noqa: F811
+    server = long_server
     engine = server.service.engine
     before = engine.stats().generated_tokens_total
-    sock = _stream_first_chunk(server, {"prompt": "hello", "max_tokens": 250,
+    sock = _stream_first_chunk(server, {"prompt": "hello", "max_tokens": 8000,
                                         "ignore_eos": True})
     sock.close()
     stats = _wait_idle(engine, 2.0)
     assert (stats.running, stats.waiting, stats.kv_blocks_used) == (0, 0, 0)
-    assert stats.generated_tokens_total - before < 250
+    assert stats.generated_tokens_total - before < 8000
 
 
-def test_a_non_streamed_request_is_cancelled_when_its_client_goes_away(server):  # noqa: F811
+def test_a_non_streamed_request_is_cancelled_when_its_client_goes_away(
+        long_server):  # noqa: F811
+    server = long_server
     engine = server.service.engine
-    payload = json.dumps({"prompt": "hello", "max_tokens": 250, "ignore_eos": True,
+    payload = json.dumps({"prompt": "hello", "max_tokens": 8000, "ignore_eos": True,
                           "n": 8}).encode()
     before = engine.stats().generated_tokens_total
     sock = socket.create_connection((server.host, server.port), timeout=30)
@@ -195,13 +198,14 @@ def test_a_non_streamed_request_is_cancelled_when_its_client_goes_away(server): 
     sock.close()
     stats = _wait_idle(engine, 2.0)
     assert (stats.running, stats.waiting, stats.kv_blocks_used) == (0, 0, 0)
-    assert stats.generated_tokens_total - before < 8 * 250
+    assert stats.generated_tokens_total - before < 8 * 8000
 
 
-def test_a_full_queue_answers_429_with_retry_after(tiny_model):  # noqa: F811
-    with live_server(tiny_model, max_batch=1, max_waiting=1) as srv:
-        running = _stream_first_chunk(srv, {"prompt": "a", "max_tokens": 250, "ignore_eos": True})
-        payload = json.dumps({"prompt": "b", "max_tokens": 250, "ignore_eos": True,
+def test_a_full_queue_answers_429_with_retry_after(long_model):  # noqa: F811
+    with live_server(long_model, max_batch=1, max_waiting=1) as srv:
+        running = _stream_first_chunk(srv, {"prompt": "a", "max_tokens": 8000,
+                                            "ignore_eos": True})
+        payload = json.dumps({"prompt": "b", "max_tokens": 8000, "ignore_eos": True,
                               "stream": True}).encode()
         queued = socket.create_connection((srv.host, srv.port), timeout=30)
         queued.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n"
@@ -210,6 +214,7 @@ def test_a_full_queue_answers_429_with_retry_after(tiny_model):  # noqa: F811
         deadline = time.monotonic() + 10
         while srv.service.engine.stats().waiting == 0 and time.monotonic() < deadline:
             time.sleep(0.005)
+        assert srv.service.engine.stats().waiting == 1
         r = _post(srv, "/v1/completions", {"prompt": "c", "max_tokens": 2})
         running.close()
         queued.close()
@@ -220,12 +225,12 @@ def test_a_full_queue_answers_429_with_retry_after(tiny_model):  # noqa: F811
         assert _post(srv, "/v1/completions", {"prompt": "c", "max_tokens": 2}).status_code == 200
 
 
-def test_shutdown_ends_open_streams_with_a_last_chunk_and_done(tiny_model):  # noqa: F811
-    with live_server(tiny_model) as srv:
+def test_shutdown_ends_open_streams_with_a_last_chunk_and_done(long_model):  # noqa: F811
+    with live_server(long_model) as srv:
         lines = []
 
         def read_stream():
-            body = {"prompt": "a", "max_tokens": 250, "ignore_eos": True, "stream": True}
+            body = {"prompt": "a", "max_tokens": 8000, "ignore_eos": True, "stream": True}
             with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=60) as r:
                 for line in r.iter_lines():
                     if line:
@@ -241,7 +246,7 @@ def test_shutdown_ends_open_streams_with_a_last_chunk_and_done(tiny_model):  # n
     assert lines[-1] == "data: [DONE]"
     last = json.loads(lines[-2][len("data: "):])
     assert last["choices"][0]["finish_reason"] == "abort"
-    assert len(lines) - 1 < 250
+    assert len(lines) - 1 < 8000
 
 
 def test_64_concurrent_clients_lose_no_request_and_leak_no_kv_block(tiny_model):  # noqa: F811

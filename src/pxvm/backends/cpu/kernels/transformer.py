@@ -211,14 +211,20 @@ def _attention_cached(qkv, k_cache, v_cache, state, table, n_heads, neox, scale,
         rows = np.arange(first, stop) % n_ctx
         _range_softmax(k_cache, v_cache, rows, kv, q, scale, softcap, top[s, kv, r],
                        total[s, kv, r], acc[s, kv, r])
-    for task in numba.prange(s_new * hkv):
-        s = task // hkv
-        kv = task % hkv
-        seen = (pos + s + KEY_RANGE) // KEY_RANGE  # the ranges holding this token's keys
-        for g in range(group):
-            head = kv * group + g
-            _merge_ranges(top[s, kv, :seen, g], total[s, kv, :seen, g], acc[s, kv, :seen, g],
-                          out[s, head * d:(head + 1) * d])
+        if ranges == 1:  # nothing to merge: normalised here, no second parallel pass
+            for g in range(group):
+                head = kv * group + g
+                for i in range(d):
+                    out[s, head * d + i] = acc[s, kv, 0, g, i] / total[s, kv, 0, g]
+    if ranges > 1:
+        for task in numba.prange(s_new * hkv):
+            s = task // hkv
+            kv = task % hkv
+            seen = (pos + s + KEY_RANGE) // KEY_RANGE  # the ranges holding this token's keys
+            for g in range(group):
+                head = kv * group + g
+                _merge_ranges(top[s, kv, :seen, g], total[s, kv, :seen, g],
+                              acc[s, kv, :seen, g], out[s, head * d:(head + 1) * d])
 
 
 #: Tasks of attention_paged's key ranges that keep the threads busy: a batch of fewer

@@ -412,6 +412,10 @@ def raw_exchange(srv, data: bytes, half_close=True, timeout=30) -> tuple[int, di
      b"Content-Length: 5\r\n\r\nabcd", 400, b"malformed request"),
     (b"POST /api/program/upload HTTP/1.1\r\nHost: localhost\r\nContent-Length: -5\r\n\r\n",
      400, b"one Content-Length"),
+    # the client half-closes before the body it declared has come: answered at once, not
+    # when the body deadline passes
+    (b"POST /api/program/upload HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100\r\n"
+     b"\r\n0123456789", 400, b"the body ended: 10 of the 100 bytes"),
     (b"POST /api/program/upload HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked"
      b"\r\n\r\n4\r\nabcd\r\n0\r\n\r\n", 411, b"chunked bodies are not accepted"),
     (b"GET /api/program/random?seed=-1 HTTP/1.1\r\nHost: localhost\r\n\r\n", 400,

@@ -65,6 +65,9 @@ class _BoundedH11(H11Protocol):
         if self.scope["path"].startswith("/v1/"):
             return False  # API clients never half-close: gone, so its sequences end at once
         self.scope["pxvm.eof"].set()
+        if self.conn.their_state == h11.SEND_BODY:  # the rest of its body will never come:
+            self.cycle.more_body = False           # the app sees it end short (400) now
+            self.cycle.message_event.set()
         return True  # keep our side open for the answer (on_response_complete closes it)
 
     def on_response_complete(self) -> None:

@@ -39,12 +39,17 @@ def _rope_table(theta, d, positions):
     return np.stack([np.cos(ang), np.sin(ang)], axis=-1).astype(np.float32)
 
 
+@pytest.mark.parametrize("threads", ["the calling thread", "the pool"])
 @pytest.mark.parametrize("cache", [np.float32, np.float16])
 @pytest.mark.parametrize("style", ["interleaved", "neox"])
 @pytest.mark.parametrize("hq,hkv,s,pos", [(4, 2, 7, 0), (3, 3, 1, 0), (4, 1, 1, 37),
-                                          (6, 2, 5, 20)])
-def test_attention_over_the_cache_matches_the_reference(style, hq, hkv, s, pos, cache, rng):
-    d, n_ctx, theta = 16, 64, 10000.0
+                                          (6, 2, 5, 20), (6, 2, 1, 300), (4, 2, 3, 250)])
+def test_attention_over_the_cache_matches_the_reference(style, hq, hkv, s, pos, cache, threads,
+                                                        rng, monkeypatch):
+    # little work runs on the calling thread (SERIAL_KEYS), more on the pool: both forced
+    monkeypatch.setattr(transformer, "SERIAL_KEYS", 10**9 if threads == "the calling thread"
+                        else -1)
+    d, n_ctx, theta = 16, 320, 10000.0
     qkv = rng.standard_normal((s, (hq + 2 * hkv) * d)).astype(np.float32)
     earlier = rng.standard_normal((n_ctx, hkv, d)).astype(cache)  # keys already cached
     state = np.array([0, pos], np.int32)

@@ -99,6 +99,9 @@ def _rotate(x, table, pos, neox, out):
 #: Keys per task of attention: a long context's keys are split among the threads (each
 #: range's softmax merged after), which a task per head could not keep busy.
 KEY_RANGE = 128
+#: Keys (summed over new tokens and key/value heads) up to which attention_cached runs on
+#: the calling thread: a parallel pass's start costs more than that work.
+SERIAL_KEYS = 512
 
 
 def attention_cached(qkv, k_cache, v_cache, state, table, n_heads, neox, scale, softcap, window,
@@ -113,8 +116,23 @@ def attention_cached(qkv, k_cache, v_cache, state, table, n_heads, neox, scale, 
     as float32 (_half_to_float, a row at a time); the math is the same."""
     if k_cache.dtype == np.float16:  # numba has no float16 type: the caches' bits
         k_cache, v_cache = k_cache.view(np.uint16), v_cache.view(np.uint16)
-    _attention_cached(qkv, k_cache, v_cache, state, table, n_heads, neox, scale, softcap,
-                      window, max_keys, out)
+    s_new = qkv.shape[0]
+    n_ctx, hkv, d = k_cache.shape
+    pos = int(state[1])
+    ring = max_keys > n_ctx  # position j in row j % n_ctx (a sliding window's cache)
+    if pos < 0 or pos + s_new > max_keys or (not ring and pos + s_new > n_ctx):
+        out[:] = np.nan
+        return
+    _append_cached(qkv, k_cache, v_cache, pos, table, n_heads, neox)
+    ranges = (pos + s_new + KEY_RANGE - 1) // KEY_RANGE
+    group = n_heads // hkv
+    top = np.full((s_new, hkv, ranges, group), -3.0e38, np.float32)  # empty ranges weigh 0
+    total = np.zeros((s_new, hkv, ranges, group), np.float32)
+    acc = np.zeros((s_new, hkv, ranges, group, d), np.float32)
+    keys = (pos + s_new) * s_new * hkv
+    run = _cached_tasks_serial if keys <= SERIAL_KEYS else _cached_tasks_parallel
+    run(qkv, k_cache, v_cache, pos, table, n_heads, neox, scale, softcap, window, top, total,
+        acc, out)
 
 
 @intrinsic
@@ -165,22 +183,11 @@ def _written_by_type(x, cache):
     return lambda x, cache: x
 
 
-@_parallel
-def _attention_cached(qkv, k_cache, v_cache, state, table, n_heads, neox, scale, softcap,
-                      window, max_keys, out):
-    """attention_cached over float32 caches or float16 caches' bits (uint16).
-
-    A task is a token, a key/value head with all the query heads that share it (each
-    cached row is read once for them) and a range of KEY_RANGE keys; each range's
-    softmax (its maximum, sum and weighted values) is merged with the others after."""
+@_serial
+def _append_cached(qkv, k_cache, v_cache, pos, table, n_heads, neox):
+    """The S new tokens' keys (rotated) and values into cache rows (pos + s) % n_ctx."""
     s_new = qkv.shape[0]
     n_ctx, hkv, d = k_cache.shape
-    pos = state[1]
-    ring = max_keys > n_ctx  # position j in row j % n_ctx (a sliding window's cache)
-    if pos < 0 or pos + s_new > max_keys or (not ring and pos + s_new > n_ctx):
-        out[:] = np.nan
-        return
-    group = n_heads // hkv
     rotated = np.empty(d, _F32)
     for s in range(s_new):
         for h in range(hkv):
@@ -190,41 +197,75 @@ def _attention_cached(qkv, k_cache, v_cache, state, table, n_heads, neox, scale,
             for i in range(d):
                 k_cache[row, h, i] = _written(rotated[i], k_cache)
                 v_cache[row, h, i] = _written(qkv[s, (n_heads + hkv + h) * d + i], v_cache)
-    ranges = (pos + s_new + KEY_RANGE - 1) // KEY_RANGE
-    top = np.full((s_new, hkv, ranges, group), _F32(-3.0e38))  # empty ranges weigh 0
-    total = np.zeros((s_new, hkv, ranges, group), _F32)
-    acc = np.zeros((s_new, hkv, ranges, group, d), _F32)
-    for task in numba.prange(s_new * hkv * ranges):
-        s = task // (hkv * ranges)
-        kv = task // ranges % hkv
-        r = task % ranges
-        first = r * KEY_RANGE
-        if window > 0:
-            first = max(first, pos + s + 1 - window)
-        stop = min(r * KEY_RANGE + KEY_RANGE, pos + s + 1)
-        if first >= stop:
-            continue
-        q = np.empty((group, d), _F32)
+
+
+@_serial
+def _cached_range(task, qkv, k_cache, v_cache, pos, table, n_heads, neox, scale, softcap,
+                  window, top, total, acc, out):
+    """Task `task` of attention_cached: a token, a key/value head with all the query heads
+    that share it (each cached row is read once for them) and a range of KEY_RANGE keys,
+    whose softmax (its maximum, sum and weighted values) goes to top, total and acc; with
+    one range, the normalised output straight to out."""
+    n_ctx, hkv, d = k_cache.shape
+    ranges, group = top.shape[2], top.shape[3]
+    s = task // (hkv * ranges)
+    kv = task // ranges % hkv
+    r = task % ranges
+    first = r * KEY_RANGE
+    if window > 0:
+        first = max(first, pos + s + 1 - window)
+    stop = min(r * KEY_RANGE + KEY_RANGE, pos + s + 1)
+    if first >= stop:
+        return
+    q = np.empty((group, d), _F32)
+    for g in range(group):
+        head = kv * group + g
+        _rotate(qkv[s, head * d:(head + 1) * d], table, pos + s, neox, q[g])
+    rows = np.arange(first, stop) % n_ctx
+    _range_softmax(k_cache, v_cache, rows, kv, q, scale, softcap, top[s, kv, r],
+                   total[s, kv, r], acc[s, kv, r])
+    if ranges == 1:  # nothing to merge: normalised here
         for g in range(group):
             head = kv * group + g
-            _rotate(qkv[s, head * d:(head + 1) * d], table, pos + s, neox, q[g])
-        rows = np.arange(first, stop) % n_ctx
-        _range_softmax(k_cache, v_cache, rows, kv, q, scale, softcap, top[s, kv, r],
-                       total[s, kv, r], acc[s, kv, r])
-        if ranges == 1:  # nothing to merge: normalised here, no second parallel pass
-            for g in range(group):
-                head = kv * group + g
-                for i in range(d):
-                    out[s, head * d + i] = acc[s, kv, 0, g, i] / total[s, kv, 0, g]
-    if ranges > 1:
-        for task in numba.prange(s_new * hkv):
-            s = task // hkv
-            kv = task % hkv
-            seen = (pos + s + KEY_RANGE) // KEY_RANGE  # the ranges holding this token's keys
-            for g in range(group):
-                head = kv * group + g
-                _merge_ranges(top[s, kv, :seen, g], total[s, kv, :seen, g],
-                              acc[s, kv, :seen, g], out[s, head * d:(head + 1) * d])
+            for i in range(d):
+                out[s, head * d + i] = acc[s, kv, 0, g, i] / total[s, kv, 0, g]
+
+
+@_serial
+def _cached_merge(task, pos, top, total, acc, out):
+    """The ranges of token task // Hkv's key/value head task % Hkv merged into out."""
+    hkv, group, d = top.shape[1], top.shape[3], acc.shape[4]
+    s = task // hkv
+    kv = task % hkv
+    seen = (pos + s + KEY_RANGE) // KEY_RANGE  # the ranges holding this token's keys
+    for g in range(group):
+        head = kv * group + g
+        _merge_ranges(top[s, kv, :seen, g], total[s, kv, :seen, g], acc[s, kv, :seen, g],
+                      out[s, head * d:(head + 1) * d])
+
+
+@_parallel
+def _cached_tasks_parallel(qkv, k_cache, v_cache, pos, table, n_heads, neox, scale, softcap,
+                           window, top, total, acc, out):
+    """Every task of attention_cached, then their merge, on the thread pool."""
+    for task in numba.prange(top.shape[0] * top.shape[1] * top.shape[2]):
+        _cached_range(task, qkv, k_cache, v_cache, pos, table, n_heads, neox, scale, softcap,
+                      window, top, total, acc, out)
+    if top.shape[2] > 1:
+        for task in numba.prange(top.shape[0] * top.shape[1]):
+            _cached_merge(task, pos, top, total, acc, out)
+
+
+@_serial
+def _cached_tasks_serial(qkv, k_cache, v_cache, pos, table, n_heads, neox, scale, softcap,
+                         window, top, total, acc, out):
+    """The same on the calling thread: cheaper than the pool's start for little work."""
+    for task in range(top.shape[0] * top.shape[1] * top.shape[2]):
+        _cached_range(task, qkv, k_cache, v_cache, pos, table, n_heads, neox, scale, softcap,
+                      window, top, total, acc, out)
+    if top.shape[2] > 1:
+        for task in range(top.shape[0] * top.shape[1]):
+            _cached_merge(task, pos, top, total, acc, out)
 
 
 #: Tasks of attention_paged's key ranges that keep the threads busy: a batch of fewer

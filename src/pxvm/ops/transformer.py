@@ -153,30 +153,40 @@ KV_CACHE_DTYPES = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16)}
 CACHE_INPUTS = ("f32", tuple(KV_CACHE_DTYPES), tuple(KV_CACHE_DTYPES), "i32")
 
 
-def _infer_cached(qkv, k_cache, v_cache, state, n_heads=1, theta=10000.0,
-                  style="interleaved", scale=None, max_keys=None, freq_factors=None,
-                  attn_factor=1.0, softcap=0.0, window=0):
-    require(len(k_cache.shape) == 3 and tuple(k_cache.shape) == tuple(v_cache.shape),
-            f"attention_cached: caches must both be (n_ctx, Hkv, D), got {tuple(k_cache.shape)} "
-            f"and {tuple(v_cache.shape)}")
+def _check_attention(name: str, qkv, k_cache, v_cache, layout: str, n_heads, style,
+                     freq_factors, attn_factor, softcap, window) -> None:
+    """ShapeError unless the caches (or pools) are alike, their shape ends in (Hkv, D)
+    that n_heads and qkv fit, and the rotation, cap and window are valid."""
+    rank = len(layout.split(","))
+    require(len(k_cache.shape) == rank and tuple(k_cache.shape) == tuple(v_cache.shape),
+            f"{name}: {'caches' if rank == 3 else 'pools'} must both be ({layout}), got "
+            f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
     require(np.dtype(k_cache.dtype) == np.dtype(v_cache.dtype),
-            f"attention_cached: the caches must have one dtype, got {np.dtype(k_cache.dtype)} "
-            f"keys and {np.dtype(v_cache.dtype)} values")
-    n_ctx, hkv, d = k_cache.shape
+            f"{name}: the {'caches' if rank == 3 else 'pools'} must have one dtype, got "
+            f"{np.dtype(k_cache.dtype)} keys and {np.dtype(v_cache.dtype)} values")
+    hkv, d = k_cache.shape[-2:]
     require(n_heads >= 1 and n_heads % hkv == 0,
             f"query heads ({n_heads}) must be a multiple of key/value heads ({hkv})")
     require(d % 2 == 0 and 2 <= d <= MAX_HEAD_DIM,
             f"head dimension must be even and at most {MAX_HEAD_DIM}, got {d}")
     require(len(qkv.shape) == 2 and qkv.shape[1] == (n_heads + 2 * hkv) * d and qkv.shape[0] >= 1,
-            f"attention_cached: qkv must be (S, {(n_heads + 2 * hkv) * d}) for {n_heads} query "
-            f"heads and {hkv} key/value heads of {d}, got {tuple(qkv.shape)}")
-    require(np.dtype(state.dtype) == np.int32 and state.size >= 2,
-            "attention_cached: state must be an int32 tensor [token, position, ...]")
+            f"{name}: qkv must be ({'S' if rank == 3 else 'T'}, {(n_heads + 2 * hkv) * d}) for "
+            f"{n_heads} query heads and {hkv} key/value heads of {d}, got {tuple(qkv.shape)}")
     check_rope(d, style, freq_factors, attn_factor)
     require(math.isfinite(softcap) and softcap >= 0,
             f"attention softcap must be finite and at least 0 (0: none), got {softcap}")
     require(isinstance(window, (int, np.integer)) and 0 <= window < 2**32,
             f"attention window must be a count of keys (0: all), got {window!r}")
+
+
+def _infer_cached(qkv, k_cache, v_cache, state, n_heads=1, theta=10000.0,
+                  style="interleaved", scale=None, max_keys=None, freq_factors=None,
+                  attn_factor=1.0, softcap=0.0, window=0):
+    _check_attention("attention_cached", qkv, k_cache, v_cache, "n_ctx, Hkv, D", n_heads,
+                     style, freq_factors, attn_factor, softcap, window)
+    require(np.dtype(state.dtype) == np.int32 and state.size >= 2,
+            "attention_cached: state must be an int32 tensor [token, position, ...]")
+    n_ctx, _, d = k_cache.shape
     s = qkv.shape[0]
     if max_keys is not None and max_keys > n_ctx and window > 0:  # a ring (cached_rows)
         require(n_ctx % RING_ROWS == 0 and n_ctx >= window + s - 1,
@@ -313,32 +323,15 @@ def attention_cached_matmul_quant_add(qkv, k_cache, v_cache, state, w, residual,
 def _infer_paged(qkv, k_pool, v_pool, token_table, block_table, n_heads=1, theta=10000.0,
                  style="interleaved", scale=None, freq_factors=None, attn_factor=1.0,
                  softcap=0.0, window=0):
-    require(len(k_pool.shape) == 4 and tuple(k_pool.shape) == tuple(v_pool.shape),
-            f"attention_paged: pools must both be (blocks, block_size, Hkv, D), got "
-            f"{tuple(k_pool.shape)} and {tuple(v_pool.shape)}")
-    require(np.dtype(k_pool.dtype) == np.dtype(v_pool.dtype),
-            f"attention_paged: the pools must have one dtype, got {np.dtype(k_pool.dtype)} "
-            f"keys and {np.dtype(v_pool.dtype)} values")
-    _, _, hkv, d = k_pool.shape
-    require(n_heads >= 1 and n_heads % hkv == 0,
-            f"query heads ({n_heads}) must be a multiple of key/value heads ({hkv})")
-    require(d % 2 == 0 and 2 <= d <= MAX_HEAD_DIM,
-            f"head dimension must be even and at most {MAX_HEAD_DIM}, got {d}")
-    t = qkv.shape[0]
-    require(len(qkv.shape) == 2 and qkv.shape[1] == (n_heads + 2 * hkv) * d and t >= 1,
-            f"attention_paged: qkv must be (T, {(n_heads + 2 * hkv) * d}) for {n_heads} query "
-            f"heads and {hkv} key/value heads of {d}, got {tuple(qkv.shape)}")
+    _check_attention("attention_paged", qkv, k_pool, v_pool, "blocks, block_size, Hkv, D",
+                     n_heads, style, freq_factors, attn_factor, softcap, window)
+    t, d = qkv.shape[0], k_pool.shape[3]
     require(np.dtype(token_table.dtype) == np.int32 and tuple(token_table.shape) == (t, 2),
             f"attention_paged: token_table must be int32 (T, 2) = [sequence, position] per "
             f"token, T = {t}; got {np.dtype(token_table.dtype)} {tuple(token_table.shape)}")
     require(np.dtype(block_table.dtype) == np.int32 and len(block_table.shape) == 2,
             f"attention_paged: block_table must be int32 (sequences, blocks per sequence), "
             f"got {np.dtype(block_table.dtype)} {tuple(block_table.shape)}")
-    check_rope(d, style, freq_factors, attn_factor)
-    require(math.isfinite(softcap) and softcap >= 0,
-            f"attention softcap must be finite and at least 0 (0: none), got {softcap}")
-    require(isinstance(window, (int, np.integer)) and 0 <= window < 2**32,
-            f"attention window must be a count of keys (0: all), got {window!r}")
     return meta((t, n_heads * d), np.float32)
 
 

@@ -100,18 +100,6 @@ def top_p_mask(probs: np.ndarray, p: float) -> np.ndarray:
     return mask
 
 
-def softmax(x: np.ndarray) -> np.ndarray:
-    """exp(x - max) normalised, over the finite entries (the others get 0)."""
-    x = np.asarray(x, dtype=np.float64)
-    finite = np.isfinite(x)
-    if finite.all():  # the common case, without masked copies
-        e = np.exp(x - x.max())
-    else:
-        e = np.zeros_like(x)
-        e[finite] = np.exp(x[finite] - x[finite].max())
-    return e / e.sum()
-
-
 def penalized(logits: np.ndarray, params: "SamplingParams", previous: Sequence[int]) -> np.ndarray:
     """Logits after the repetition penalty over the last `repeat_last_n` tokens."""
     window = list(previous)[-params.repeat_last_n:] if params.repeat_last_n > 0 else []
@@ -120,15 +108,22 @@ def penalized(logits: np.ndarray, params: "SamplingParams", previous: Sequence[i
 
 def next_token_probs(logits: np.ndarray, params: SamplingParams,
                      previous: Sequence[int] = ()) -> np.ndarray:
-    """The distribution a sampling step draws from (float64, sums to 1): penalty, then
-    top-k on logits, temperature, softmax, then top-p and renormalisation."""
-    z = penalized(logits, params, previous).astype(np.float64)
+    """The distribution a sampling step draws from (float32, summing to 1 in float64):
+    penalty, then top-k on logits, temperature, softmax, then top-p and renormalisation.
+    In float32: float64's exponentials of a 128k vocabulary took 2.8 ms a token, which a
+    batch of 64 sequences pays 64 times a step."""
+    z = penalized(logits, params, previous)
     if params.top_k > 0:  # filters that are off cost no masks (sampling runs every token)
         z[~top_k_mask(z, params.top_k)] = -np.inf
-    probs = softmax(z / params.temperature)
+    finite = np.isfinite(z)
+    if not finite.all():  # masked (and NaN) logits weigh 0
+        z[~finite] = -np.inf
+    z *= np.float32(1.0 / params.temperature)
+    probs = np.exp(z - z.max())
+    probs /= probs.sum(dtype=np.float64)
     if params.top_p < 1.0:
         probs[~top_p_mask(probs, params.top_p)] = 0.0
-        probs /= probs.sum()
+        probs /= probs.sum(dtype=np.float64)
     return probs
 
 
@@ -143,5 +138,7 @@ class Sampler:
         p = self.params
         if p.temperature == 0.0:
             return int(np.argmax(penalized(logits, p, previous)))
-        probs = next_token_probs(logits, p, previous)
-        return int(self.rng.choice(probs.shape[-1], p=probs))
+        # Generator.choice's draw (one uniform against the running sums), without its
+        # checks of p, which cost more than the rest
+        cdf = np.cumsum(next_token_probs(logits, p, previous), dtype=np.float64)
+        return int(np.searchsorted(cdf, self.rng.random() * cdf[-1], side="right"))

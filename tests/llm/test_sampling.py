@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy.special import softmax
 
-from pxvm.llm.sampling import (Sampler, SamplingParams, apply_repetition_penalty,
+from pxvm.llm.sampling import (Sampler, SamplingParams, apply_repetition_penalty, draw,
                                next_token_probs, top_p_mask)
 
 
@@ -140,3 +140,17 @@ def test_top_p_distribution_renormalises(rng):
 def test_invalid_parameters_are_rejected(bad):
     with pytest.raises(ValueError):
         SamplingParams(**bad)
+
+
+@pytest.mark.parametrize("n", [7, 512, 1500, 128256])
+def test_draw_picks_where_the_running_sum_passes_u_never_a_weightless_token(n, rng):
+    # integer weights: every running sum exact, so the block-by-block search must give
+    # exactly the index a whole cumsum gives (Generator.choice's rule)
+    weights = rng.integers(0, 4, n).astype(np.float32)
+    weights[: min(n, 600)] = 0  # whole weightless blocks at the start
+    weights[-1] = 3
+    cdf = np.cumsum(weights, dtype=np.float64)
+    for u in np.append(rng.random(300), [0.0, 1 - 1e-16]):
+        got = draw(weights, float(u))
+        assert got == int(np.searchsorted(cdf, u * cdf[-1], side="right"))
+        assert weights[got] > 0

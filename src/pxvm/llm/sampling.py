@@ -138,7 +138,30 @@ class Sampler:
         p = self.params
         if p.temperature == 0.0:
             return int(np.argmax(penalized(logits, p, previous)))
-        # Generator.choice's draw (one uniform against the running sums), without its
-        # checks of p, which cost more than the rest
-        cdf = np.cumsum(next_token_probs(logits, p, previous), dtype=np.float64)
-        return int(np.searchsorted(cdf, self.rng.random() * cdf[-1], side="right"))
+        return draw(next_token_probs(logits, p, previous), self.rng.random())
+
+
+#: Tokens whose weights draw() sums a block at a time: the running sums of a whole
+#: vocabulary (a sequential cumsum) took longer than the rest of a draw.
+DRAW_BLOCK = 512
+
+
+def draw(weights: np.ndarray, u: float) -> int:
+    """The token whose running sum of weights first passes u (in [0, 1)) times their
+    total, as Generator.choice draws: found block by block (the blocks' sums, then the
+    running sums inside one), never a token of weight 0."""
+    n = weights.size
+    whole = n // DRAW_BLOCK * DRAW_BLOCK
+    sums = np.append(weights[:whole].reshape(-1, DRAW_BLOCK).sum(axis=1, dtype=np.float64),
+                     weights[whole:].sum(dtype=np.float64))
+    running = np.cumsum(sums)
+    target = u * running[-1]
+    # the block where the running sum passes the target (a block of weight: its sum > 0)
+    b = min(int(np.searchsorted(running, target, side="right")), len(sums) - 1)
+    while sums[b] == 0:  # rounding at the very end: the last block with weight
+        b -= 1
+    start = b * DRAW_BLOCK
+    inside = np.cumsum(weights[start:start + DRAW_BLOCK], dtype=np.float64)
+    i = int(np.searchsorted(inside, target - (running[b - 1] if b else 0.0), side="right"))
+    heavy = np.flatnonzero(weights[start:start + DRAW_BLOCK])
+    return start + int(heavy[np.searchsorted(heavy, min(i, heavy[-1]))])

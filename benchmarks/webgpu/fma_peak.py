@@ -4,6 +4,9 @@ its float32 ones, BENCHMARKS.md, issue 19). Each thread runs CHAINS independent
 multiply-add chains of one vector type over a fixed number of steps, its results
 stored so that nothing is optimised away; GPU time from timestamp queries around one
 dispatch, median of 7 after a warm-up. Raw wgpu, not pxvm: it measures the device.
+`dot4I8Packed` (WGSL's packed 4 x int8 dot product, a multiply-add of four int8 pairs
+into an i32) is counted as 8 operations, as a 4-wide multiply-add: whether the driver
+runs it as one instruction (NVIDIA's dp4a) or a sequence shows in its rate against f32's.
 Usage: python benchmarks/webgpu/fma_peak.py [WORKGROUPS]"""
 import statistics
 import sys
@@ -20,6 +23,7 @@ TYPES = {  # name: (WGSL type, scalar lanes, needs f16)
     "f32": ("f32", 1, False), "vec4<f32>": ("vec4<f32>", 4, False),
     "f16": ("f16", 1, True), "vec2<f16>": ("vec2<f16>", 2, True),
     "vec4<f16>": ("vec4<f16>", 4, True),
+    "dot4I8Packed": ("i32", 4, False),
 }
 
 
@@ -30,7 +34,11 @@ def source(wgsl_type: str, lanes: int, half: bool) -> str:
         for i in range(CHAINS))
     # UNROLL rounds of the chains a trip: the loop's own instructions (and the trip
     # counter naga adds) stay a small share
-    steps = "\n".join(f"        a{i} = fma(a{i}, m, c);" for _ in range(UNROLL)
+    step = "fma(a{i}, m, c)"
+    if wgsl_type == "i32":   # dot4I8Packed: the chain's value is the next packed operand
+        chains = "\n".join(f"    var a{i} = i32(gid.x) + {i};" for i in range(CHAINS))
+        step = "a{i} + dot4I8Packed(bitcast<u32>(a{i}), 0x01ff02feu)"
+    steps = "\n".join(f"        a{i} = {step.format(i=i)};" for _ in range(UNROLL)
                        for i in range(CHAINS))
     total = " + ".join(f"a{i}" for i in range(CHAINS))
     return f"""{"enable f16;" if half else ""}
@@ -38,14 +46,15 @@ def source(wgsl_type: str, lanes: int, half: bool) -> str:
 @compute @workgroup_size({WG})
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
     let x = {"f16" if half else "f32"}(gid.x & 7u);
-    let m = {wgsl_type}(0.999);
-    let c = {wgsl_type}(0.001);
+    let m = {wgsl_type}({"1" if wgsl_type == "i32" else "0.999"});
+    let c = {wgsl_type}({"0" if wgsl_type == "i32" else "0.001"});
 {chains}
     for (var s = 0u; s < {STEPS}u; s = s + 1u) {{
 {steps}
     }}
     let t = {total};
-    out[gid.x] = {" + ".join(f"f32(t{'.' + 'xyzw'[j] if lanes > 1 else ''})" for j in range(lanes))};
+    out[gid.x] = {"f32(t)" if wgsl_type == "i32" else " + ".join(
+        f"f32(t{'.' + 'xyzw'[j] if lanes > 1 else ''})" for j in range(lanes))};
 }}
 """
 
@@ -84,7 +93,8 @@ def main() -> None:
             seconds.append((int(end) - int(begin)) * 1e-9)
         t = statistics.median(seconds[1:])
         flops = 2 * WORKGROUPS * WG * STEPS * UNROLL * CHAINS * lanes
-        print(f"{name:10s} {flops / t / 1e12:7.1f} TFLOP/s ({t * 1e3:.2f} ms)")
+        unit = "TOP/s " if name == "dot4I8Packed" else "TFLOP/s"
+        print(f"{name:10s} {flops / t / 1e12:7.1f} {unit} ({t * 1e3:.2f} ms)")
 
 
 if __name__ == "__main__":

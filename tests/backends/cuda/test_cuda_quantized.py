@@ -343,10 +343,11 @@ def test_a_written_weight_is_repacked_again(cuda_device, rng, qtype):
     assert np.abs(again - first).max() > 1e-3
 
 
-@pytest.mark.parametrize("budget,kept", [(2 << 30, True), (0, False)])
-def test_a_prompt_keeps_its_dequantized_weight_within_the_budget(cuda_device, rng, monkeypatch,
-                                                                 budget, kept):
-    monkeypatch.setattr(cuda_backend_module, "OPTIONAL_DERIVED_BYTES", budget)
+@pytest.mark.parametrize("keep_free,kept", [(0.25, True), (1.0, False)])
+def test_a_prompt_keeps_its_dequantized_weight_while_memory_stays_free(
+        cuda_device, rng, monkeypatch, keep_free, kept):
+    # KEEP_FREE 1: no memory is ever free enough, the weight is dequantized at each use
+    monkeypatch.setattr(cuda_backend_module, "KEEP_FREE", keep_free)
     qtype, n = "Q4_K", 40
     k = _k(qtype, 2)
     w = pxvm.tensor(_weight(rng, qtype, n, k), backend="cuda")
@@ -360,3 +361,26 @@ def test_a_prompt_keeps_its_dequantized_weight_within_the_budget(cuda_device, rn
         launches.append([name for name, _ in batch.profile])
     assert any(name.startswith("dequantize") for name in launches[0])
     assert any(name.startswith("dequantize") for name in launches[1]) is not kept
+
+
+@pytest.mark.parametrize("keep_free,min_values,tensor_cores", [
+    (0.25, 0, True), (1.0, 0, False), (0.25, 1 << 30, False)])
+@pytest.mark.parametrize("m", [quantized_module.BATCH_MIN_ROWS, 9])
+def test_a_batch_takes_tensor_cores_where_its_large_float16_weight_is_kept(
+        cuda_device, rng, monkeypatch, keep_free, min_values, tensor_cores, m):
+    # A batch's rows (several sequences decoding) read a kept float16 weight once on
+    # tensor cores; where it would not be kept, or the weight is small (read from L2
+    # after the first row), the matrix-vector kernel, once a row.
+    monkeypatch.setattr(cuda_backend_module, "KEEP_FREE", keep_free)
+    monkeypatch.setattr(quantized_module, "BATCH_MIN_VALUES", min_values)
+    qtype, n = "Q4_K", 40
+    k = _k(qtype, 2)
+    w = pxvm.tensor(_weight(rng, qtype, n, k), backend="cuda")
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    with Batch(cuda_device, profile=True) as batch:
+        y = pxvm.ops.matmul_quant(batch.upload(x), w, qtype=qtype, k=k)
+    batch.execute()
+    names = [name for name, _ in batch.profile]
+    assert any(name.startswith("matvec") for name in names) is not tensor_cores, names
+    assert_close(batch.read(y), _expected(x, w.numpy(), qtype, k),
+                 PROMPT_NMSE if tensor_cores else MATVEC_NMSE)

@@ -24,9 +24,12 @@ from .ptx.builder import Kernel, module
 #: Threads per block of the grid-stride kernels; blocks per multiprocessor they start.
 THREADS = 256
 BLOCKS_PER_SM = 8
-#: Device memory that optional derived forms (weights dequantized for prompts) may keep:
-#: a small model's all fit (SmolLM2's float16 weights are 270 MB), a 7B model's do not.
-OPTIONAL_DERIVED_BYTES = 2 << 30
+#: Optional derived forms (weights dequantized to float16 for tensor cores) are kept
+#: while this share of the device's memory stays free, for caches, activations and other
+#: processes: an H200 (141 GB) keeps Llama-3.1-8B's float16 weights (16 GB) whole, a
+#: 24 GB card a Q4_K 8B's in part. Made anew at each use, a weight costs its products
+#: more than the products themselves (BENCHMARKS.md, issue 39).
+KEEP_FREE = 0.25
 
 
 @functools.lru_cache(maxsize=None)
@@ -235,8 +238,8 @@ class CudaContext(RecordingContext):
         (recording its work here) on first use and kept with the tensor's memory until
         the tensor is written or freed. Made at once even while capturing: a weight is
         repacked once, not at every run of a graph. An `optional` form (a speed-up only,
-        and large: a weight dequantized) is kept while all such forms together stay
-        within OPTIONAL_DERIVED_BYTES, else made anew at each use."""
+        and large: a weight dequantized) is kept while KEEP_FREE of the device's memory
+        stays free (`keeps_optional`), else made anew at each use."""
         self._eager += 1
         try:
             return self.backend.derived(tensor, key, make, optional)
@@ -311,11 +314,9 @@ class CudaBackend(Backend):
 
     def __init__(self, device: CudaDevice | None = None):
         self.device = device if device is not None else get_cuda_device()
-        # id(buffer) -> (a weak reference to it, {key: the tensor derived from it},
-        # [the bytes of its optional derived tensors])
-        self._derived: dict[int, tuple[weakref.ref, dict, list]] = {}
+        # id(buffer) -> (a weak reference to it, {key: the tensor derived from it})
+        self._derived: dict[int, tuple[weakref.ref, dict]] = {}
         self._kernels: dict[tuple, tuple] = {}  # (builder, its arguments) -> kernel()
-        self.optional_bytes = 0  # kept optional derived forms (CudaContext.derived)
         self._counters: Tensor | None = None  # CudaContext.counters'
 
     def bind_thread(self) -> None:
@@ -347,25 +348,30 @@ class CudaBackend(Backend):
         buffer = tensor.storage
         entry = self._derived.get(id(buffer))
         if entry is None or entry[0]() is not buffer:
-            entry = (weakref.ref(buffer, lambda _, i=id(buffer): self._forget(i)), {}, [0])
+            entry = (weakref.ref(buffer, lambda _, i=id(buffer): self._forget(i)), {})
             self._derived[id(buffer)] = entry
         found = entry[1].get(key)
         if found is None:
             found = make()
-            if optional:  # one tensor, counted against the budget
-                size = found.storage.nbytes
-                if self.optional_bytes + size > OPTIONAL_DERIVED_BYTES:
-                    return found  # over the budget: not kept
-                entry[2][0] += size
-                self.optional_bytes += size
+            if optional and not self.keeps_optional():
+                return found
             entry[1][key] = found
         return found
 
+    def keeps_derived(self, tensor: Tensor, key) -> bool:
+        """Whether `tensor`'s derived form `key` is kept."""
+        entry = self._derived.get(id(tensor.storage))
+        return entry is not None and entry[0]() is tensor.storage and key in entry[1]
+
+    def keeps_optional(self, nbytes: int = 0) -> bool:
+        """Whether an optional derived form `nbytes` larger than those made (0: one just
+        made) would be kept: KEEP_FREE of the device's memory free beside it."""
+        free, total = self.device.memory_info()
+        return free - nbytes >= KEEP_FREE * total
+
     def _forget(self, buffer_id: int) -> None:
         """A source buffer was freed or written: its derived forms go."""
-        entry = self._derived.pop(buffer_id, None)
-        if entry is not None:
-            self.optional_bytes -= entry[2][0]
+        self._derived.pop(buffer_id, None)
 
     def describe(self) -> str:
         i = self.device.info

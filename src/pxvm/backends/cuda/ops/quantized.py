@@ -23,6 +23,16 @@ from .matmul import f16_glu, f16_product, glu_takes, wgmma_shape
 #: From this many rows of x, a product dequantizes W into float16 and multiplies on tensor
 #: cores; below it the matrix-vector kernel reads the quantized weight once per row of x.
 PROMPT_MIN_ROWS = 32
+#: From this many rows (several sequences' decoding steps) a product takes tensor cores
+#: too where W's float16 form is kept (or would be: backend.KEEP_FREE), which it reads
+#: once for all the rows: 8 rows of an 8B model took 13.2 ms a step through the
+#: matrix-vector kernel, one row 4.5 (H200, BENCHMARKS.md, issue 39). The float16 form
+#: is 3.5 times a Q4_K weight's bytes: a pair of rows (7 ms) about breaks even. Weights of
+#: fewer than BATCH_MIN_VALUES values stay with the matrix-vector kernel, which reads them
+#: from L2 after the first row (SmolLM2's: 8 sequences decoded at 3,832 tokens/s on
+#: tensor cores, 4,521 without, on the H200).
+BATCH_MIN_ROWS = 4
+BATCH_MIN_VALUES = 1 << 22
 #: (outputs a block, rows a group) and weight prefetch of the matrix-vector kernel by GGML
 #: type: the fastest over W 4096 x 4096, 11008 x 4096 and 4096 x 11008 on the H100
 #: (docs/benchmarks-log.md); `pxvm tune --backend cuda` measures them per device (matvec_tuned).
@@ -92,13 +102,21 @@ def _dequantized_f16(ctx, w, qtype, k):
     return out
 
 
+def _f16_key(qtype, k):
+    return ("float16", qtype, k)
+
+
+def _f16_glu_key(qtype, k, block_n):
+    return ("float16 glu", qtype, k, block_n)
+
+
 def _f16_weight(ctx, w, qtype, k):
     """W as a float16 (N, K) tensor: F16 rows as they are, the other types dequantized
-    into a matrix kept with W while the backend's budget allows (a prompt then skips
+    into a matrix kept with W while the backend's memory allows (a prompt then skips
     the dequantization: one launch a product fewer)."""
     if qtype == "F16":
         return _dequantized_f16(ctx, w, qtype, k)
-    return ctx.derived(w, ("float16", qtype, k), lambda: _dequantized_f16(ctx, w, qtype, k),
+    return ctx.derived(w, _f16_key(qtype, k), lambda: _dequantized_f16(ctx, w, qtype, k),
                        optional=True)
 
 
@@ -113,7 +131,7 @@ def _f16_glu_weight(ctx, w, qtype, k, block_n: int):
             ctx.copy(out, plain, count * row_bytes, i * count * row_bytes, first * row_bytes)
         return out
 
-    return ctx.derived(w, ("float16 glu", qtype, k, block_n), make, optional=True)
+    return ctx.derived(w, _f16_glu_key(qtype, k, block_n), make, optional=True)
 
 
 def to_f16(ctx, x):
@@ -125,9 +143,23 @@ def to_f16(ctx, x):
     return x16
 
 
-def prompt_takes(m: int, k: int) -> bool:
-    """Whether a product of x (m, k) runs as a prompt's: on tensor cores."""
-    return m >= PROMPT_MIN_ROWS and k % 8 == 0
+def f16_kept(ctx, w, qtype, k) -> bool:
+    """Whether W's float16 form (either) is kept, or one would be now."""
+    backend = ctx.backend
+    return (qtype == "F16" or backend.keeps_derived(w, _f16_key(qtype, k))
+            or backend.keeps_derived(w, _f16_glu_key(qtype, k, wgmma_shape(ctx)[0]))
+            or backend.keeps_optional(w.shape[0] * k * 2))
+
+
+def prompt_takes(ctx, m: int, k: int, w, qtype: str) -> bool:
+    """Whether a product of x (m, k) with W runs as a prompt's, on tensor cores: a
+    prompt's rows, or a batch's where W is large and its float16 form kept (f16_kept)."""
+    if k % 8:
+        return False
+    if m >= PROMPT_MIN_ROWS:
+        return True
+    return (m >= BATCH_MIN_ROWS and w.shape[0] * k >= BATCH_MIN_VALUES
+            and f16_kept(ctx, w, qtype, k))
 
 
 def prompt_product(ctx, x, w, qtype, k, residual=None):
@@ -201,9 +233,10 @@ def _matvec_rule(ctx, qtype, outputs, k, glu, hopper) -> tuple[int, int, str]:
 
 
 def matvec_takes(m: int, k: int) -> bool:
-    """Whether the matrix-vector kernel (`product`) multiplies x (m, k): decoding's few
+    """Whether the matrix-vector kernel (`product`) can multiply x (m, k): decoding's few
     rows (prompts take tensor cores from PROMPT_MIN_ROWS rows), rows of whole units
-    (float rows of other lengths take matvec_float_scalar)."""
+    (float rows of other lengths take matvec_float_scalar). Callers ask prompt_takes
+    first: batches take tensor cores where W's float16 form is kept."""
     return 0 < m < PROMPT_MIN_ROWS and k % quant_blocks.UNIT == 0
 
 
@@ -252,11 +285,12 @@ def product(ctx, x, w, qtype: str, k: int, gain=None, eps: float = 0.0, residual
 @quantized.matmul_quant.kernel("cuda")
 def matmul_quant(ctx, x, w, *, qtype, k):
     """The matrix-vector kernel, a grid row per row of x, below PROMPT_MIN_ROWS rows;
-    dequantized W on tensor cores from there (K a multiple of 8)."""
+    dequantized W on tensor cores from there, and from BATCH_MIN_ROWS where it is kept
+    (K a multiple of 8: prompt_takes)."""
     m, n = x.shape[0], w.shape[0]
     if m == 0 or n == 0:
         return ctx.empty((m, n), np.float32)
-    if prompt_takes(m, k):
+    if prompt_takes(ctx, m, k, w, qtype):
         return prompt_product(ctx, x, w, qtype, k)
     if matvec_takes(m, k):
         return product(ctx, x, w, qtype, k)

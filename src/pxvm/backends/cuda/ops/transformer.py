@@ -26,7 +26,8 @@ from ..ptx import transformer as ptx_transformer
 from .attention import flash_shape
 from .elementwise import add_kernel, glu
 from .normalization import rmsnorm as rmsnorm_kernel
-from .quantized import matvec_takes, product, prompt_glu, prompt_product, prompt_takes
+from .quantized import (PROMPT_MIN_ROWS, matvec_takes, product, prompt_glu, prompt_product,
+                        prompt_takes)
 
 
 def _kernel(unfused, what: str):
@@ -41,13 +42,14 @@ def _kernel(unfused, what: str):
 def fused_product(ctx, x, w, qtype, k, what: str, gain=None, eps=0.0, residual=None,
                   activation=None):
     """[residual +] h @ W^T (act(h Wg^T) * (h Wu^T) with `activation`), h = rmsnorm(x,
-    gain, eps) with a gain, else x: one launch for decoding's rows (matvec_takes); for
-    a prompt's (tensor cores) and float rows of other lengths the unfused launches in a
-    row."""
-    if matvec_takes(x.shape[0], k):
+    gain, eps) with a gain, else x: for a prompt's rows and a batch's with W's float16
+    form kept (prompt_takes: tensor cores) and float rows of other lengths the unfused
+    launches in a row; one launch for other decoding rows (matvec_takes)."""
+    takes_tensor_cores = prompt_takes(ctx, x.shape[0], k, w, qtype)
+    if not takes_tensor_cores and matvec_takes(x.shape[0], k):
         return product(ctx, x, w, qtype, k, gain=gain, eps=eps, residual=residual,
                        activation=activation)
-    if prompt_takes(x.shape[0], k):  # the norm writes float16, the product adds
+    if takes_tensor_cores:  # the norm writes float16, the product adds
         h = x if gain is None else rmsnorm_kernel(ctx, x, gain, eps, half=True)
         if activation is not None:  # the GLU in the product's pass where it can
             glu_out = prompt_glu(ctx, h, w, qtype, k, activation)
@@ -243,7 +245,8 @@ def attention_cached_matmul_quant_add(ctx, qkv, k_cache, v_cache, state, w, resi
                                       qtype, k, n_heads=1, theta=10000.0, style="interleaved",
                                       scale=None, max_keys=None, freq_factors=None,
                                       attn_factor=1.0, softcap=0.0, window=0):
-    half = prompt_takes(qkv.shape[0], k)  # attention writes what the product reads
+    # a prompt's attention writes what the product reads (a batch's rows take attend)
+    half = qkv.shape[0] >= PROMPT_MIN_ROWS and prompt_takes(ctx, qkv.shape[0], k, w, qtype)
     if half and _flash_takes(ctx, k_cache, max_keys, softcap, window, scale):
         attended = _flash_attention(ctx, qkv, k_cache, v_cache, state, n_heads, theta, style,
                                     scale, max_keys, freq_factors, attn_factor)

@@ -227,6 +227,28 @@ def test_hopper_tensor_core_matmul_matches_its_reference(cuda_device, rng, m, k,
     assert_close(got, expected, 1e-10)  # float16 products are exact in float32
 
 
+def test_a_wgmma_product_of_few_blocks_splits_k_and_sums_the_ranges_alike_every_run(
+        cuda_device, rng, forced):
+    # 8 rows by 512 columns: 2 blocks on a GPU of many multiprocessors, so K (not a whole
+    # number of 64-value steps) is cut into ranges, summed by a launch of their own
+    if cuda_device.device.info.arch != "sm_90":
+        pytest.skip(f"wgmma needs a Hopper GPU (sm_90), not {cuda_device.device.info.arch}")
+    forced(cuda_matmul.KERNEL_TUNED, "wgmma")
+    m, k, n = 8, 4096 + 3 * 64 + 8, 512
+    a = rng.standard_normal((m, k)).astype(np.float16)
+    b = rng.standard_normal((n, k)).astype(np.float16)
+    runs = []
+    for _ in range(2):
+        with Batch("cuda", profile=True) as batch:
+            y = pxvm.ops.matmul_f16(batch.upload(a), batch.upload(b), transpose_b=True)
+        batch.execute()
+        runs.append(batch.read(y))
+        names = [name for name, _ in batch.profile]
+    assert any(name.endswith("_split") for name in names) and "split_sum" in names, names
+    assert_close(runs[0], a.astype(np.float64) @ b.astype(np.float64).T, 1e-10)
+    np.testing.assert_array_equal(runs[0], runs[1])
+
+
 def test_tensor_core_matmul_says_what_it_does_not_take_yet(cuda_device):
     a = np.ones((4, 12), np.float16)
     with pytest.raises(MissingKernelError, match="K a multiple of 8"):

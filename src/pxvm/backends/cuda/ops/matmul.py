@@ -83,16 +83,46 @@ def f16_glu(ctx, a, b, activation: str):
     return out
 
 
+#: A wgmma product whose grid has fewer blocks than the GPU has multiprocessors (a
+#: batch's rows by a weight of 4096 rows: 16 blocks of 256 columns on the H200's 132)
+#: splits K into up to MAX_SPLITS ranges of at least MIN_SPLIT_STEPS steps of 64
+#: (ptx_wgmma's `split`): a decoding step of 8 sequences of an 8B model took 7.2 ms
+#: instead of 15.0, of 64 sequences 14.8 instead of 24.6 (H200, BENCHMARKS.md, issue 39).
+MAX_SPLITS = 16
+MIN_SPLIT_STEPS = 4
+
+
+def k_splits(ctx, blocks: int, k: int) -> int:
+    """Ranges of K a wgmma product of `blocks` blocks is split into (1: not split)."""
+    sms = ctx.device.info.multiprocessors
+    if blocks >= sms:
+        return 1
+    steps = -(-k // ptx_wgmma.DEPTH)
+    return max(1, min(MAX_SPLITS, -(-sms // blocks), steps // MIN_SPLIT_STEPS))
+
+
 def f16_product(ctx, a, b, residual=None):
     """(M, N) float32 = a (M, K) @ b (N, K)^T [+ residual (M, N) float32] of float16
     tensors, K a multiple of 8, on tensor cores. The residual is added in the product's
-    own pass by wgmma, by a second launch after mma.sync."""
+    own pass by wgmma (by the sum of a split product's ranges: k_splits), by a second
+    launch after mma.sync."""
     M, K = a.shape
     N = b.shape[0]
     out = ctx.empty((M, N), np.float32)
     if tensor_core_kernel(ctx) == "wgmma":
         block_n, stages, _ = shape = wgmma_shape(ctx)
         added = residual is not None
+        grid = (-(-N // block_n), -(-M // ptx_wgmma.ROWS))
+        splits = k_splits(ctx, grid[0] * grid[1], K)
+        if splits > 1:
+            workspace = ctx.empty((splits, M, N), np.float32)
+            ctx.launch(ptx_wgmma.matmul_f16_wgmma, (*shape, False, None, True),
+                       [a, b, workspace, M, N, K], (*grid, splits), block=ptx_wgmma.THREADS,
+                       shared_bytes=ptx_wgmma.shared_bytes(block_n, stages))
+            ctx.launch(ptx_wgmma.split_sum, (added,),
+                       [workspace, out, M * N, splits, *([residual] if added else [])],
+                       ctx.stride_grid(M * N))
+            return out
         ctx.launch(ptx_wgmma.matmul_f16_wgmma, (*shape, added),
                    [a, b, out, M, N, K, *([residual] if added else [])],
                    (-(-N // block_n), -(-M // ptx_wgmma.ROWS), 1), block=ptx_wgmma.THREADS,

@@ -12,6 +12,12 @@ apart, so 8 rows make a 1024-byte atom (slices are 1024-byte aligned). `in_fligh
 wgmma groups left running while the next step's copies are issued.
 
 K must be a multiple of 8 (whole 16-byte chunks); M and N are any size.
+
+`split`: a grid of few blocks (a batch's few rows times a weight of few rows: 16 blocks
+for 4096 columns on 132 multiprocessors) leaves most of the GPU idle, so the grid's
+depth cuts K into ranges of whole steps, block (x, y, z) multiplying range z into slice z
+of a workspace (splits, M, N); `split_sum` adds the slices up (and the residual) in a
+launch of its own, in a fixed order (the same sums every run, unlike atomic adds).
 """
 
 from __future__ import annotations
@@ -50,9 +56,10 @@ def _descriptor(k: Kernel, address: Reg) -> Reg:
 
 
 def _copy_slices(k: Kernel, a: Reg, b: Reg, M: Reg, N: Reg, K: Reg, row0: Reg, col0: Reg,
-                 k0: Reg, tid: Reg, stage: Reg, block_n: int) -> None:
+                 k0: Reg, tid: Reg, stage: Reg, block_n: int, k_end: Reg) -> None:
     """cp.async this thread's chunks of the A and B slices at K offset k0 into `stage`
-    (A's ROWS rows, then B's block_n), then commit them as one group."""
+    (A's ROWS rows, then B's block_n), then commit them as one group; zeros from k_end
+    (K, or the end of the block's range of K)."""
     for base, src, rows, first, slice_rows in ((0, a, M, row0, ROWS),
                                                (ROWS * ROW_BYTES, b, N, col0, block_n)):
         for part in range(slice_rows * 8 // THREADS):
@@ -61,7 +68,7 @@ def _copy_slices(k: Kernel, a: Reg, b: Reg, M: Reg, N: Reg, K: Reg, row0: Reg, c
             c = k.op("and.b32", chunk, 7)
             row = k.op("add.u32", first, r)
             kk = k.op("mad.lo.u32", c, 8, k0)
-            ok = k.op("and.pred", k.setp("lt.u32", row, rows), k.setp("lt.u32", kk, K))
+            ok = k.op("and.pred", k.setp("lt.u32", row, rows), k.setp("lt.u32", kk, k_end))
             size = k.op("selp.u32", 16, 0, ok)
             # an address inside the matrix even when nothing is read (size 0)
             src_addr = k.element(src, k.op("mad.lo.u32", k.op("selp.u32", row, 0, ok), K,
@@ -74,19 +81,24 @@ def _copy_slices(k: Kernel, a: Reg, b: Reg, M: Reg, N: Reg, K: Reg, row0: Reg, c
 
 
 def matmul_f16_wgmma(block_n: int = 128, stages: int = 4, in_flight: int = 0,
-                     residual: bool = False, glu: str | None = None) -> Kernel:
+                     residual: bool = False, glu: str | None = None,
+                     split: bool = False) -> Kernel:
     """The kernel of one shape; with `residual`, C = A @ B^T + R for R (M, N) float32 (a
     transformer's residual add, in the same pass). With `glu` (silu, gelu_tanh), B's rows
     come in pairs of block_n / 2 gate rows then their block_n / 2 up rows (glu_rows), and
     C (M, N / 2) = glu(A @ gate^T) * (A @ up^T): a block's gate and up columns meet in
-    the same threads' accumulators."""
+    the same threads' accumulators. With `split`, C is the workspace (%nctaid.z, M, N) and
+    block z multiplies the z-th range of K's steps (module docstring)."""
     ahead = stages - 1 - in_flight  # steps whose slices are on their way
     if ahead < 1 or block_n % 64 or not 64 <= block_n <= 256:
         raise ValueError(f"no wgmma kernel of {block_n} columns, {stages} stages, "
                          f"{in_flight} in flight")
+    if split and (residual or glu):
+        raise ValueError("a split product's slices are summed by split_sum, which adds "
+                         "the residual; a GLU's epilogue needs whole sums")
     stage_bytes = (ROWS + block_n) * ROW_BYTES
     k = Kernel(f"matmul_f16_wgmma_{block_n}x{stages}x{in_flight}{'_add' if residual else ''}"
-               f"{f'_{glu}' if glu else ''}",
+               f"{f'_{glu}' if glu else ''}{'_split' if split else ''}",
                [("a", "u64"), ("b", "u64"), ("c", "u64"), ("M", "u32"), ("N", "u32"),
                 ("K", "u32"), *([("r", "u64")] if residual else [])], arch=ARCH)
     a, b, c, M, N, K, *r = k.params()
@@ -100,14 +112,24 @@ def matmul_f16_wgmma(block_n: int = 128, stages: int = 4, in_flight: int = 0,
     acc = [k.op("mov.f32", f32(0.0)) for _ in range(block_n // 2)]
     accumulate = k.setp("eq.u32", 0, 0)
     steps = k.op("shr.u32", k.op("add.u32", K, DEPTH - 1), 6)
+    first_step, k_end = k.op("mov.u32", 0), K
+    if split:  # this block's steps: range z of %nctaid.z, its slice of the workspace
+        z = k.special("%ctaid.z")
+        per = k.op("div.u32", k.op("add.u32", steps, k.op("sub.u32", k.special("%nctaid.z"), 1)),
+                   k.special("%nctaid.z"))
+        first_step = k.op("mul.lo.u32", z, per)
+        steps = k.op("min.u32", steps, k.op("add.u32", first_step, per))
+        k_end = k.op("min.u32", K, k.op("shl.b32", steps, 6))
+        c = k.element(c, k.op("mul.lo.u32", z, k.op("mul.lo.u32", M, N)), 4)
 
     def stage_address(step: Reg) -> Reg:
         return k.op("mad.lo.u32", k.op("rem.u32", step, stages), stage_bytes, buffers)
 
     for s in range(ahead):
-        _copy_slices(k, a, b, M, N, K, row0, col0, k.op("mov.u32", s * DEPTH), tid,
-                     k.op("add.u32", buffers, s * stage_bytes), block_n)
-    step = k.op("mov.u32", 0)
+        at = k.op("add.u32", first_step, s)
+        _copy_slices(k, a, b, M, N, K, row0, col0, k.op("shl.b32", at, 6), tid,
+                     stage_address(at), block_n, k_end)
+    step = k.op("mov.u32", first_step)
     with k.loop(step, steps, 1):
         k.emit(f"cp.async.wait_group {ahead - 1}")
         # the copies were made through the generic proxy, wgmma reads through the async one
@@ -115,7 +137,7 @@ def matmul_f16_wgmma(block_n: int = 128, stages: int = 4, in_flight: int = 0,
         k.emit("bar.sync 0")  # every copy of this step landed; every earlier wgmma done
         later = k.op("add.u32", step, ahead)  # past the last step: zero-size copies
         _copy_slices(k, a, b, M, N, K, row0, col0, k.op("shl.b32", later, 6), tid,
-                     stage_address(later), block_n)
+                     stage_address(later), block_n, k_end)
         current = stage_address(step)
         a_slice = k.op("mad.lo.u32", group, 64 * ROW_BYTES, current)
         b_slice = k.op("add.u32", current, ROWS * ROW_BYTES)
@@ -205,9 +227,31 @@ def _plus_residual(k: Kernel, r: Reg, index: Reg, values: list[Reg], both: Reg, 
     return [k.op("add.f32", v, x) for v, x in zip(values, added)]
 
 
+def split_sum(residual: bool = False) -> Kernel:
+    """c[i] = sum over z of workspace[z][i] (z = 0 .. splits - 1, in order) [+ r[i]], i <
+    count: a split product's slices added up."""
+    k = Kernel(f"split_sum{'_add' if residual else ''}",
+               [("workspace", "u64"), ("c", "u64"), ("count", "u32"), ("splits", "u32"),
+                *([("r", "u64")] if residual else [])])
+    workspace, c, count, splits, *r = k.params()
+    i, stride = k.grid_stride()
+    with k.loop(i, count, stride):
+        total = k.load("f32", k.element(r[0], i, 4)) if residual else k.op("mov.f32", f32(0.0))
+        z = k.op("mov.u32", 0)
+        at = k.op("mov.u32", i)
+        with k.loop(z, splits, 1):
+            k.to(total, "add.f32", total, k.load("f32", k.element(workspace, at, 4)))
+            k.to(at, "add.u32", at, count)
+        k.store("f32", k.element(c, i, 4), total)
+    return k
+
+
 def variants():
     for shape in SHAPES:
         yield matmul_f16_wgmma, shape
     yield matmul_f16_wgmma, (*DEFAULT, True)
+    yield matmul_f16_wgmma, (*DEFAULT, False, None, True)
+    for residual in (False, True):
+        yield split_sum, (residual,)
     for act in GLU_ACTIVATIONS:
         yield matmul_f16_wgmma, (*DEFAULT, False, act)

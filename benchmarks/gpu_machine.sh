@@ -20,7 +20,7 @@ if [ -f .model/llama.cpp-src.tgz ] && [ ! -d /tmp/lcpp/llama.cpp ]; then
     (cd /tmp/lcpp/llama.cpp && setsid nohup bash -c 'cmake -B build -DGGML_CUDA=ON \
         -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
         -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
-        > /tmp/lcpp/cmake.log 2>&1 && cmake --build build -j16 --target llama-bench \
+        > /tmp/lcpp/cmake.log 2>&1 && cmake --build build -j16 --target llama-bench llama-batched-bench \
         > /tmp/lcpp/build.log 2>&1; touch /tmp/lcpp/finished' > /dev/null 2>&1 &)
 fi
 if [ $# -gt 0 ]; then

@@ -169,26 +169,65 @@ def _new_folder(folder: Path) -> None:
 def pack(model: str | os.PathLike, folder: str | os.PathLike,
          progress: Callable[[int], None] | None = None) -> GGUFHeader:
     """Write the GGUF file `model` as a pixel container in the new (or empty) `folder`;
-    `progress(n)` is told each n bytes written. Returns the file's scanned header."""
+    `progress(n)` is told each n bytes written. Returns the file's scanned header. The
+    file is read a tile at a time (each tensor twice: its SHA-256 goes in every tile's
+    header), so packing holds a few tiles in memory whatever the model's size."""
     path, folder = os.fspath(model), Path(folder)
     check_regular_file(path, ".gguf model", ModelFileError)
     try:
-        data = np.memmap(path, dtype=np.uint8, mode="r")
-    except (OSError, ValueError) as exc:
-        raise ModelFileError(f"cannot read model file {path}: {exc}") from exc
-    header = scan(memoryview(data), path)
-    _new_folder(folder)
-    raw = memoryview(data)
-    gaps = _gaps(header)
-    metadata = b"".join([raw[:header.data_offset]] + [raw[a:a + n] for a, n in gaps])
-    file_sha = hashlib.sha256(raw).hexdigest()
-    _write_part(folder, _metadata_part(len(metadata)), memoryview(metadata),
-                {"file_bytes": header.file_size, "file_sha256": file_sha})
-    _advance(progress, len(metadata))
-    for index, t in enumerate(header.tensors.values()):
-        _write_part(folder, _tensor_part(index, t), raw[t.offset:t.offset + t.n_bytes])
-        _advance(progress, t.n_bytes)
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            header = scan(f.read(min(size, MAX_HEADER_BYTES)), path, file_size=size)
+            _new_folder(folder)
+            file_sha = hashlib.sha256()
+            metadata = [_pread(f, 0, header.data_offset, path)]
+            file_sha.update(metadata[0])
+            index = {name: i for i, name in enumerate(header.tensors)}
+            for offset, piece in _layout(header):
+                if isinstance(piece, int):  # padding: kept with the header
+                    metadata.append(_pread(f, offset, piece, path))
+                    file_sha.update(metadata[-1])
+                    continue
+                _pack_tensor(f, path, folder, _tensor_part(index[piece.name], piece),
+                             piece.offset, file_sha)
+                _advance(progress, piece.n_bytes)
+    except OSError as exc:
+        raise ModelFileError(f"cannot read model file {path}: {exc.strerror or exc}") from None
+    joined = b"".join(metadata)
+    _write_part(folder, _metadata_part(len(joined)), memoryview(joined),
+                {"file_bytes": header.file_size, "file_sha256": file_sha.hexdigest()})
+    _advance(progress, len(joined))
     return header
+
+
+def _layout(header: GGUFHeader) -> list[tuple[int, TensorInfo | int]]:
+    """(file offset, a tensor or a padding length) after the header, in file order."""
+    pieces = [(t.offset, t) for t in header.tensors.values()] + _gaps(header)
+    return sorted(pieces, key=lambda piece: piece[0])
+
+
+def _pread(f, offset: int, n: int, path: str) -> bytes:
+    data = os.pread(f.fileno(), n, offset)
+    if len(data) != n:
+        raise ModelFileError(f"{path} ended at byte {offset + len(data):,} while being "
+                             "read; it is truncated: download it again")
+    return data
+
+
+def _pack_tensor(f, path: str, folder: Path, part: Part, offset: int, file_sha) -> None:
+    """A tensor's tiles, its bytes read twice: for its SHA-256, then for the images."""
+    step = part.tile_length()
+    sha = hashlib.sha256()
+    for tile in range(part.tiles()):
+        at = tile * step
+        data = _pread(f, offset + at, min(step, part.byte_length - at), path)
+        sha.update(data)
+        file_sha.update(data)
+    for tile in range(part.tiles()):
+        at = tile * step
+        data = _pread(f, offset + at, min(step, part.byte_length - at), path)
+        _write_tile(part.tile_path(folder, tile), memoryview(data), part, tile,
+                    sha.hexdigest(), {})
 
 
 def _advance(progress, n: int) -> None:

@@ -13,6 +13,7 @@ import typer
 from ..core.selection import names
 from ..llm import GGUFModelFile
 from ..serve.page import Page
+from ..web.weights import WeightTiles
 from ..serve.server import HttpServer, connections_for, model_service
 from ..web.httpd import MAX_CONNECTIONS, is_loopback
 
@@ -54,7 +55,8 @@ def serve(
     loopback = is_loopback(host)
     try:
         server = HttpServer(service, host, port, api_key=api_key, loopback_only=loopback,
-                            page=Page(), max_connections=connections_for(max_batch, max_waiting)
+                            page=Page(weights=WeightTiles(str(model) if model else None)),
+                            max_connections=connections_for(max_batch, max_waiting)
                             if service else MAX_CONNECTIONS)
     except OSError as exc:
         typer.secho(f"error: cannot listen on {host}:{port}: {exc.strerror or exc}", err=True, fg="red")

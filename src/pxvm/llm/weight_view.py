@@ -114,14 +114,8 @@ class ModelSource:
         """The tensor's raw rows, `rows` at a time (the last piece fewer): (n, row_bytes)."""
         step = rows * m.row_bytes
         if self.container is None:
-            with open(self.path, "rb") as f:
-                for at in range(0, m.info.n_bytes, step):
-                    n = min(step, m.info.n_bytes - at)
-                    data = os.pread(f.fileno(), n, m.info.offset + at)
-                    if len(data) != n:
-                        raise ModelFileError(f"{self.path} ended while reading tensor "
-                                             f"{m.name!r}; it is truncated: download it again")
-                    yield np.frombuffer(data, np.uint8).reshape(-1, m.row_bytes)
+            for at in range(0, m.info.n_bytes, step):
+                yield self._read(m, at, min(step, m.info.n_bytes - at))
             return
         pending = np.empty(0, np.uint8)
         part = self.container.tensor_part(m.name)
@@ -132,6 +126,34 @@ class ModelSource:
                 pending = pending[step:]
         if len(pending):
             yield pending.reshape(-1, m.row_bytes)
+
+
+    def row_range(self, m: Matrix, first: int, count: int) -> Iterator[tuple[int, np.ndarray]]:
+        """(first row, raw rows) of the tensor's rows first .. first + count - 1, in pieces
+        (a pixel container's tiles before them are read and passed over)."""
+        step = rows_per_chunk(m)
+        if self.container is None:
+            for at in range(first, first + count, step):
+                n = min(step, first + count - at)
+                yield at, self._read(m, at * m.row_bytes, n * m.row_bytes)
+            return
+        row = 0
+        for raw in self.chunks(m, step):
+            lo, hi = max(first - row, 0), min(first + count - row, len(raw))
+            if lo < hi:
+                yield row + lo, raw[lo:hi]
+            row += len(raw)
+            if row >= first + count:
+                return
+
+    def _read(self, m: Matrix, at: int, n: int) -> np.ndarray:
+        """n bytes of the tensor's data from byte `at`, as its rows."""
+        with open(self.path, "rb") as f:
+            data = os.pread(f.fileno(), n, m.info.offset + at)
+        if len(data) != n:
+            raise ModelFileError(f"{self.path} ended while reading tensor {m.name!r}; it is "
+                                 "truncated: download it again")
+        return np.frombuffer(data, np.uint8).reshape(-1, m.row_bytes)
 
 
 def rows_per_chunk(m: Matrix) -> int:
@@ -460,3 +482,38 @@ def byte_total(source: ModelSource, name: str | None = None) -> int:
     if name is not None:
         return source.matrix(name).info.n_bytes
     return sum(t.n_bytes for t in source.header.tensors.values())
+
+
+# ---- the browser viewer's tiles --------------------------------------------------------
+#: A viewer tile's side, in pixels.
+TILE = 256
+
+
+def zoom_levels(m: Matrix) -> int:
+    """Zoom levels of a tensor in the viewer: level z pools 2^z x 2^z weights a pixel;
+    the last level fits the whole tensor in one tile."""
+    side = max(m.rows, m.k)
+    return max(1, math.ceil(math.log2(side / TILE)) + 1) if side > TILE else 1
+
+
+def tile_means(source: ModelSource, m: Matrix, z: int, x: int, y: int) -> np.ndarray:
+    """The viewer's tile (x, y) at level z: up to TILE x TILE pixels, each the mean of the
+    2^z x 2^z weights it covers (fewer at the tensor's edges)."""
+    f = 1 << z
+    r0, c0 = y * TILE * f, x * TILE * f
+    r1, c1 = min(m.rows, r0 + TILE * f), min(m.k, c0 + TILE * f)
+    if not (0 <= r0 < r1 and 0 <= c0 < c1):
+        raise WeightViewError(f"tile ({x}, {y}) at level {z} is outside tensor {m.name!r}")
+    starts = np.arange(c0, c1, f) - c0
+    sums = np.zeros((-(-(r1 - r0) // f), len(starts)), np.float64)
+    for first, raw in source.row_range(m, r0, r1 - r0):
+        pooled = np.add.reduceat(values(raw, m)[:, c0:c1], starts, axis=1, dtype=np.float64)
+        np.add.at(sums, (np.arange(first, first + len(raw)) - r0) // f, pooled)
+    rows = np.bincount((np.arange(r0, r1) - r0) // f, minlength=sums.shape[0])
+    cols = np.diff(np.append(starts, c1 - c0))
+    return sums / np.outer(rows, cols)
+
+
+def tensor_stats(source: ModelSource, m: Matrix) -> Stats:
+    """A tensor's statistics, from one pass over its rows."""
+    return fill(Panel(m.name, m.qtype, m.rows, m.k, 1, 1), m, source).stats

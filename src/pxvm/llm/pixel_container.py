@@ -57,8 +57,11 @@ MAX_HEIGHT = TILE_BYTES // 4 // 64
 WIDTH = 1024
 #: Rows of fewer pixels are packed WIDTH wide instead (norm vectors, odd shapes).
 MIN_ROW_WIDTH = 64
+#: The tiling (TILE_BYTES, the widths) is part of the format: changing it is a new VERSION.
 #: Tiles of one part at most (a part of 64 GiB).
 MAX_TILES = 4096
+#: Bytes of a packed file at most (a bound of the header field: every tile must exist).
+MAX_FILE_BYTES = 1 << 50
 #: Bytes of an image's JSON header at most.
 MAX_HEADER_TEXT = 1 << 16
 #: PNG's zlib levels: quantized weights barely compress (5% at level 1, which decodes
@@ -250,6 +253,15 @@ def _open_image(path: Path):
         _fail(path, "is missing from the pixel container")
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
         _fail(path, f"is not a PNG image one can read ({exc})")
+    try:
+        return image, _checked_header(path, image)
+    except PixelContainerError:
+        image.close()
+        raise
+
+
+def _checked_header(path: Path, image) -> dict:
+    """The image's JSON header, once its format and size are within the bounds."""
     if image.format != "PNG" or image.mode != "RGBA":
         _fail(path, f"is a {image.format} image of mode {image.mode}, not an RGBA PNG")
     width, height = image.size
@@ -269,7 +281,7 @@ def _open_image(path: Path):
     if meta.get("version") != VERSION:
         _fail(path, f"is of pixel container version {meta.get('version')!r}; this pxvm reads "
                     f"version {VERSION}", "pack the model again with this pxvm")
-    return image, meta
+    return meta
 
 
 def _integer(path: Path, meta: dict, key: str, low: int, high: int) -> int:
@@ -305,7 +317,10 @@ def read_tiles(folder: Path, part: Part) -> Iterator[tuple[int, np.ndarray]]:
         image, meta = _open_image(path)
         with image:
             _check_tile(path, meta, part, tile, tiles, at)
-            expected_sha = expected_sha or meta.get("sha256")
+            if expected_sha is not None and meta.get("sha256") != expected_sha:
+                _fail(path, "its header's 'sha256' differs from the part's first tile's: the "
+                            "container is damaged or mixes two models")
+            expected_sha = meta["sha256"]
             pixels = _tile_pixels(path, image, meta["tile_bytes"])
         digest.update(pixels)
         yield at, pixels
@@ -370,7 +385,7 @@ def open_container(folder: str | os.PathLike) -> Container:
     image, meta = _open_image(first)
     image.close()
     length = _integer(first, meta, "byte_length", 1, MAX_HEADER_BYTES + TILE_BYTES)
-    file_bytes = _integer(first, meta, "file_bytes", 1, 1 << 50)
+    file_bytes = _integer(first, meta, "file_bytes", 1, MAX_FILE_BYTES)
     file_sha = meta.get("file_sha256")
     if not isinstance(file_sha, str) or not re.fullmatch(r"[0-9a-f]{64}", file_sha):
         _fail(first, "its header's 'file_sha256' is not a SHA-256 in hex")

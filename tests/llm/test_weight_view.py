@@ -59,9 +59,10 @@ def reference(path, name: str, what: str = "values") -> np.ndarray:
 
 
 def check_colours(pixels: np.ndarray, values: np.ndarray) -> None:
-    """Each pixel is its value's colour, -L..L (L the largest |value|) over the map's 256
-    entries, give or take one entry (float rounding at an entry's edge)."""
-    limit = np.max(np.abs(values))
+    """Each pixel is its value's colour, -L..L over the map's 256 entries (L four times the
+    values' root mean square, or their largest magnitude where smaller; beyond, the
+    ends), give or take one entry (float rounding at an entry's edge)."""
+    limit = min(np.max(np.abs(values)), 4 * np.sqrt(np.mean(values ** 2)))
     wanted = np.clip(np.floor((0.5 + 0.5 * values / limit) * 256), 0, 255).astype(np.int64)
     found = np.argmin(np.abs(pixels[..., None, :].astype(np.int64) - LUT).sum(-1), axis=-1)
     assert np.array_equal(LUT[found], pixels), "a pixel is no colour of the map"
@@ -100,7 +101,8 @@ def test_a_drawn_tensors_pixels_are_its_dequantized_values_through_the_colour_ma
     pixels = box(picture, "w.weight")
     assert pixels.shape[:2] == values.shape  # a pixel a weight
     check_colours(pixels, values)
-    assert picture.limits["w.weight"] == pytest.approx(np.max(np.abs(values)), rel=1e-6)
+    assert picture.limits["w.weight"] == pytest.approx(
+        min(np.max(np.abs(values)), 4 * np.sqrt(np.mean(values ** 2))), rel=1e-5)
 
 
 def test_a_tensors_statistics_are_numpys(tmp_path, rng, source_kind):

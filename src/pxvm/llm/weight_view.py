@@ -9,8 +9,10 @@ whole; a pixel container tile by tile), dequantized by the gguf package, pooled 
 counted as they go: what a picture costs in memory is its pieces in flight and its
 panels, whatever the model's size.
 
-A panel's colours run from -L (blue) through 0 (white) to +L (red), L the largest
-magnitude among its own pixels, so every panel uses the whole map; its label gives L.
+A panel's colours run from -L (blue) through 0 (white) to +L (red), L four times the
+root mean square of its own pixels (their largest magnitude where smaller), so that every
+panel uses the whole map whatever its scale, and a few outliers do not leave the rest
+pale; its label gives L.
 """
 
 from __future__ import annotations
@@ -37,6 +39,11 @@ from .pixel_container import Container, open_container, read_tiles
 COLOUR_MAP = "RdBu_r"
 #: Bytes of raw rows dequantized at once (a row more where one row is larger).
 CHUNK_BYTES = 1 << 21
+#: A panel's colours span +-L, L this many times the root mean square of its pixels (or
+#: their largest magnitude where smaller): a few outliers would otherwise leave every
+#: other pixel pale; beyond L, the map's ends. (The RMS, not the standard deviation:
+#: the map is centred on zero, and norm gains sit far from it.)
+LIMIT_RMS = 4.0
 #: A whole-model panel's side at most, in pixels.
 CELL = 128
 #: Rows a vector (norm gains, biases) is drawn with.
@@ -320,9 +327,12 @@ def colour_map():
 
 
 def panel_limit(means: np.ndarray) -> float:
-    """L, the magnitude drawn at either end of the map: the panel's largest |pixel|."""
+    """L, the magnitude drawn at either end of the map: LIMIT_RMS times the root mean
+    square of the panel's pixels, or their largest magnitude where that is smaller."""
     top = float(np.max(np.abs(means))) if means.size else 0.0
-    return top if top > 0 and math.isfinite(top) else 1.0
+    spread = LIMIT_RMS * float(np.sqrt(np.mean(np.square(means)))) if means.size else 0.0
+    limit = min(top, spread) or top
+    return limit if limit > 0 and math.isfinite(limit) else 1.0
 
 
 def colours(means: np.ndarray, limit: float, cmap) -> np.ndarray:
@@ -419,8 +429,8 @@ def draw_model(source: ModelSource, of_scales: bool = False, other: ModelSource 
         f", minus {Path(other.path).name}'s" if other else "")
     draw.text((_MARGIN, _MARGIN), f"{Path(source.path).name}: {len(matrices)} tensors' "
               f"{what}; a pixel is the mean of the values it covers", fill="black", font=font)
-    _legend(draw, cmap, _MARGIN, _MARGIN + _LINE + 2, "L: each panel's largest |pixel|, "
-            "given under it")
+    _legend(draw, cmap, _MARGIN, _MARGIN + _LINE + 2, "L: 4x the RMS of each panel's pixels "
+            "(given under it); beyond, the ends")
     for g, (name, ms) in enumerate(groups):
         y = top + g * row_height
         draw.text((_MARGIN, y), name, fill="black", font=font)
@@ -473,7 +483,7 @@ def draw_tensor(source: ModelSource, name: str, of_scales: bool = False,
     draw.text((_MARGIN, _MARGIN + _LINE), panel.stats.line(), fill="black", font=font)
     _paste(picture, panel, cmap, _MARGIN, top, vector)
     _legend(draw, cmap, _MARGIN, _MARGIN + 2 * _LINE + 2,
-            f"L = {picture.limits[name]:.4g} (the largest |pixel|)")
+            f"L = {picture.limits[name]:.4g} (4x the pixels' RMS; beyond, the ends)")
     return picture
 
 

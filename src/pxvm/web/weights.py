@@ -1,6 +1,7 @@
 """The page's weight viewer (static/weights.html): the served model's tensors, and PNG
 tiles of their dequantized values at each zoom level, on `pxvm pixels show`'s colour map
-(pxvm.llm.weight_view), a tensor's colours spanning +-LIMIT_STDS standard deviations.
+(pxvm.llm.weight_view), a tensor's colours spanning +-LIMIT_RMS times its weights' root
+mean square.
 
 Nothing is read from a path the request names: the model is the one `pxvm serve` was
 given (else the default model), a tensor is looked up by name in its header, and the
@@ -9,6 +10,7 @@ zoom level and tile numbers are integers checked against the tensor's grid."""
 from __future__ import annotations
 
 import io
+import math
 import threading
 from pathlib import Path
 
@@ -17,13 +19,9 @@ from PIL import Image
 
 from ..core.errors import PxvmError
 from ..llm.gguf_model import default_model_path
-from ..llm.weight_view import (TILE, Matrix, ModelSource, colour_map, colours, has_values,
+from ..llm.weight_view import (LIMIT_RMS, TILE, Matrix, ModelSource, colour_map, colours, has_values,
                                tensor_stats, tile_means, zoom_levels)
 
-#: The colours span +-L, L this many standard deviations of the tensor (or its largest
-#: |weight| where smaller): a few outliers would otherwise leave every other weight pale;
-#: beyond L the map's ends.
-LIMIT_STDS = 4.0
 #: Digits of a tile coordinate at most (a tensor of 2^63 rows has fewer tiles).
 MAX_DIGITS = 19
 
@@ -61,9 +59,9 @@ class WeightTiles:
             cached = self._stats.get(m.name)
         if cached is None:
             s = tensor_stats(self.source(), m)
-            top = max(abs(s.low), abs(s.high))
+            top, rms = max(abs(s.low), abs(s.high)), math.sqrt(s.mean ** 2 + s.std ** 2)
             cached = {"min": s.low, "max": s.high, "mean": s.mean, "std": s.std,
-                      "peak": s.peak, "limit": min(top, LIMIT_STDS * s.std) or top or 1.0}
+                      "peak": s.peak, "limit": min(top, LIMIT_RMS * rms) or top or 1.0}
             with self._lock:
                 self._stats[m.name] = cached
         return cached

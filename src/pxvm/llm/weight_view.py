@@ -44,6 +44,8 @@ CHUNK_BYTES = 1 << 21
 #: other pixel pale; beyond L, the map's ends. (The RMS, not the standard deviation:
 #: the map is centred on zero, and norm gains sit far from it.)
 LIMIT_RMS = 4.0
+#: Values coloured at once (the colour map's temporaries are 32 bytes a value).
+COLOUR_VALUES = 1 << 20
 #: A whole-model panel's side at most, in pixels.
 CELL = 128
 #: Rows a vector (norm gains, biases) is drawn with.
@@ -266,7 +268,9 @@ class Panel:
         rows = np.bincount(np.arange(self.rows) * self.height // self.rows,
                            minlength=self.height)
         cols = np.bincount(np.arange(self.cols) * self.width // self.cols, minlength=self.width)
-        return self.sums / np.outer(rows, cols)
+        means = self.sums / rows[:, None]
+        means /= cols  # (in place: a tensor's picture is up to MAX_TENSOR_PIXELS values)
+        return means
 
 
 def _panel(m: Matrix, of_scales: bool, max_height: int, max_width: int) -> Panel:
@@ -329,16 +333,25 @@ def colour_map():
 def panel_limit(means: np.ndarray) -> float:
     """L, the magnitude drawn at either end of the map: LIMIT_RMS times the root mean
     square of the panel's pixels, or their largest magnitude where that is smaller."""
-    top = float(np.max(np.abs(means))) if means.size else 0.0
-    spread = LIMIT_RMS * float(np.sqrt(np.mean(np.square(means)))) if means.size else 0.0
+    if not means.size:
+        return 1.0
+    flat = means.reshape(-1)  # max |x| and the sum of squares without a temporary array
+    top = max(float(flat.max()), -float(flat.min()))
+    spread = LIMIT_RMS * math.sqrt(float(np.dot(flat, flat)) / flat.size)
     limit = min(top, spread) or top
     return limit if limit > 0 and math.isfinite(limit) else 1.0
 
 
 def colours(means: np.ndarray, limit: float, cmap) -> np.ndarray:
-    """(h, w, 3) uint8: each mean's colour, -limit..limit onto the whole map."""
-    position = 0.5 + 0.5 * np.asarray(means, np.float64) / limit
-    return cmap(np.clip(position, 0.0, 1.0), bytes=True)[..., :3]
+    """(h, w, 3) uint8: each mean's colour, -limit..limit onto the whole map; a few rows
+    at a time (the map makes 32 bytes a value on the way)."""
+    means = np.asarray(means, np.float64)
+    out = np.empty(means.shape + (3,), np.uint8)
+    step = max(1, COLOUR_VALUES // max(1, means.shape[-1]))
+    for first in range(0, len(means), step):
+        position = 0.5 + 0.5 * means[first:first + step] / limit
+        out[first:first + step] = cmap(np.clip(position, 0.0, 1.0), bytes=True)[..., :3]
+    return out
 
 
 @dataclass

@@ -189,3 +189,16 @@ def test_a_tensor_larger_than_a_panel_is_pooled_by_the_mean_of_each_pixels_value
     means = np.array([[values[rows == r][:, cols == c].mean() for c in range(cell)]
                       for r in range(cell)])
     check_colours(box(picture, "w.weight"), means)
+
+
+def test_a_tensor_over_the_picture_bounds_is_pooled_to_fit_them(tmp_path, rng, monkeypatch):
+    monkeypatch.setattr(weight_view, "MAX_TENSOR_SIDE", 100)
+    monkeypatch.setattr(weight_view, "MAX_TENSOR_PIXELS", 100 * 50)
+    path = tmp_path / "m.gguf"
+    write_gguf(path, {"w.weight": ("F16", valid_rows("F16", 300, 512, rng))})
+    picture = draw_tensor(ModelSource(path), "w.weight")
+    values = reference(path, "w.weight")
+    rows, cols = np.arange(300) * 50 // 300, np.arange(512) * 100 // 512
+    means = np.array([[values[rows == r][:, cols == c].mean() for c in range(100)]
+                      for r in range(50)])
+    check_colours(box(picture, "w.weight"), means)

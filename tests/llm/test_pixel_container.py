@@ -222,3 +222,10 @@ def test_a_model_file_from_pixels_holds_the_gguf_files_tensors(tiny_pixels):
     assert from_pixels.config == from_file.config
     for name in from_file.tensors:
         np.testing.assert_array_equal(from_pixels.weight(name).data, from_file.weight(name).data)
+
+
+def test_an_image_of_more_pixels_than_pillow_allows_is_refused_naming_it(packed, monkeypatch):
+    folder, image = packed
+    rewrite(image, size=(64, 64))
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # 64 x 64 is over twice this
+    check_error(folder, image, "over the bounds")

@@ -47,7 +47,8 @@ VERSION = 1
 #: The PNG text chunk holding an image's JSON header.
 TEXT_KEY = "pxvm-pixels"
 #: Bytes of one tile at most (4 Mi pixels): a tile is decoded whole, so this bounds what
-#: reading one image costs.
+#: reading one image costs. The tiling (this, the widths) is part of the format: readers
+#: expect the tiles a part's size gives, so changing it is a new VERSION.
 TILE_BYTES = 1 << 24
 #: Image widths at most: a tensor row of more bytes goes in images of WIDTH pixels.
 MAX_WIDTH = 8192
@@ -57,7 +58,6 @@ MAX_HEIGHT = TILE_BYTES // 4 // 64
 WIDTH = 1024
 #: Rows of fewer pixels are packed WIDTH wide instead (norm vectors, odd shapes).
 MIN_ROW_WIDTH = 64
-#: The tiling (TILE_BYTES, the widths) is part of the format: changing it is a new VERSION.
 #: Tiles of one part at most (a part of 64 GiB).
 MAX_TILES = 4096
 #: Bytes of a packed file at most (a bound of the header field: every tile must exist).
@@ -251,6 +251,8 @@ def _open_image(path: Path):
         image = Image.open(path)
     except FileNotFoundError:
         _fail(path, "is missing from the pixel container")
+    except Image.DecompressionBombError as exc:  # Pillow's own bound, far above ours
+        _fail(path, f"is over the bounds of an image in a pixel container ({exc})")
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
         _fail(path, f"is not a PNG image one can read ({exc})")
     try:
@@ -265,9 +267,10 @@ def _checked_header(path: Path, image) -> dict:
     if image.format != "PNG" or image.mode != "RGBA":
         _fail(path, f"is a {image.format} image of mode {image.mode}, not an RGBA PNG")
     width, height = image.size
-    if not (1 <= width <= MAX_WIDTH and 1 <= height <= MAX_HEIGHT):
+    if not (1 <= width <= MAX_WIDTH and 1 <= height <= MAX_HEIGHT
+            and (height - 1) * width <= TILE_BYTES // 4):
         _fail(path, f"is {width:,} x {height:,} pixels, over the bounds of {MAX_WIDTH:,} x "
-                    f"{MAX_HEIGHT:,}")
+                    f"{MAX_HEIGHT:,} and {TILE_BYTES // 4:,} pixels")
     text = image.info.get(TEXT_KEY)  # (image.text would decode the pixels to look further)
     if text is None or len(text) > MAX_HEADER_TEXT:
         _fail(path, f"has no pxvm-pixels header (a tEXt chunk {TEXT_KEY!r} of JSON, at most "

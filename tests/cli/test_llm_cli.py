@@ -46,7 +46,7 @@ def scripted(monkeypatch):
             made.append((file.path, backend, model, warm_up, kv_cache))
             return model
 
-        monkeypatch.setattr(pxvm.llm, "GGUFModelFile",
+        monkeypatch.setattr(pxvm.llm, "open_model_file",
                             lambda path: SimpleNamespace(path=path, metadata=smollm_metadata()))
         monkeypatch.setattr(pxvm.llm, "load_model", fake_load)
         return made

@@ -12,7 +12,7 @@ import typer
 
 from ..core.errors import PxvmError
 from . import (bench_commands, cuda_commands, device_commands, help_format, llm_commands,
-               vm_commands, web_commands)
+               pixels_commands, vm_commands, web_commands)
 from .terminal import visible
 
 app = typer.Typer(
@@ -26,7 +26,7 @@ app = typer.Typer(
 )
 
 for _commands in (device_commands, cuda_commands, vm_commands, llm_commands, bench_commands,
-                  web_commands):
+                  pixels_commands, web_commands):
     _commands.register(app)
 help_format.apply(app)
 

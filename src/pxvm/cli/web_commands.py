@@ -11,14 +11,16 @@ from pathlib import Path
 import typer
 
 from ..core.selection import names
-from ..llm import GGUFModelFile
+from ..llm import open_model_file
 from ..serve.page import Page
+from ..web.weights import WeightTiles
 from ..serve.server import HttpServer, connections_for, model_service
 from ..web.httpd import MAX_CONNECTIONS, is_loopback
 
-MODEL_HELP = ("Also serve this .gguf model through an OpenAI-compatible API (/v1/chat/"
-              "completions, /v1/completions, /v1/models, /health, /metrics), batching "
-              "concurrent requests.")
+MODEL_HELP = ("Also serve this .gguf model (or the folder of one packed as pixels) through "
+              "an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models, "
+              "/health, /metrics), batching concurrent requests; the weight viewer "
+              "(/weights) shows it.")
 BACKEND_HELP = "Where the model runs: " + ", ".join(names()) + "."
 API_KEY_HELP = ("Require this key from API clients (sent as 'Authorization: Bearer <key>'); "
                 "give it whenever --host exposes the server. Also read from PXVM_API_KEY.")
@@ -48,13 +50,14 @@ def serve(
         raise typer.BadParameter("--api-key is empty; give a key or leave the option out")
     service = None
     if model is not None:
-        GGUFModelFile(str(model))  # a file that is not a model fails here, before listening
+        open_model_file(str(model))  # what is not a model fails here, before listening
         service = model_service(str(model), backend=backend, max_batch=max_batch,
                                 max_waiting=max_waiting)
     loopback = is_loopback(host)
     try:
         server = HttpServer(service, host, port, api_key=api_key, loopback_only=loopback,
-                            page=Page(), max_connections=connections_for(max_batch, max_waiting)
+                            page=Page(weights=WeightTiles(str(model) if model else None)),
+                            max_connections=connections_for(max_batch, max_waiting)
                             if service else MAX_CONNECTIONS)
     except OSError as exc:
         typer.secho(f"error: cannot listen on {host}:{port}: {exc.strerror or exc}", err=True, fg="red")

@@ -20,7 +20,7 @@ from ..core.files import check_regular_file
 from ..ops.attention import MAX_HEAD_DIM
 from ..ops.quant_types import QUANT_TYPES, supported_names
 from .families import FAMILIES, Family
-from .gguf_scan import GGUF_MAGIC, ModelFileError, TensorInfo, scan
+from .gguf_scan import GGUF_MAGIC, GGUFHeader, ModelFileError, TensorInfo, scan
 
 SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
 _GGML_TYPE_NUMBERS = {int(t) for t in GGMLQuantizationType}
@@ -133,7 +133,22 @@ class GGUFModelFile:
             self._bytes = np.memmap(self.path, dtype=np.uint8, mode="r")
         except (OSError, ValueError) as exc:
             raise ModelFileError(f"cannot map model file {self.path}: {exc}") from exc
-        self.header = scan(memoryview(self._bytes), self.path)
+        self._read()
+
+    @classmethod
+    def from_bytes(cls, data: np.ndarray, where: str, header: GGUFHeader) -> "GGUFModelFile":
+        """The GGUF file whose bytes are the uint8 array `data` (a pixel container's,
+        rebuilt in memory) and whose header, already scanned, is `header`; `where` names
+        it in messages."""
+        file = cls.__new__(cls)
+        file.path, file._bytes = where, data
+        file._read(header)
+        return file
+
+    def _read(self, header: GGUFHeader | None = None) -> None:
+        """The header (scanned unless given), hyper-parameters and tensor checks of the
+        bytes in self._bytes."""
+        self.header = header or scan(memoryview(self._bytes), self.path)
         self.metadata = self.header.metadata
         arch = self.metadata.get("general.architecture")
         if arch not in SUPPORTED_ARCHITECTURES:

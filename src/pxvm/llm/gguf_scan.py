@@ -327,10 +327,11 @@ def _version(s: _Scanner) -> int:
     return version
 
 
-def scan(buf, where: str) -> GGUFHeader:
+def scan(buf, where: str, file_size: int | None = None) -> GGUFHeader:
     """The header of the GGUF file whose bytes are `buf` (bytes, a memoryview or a
     memory map); ModelFileError naming the field, its value and the bound at the first
-    thing out of bounds. `where` names the file in messages."""
+    thing out of bounds. `where` names the file in messages. `file_size` is the whole
+    file's size where `buf` holds only its beginning (a pixel container's header)."""
     s = _Scanner(buf, where)
     magic = bytes(buf[s.take(4, "the GGUF magic"):4])
     if magic != GGUF_MAGIC:
@@ -350,5 +351,6 @@ def scan(buf, where: str) -> GGUFHeader:
     data_offset = -(-s.pos // alignment) * alignment
     tensors = {name: TensorInfo(name, dims, code, data_offset + offset, n_bytes)
                for name, dims, code, offset, n_bytes in infos}
-    _check_placement(tensors, alignment, data_offset, s.end, s.fail)
-    return GGUFHeader(version, values, types, tensors, alignment, data_offset, s.end)
+    size = s.end if file_size is None else file_size
+    _check_placement(tensors, alignment, data_offset, size, s.fail)
+    return GGUFHeader(version, values, types, tensors, alignment, data_offset, size)

@@ -20,6 +20,7 @@ batching, one batch).
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -32,6 +33,7 @@ from ..core import Tensor, model_backend
 from ..batch import Batch
 from ..ops import decoding, transformer
 from ..core.errors import PxvmError
+from . import pixel_container
 from .decode import FIRST_STEP_BOUND, ContextOverflowError, Decoder
 from .gguf_model import (Config, FileSummary, GGUFModelFile, Weight, default_model_path,
                          read_summary)
@@ -633,18 +635,26 @@ def _progress(items, enabled: bool, label: str):
             bar.advance(task)
 
 
+def open_model_file(path: str | os.PathLike | None = None) -> GGUFModelFile:
+    """The model at `path`: a GGUF file, or a pixel container's folder (`pxvm pixels
+    pack`), whose images are decoded into the same bytes; None: the default model."""
+    if path is not None and pixel_container.is_container(path):
+        return pixel_container.read_model_file(path)
+    return GGUFModelFile(path or default_model_path())
+
+
 def load_model(path: str | GGUFModelFile | None = None, backend="auto", progress: bool = True,
                max_context: int | None = None, warm_up: bool = False,
                kv_cache: str = "auto") -> Model:
     """Load a GGUF model of a family pxvm runs (families.py; default: SmolLM2-135M-Instruct)
-    from its path or its file already opened, onto a backend, with a KV cache of the
+    from its path (a .gguf file or a pixel container's folder) or its file already opened, onto a backend, with a KV cache of the
     file's context, at most `max_context` positions (when None: DEFAULT_MAX_CONTEXT, or
     fewer where their cache would not fit in memory: Model.context_reason says so), of
     `kv_cache` values: "f32", "f16" (half the bytes; keys and values rounded to float16)
     or "auto" (f16 where the backend's attention reads it, else f32: Model.kv_cache says
     which); with `warm_up`, also compile its kernels (Model.warm_up)."""
     kv_cache_choice(kv_cache)  # before the file is read
-    file = path if isinstance(path, GGUFModelFile) else GGUFModelFile(path or default_model_path())
+    file = path if isinstance(path, GGUFModelFile) else open_model_file(path)
     model = Model(file, backend, progress, max_context, kv_cache)
     if warm_up and progress:
         what = "GPU kernels" if model.backend_name != "cpu" else (

@@ -26,6 +26,7 @@ from ..web.httpd import SESSION_HEADER
 from ..web.server import (UPLOAD_ROUTE, NativeBenchmarks, error_answer, get_check, page_get,
                           upload_answer)
 from ..web.uploads import PlanRunner
+from ..web.weights import WeightTiles
 
 log = logging.getLogger("pxvm.serve")
 
@@ -39,9 +40,11 @@ METHODS_TEXT = "GET, HEAD or POST"
 class Page:
     """The page's ASGI app; `session` is the token /api/info hands to the page."""
 
-    def __init__(self, planner: PlanRunner | None = None):
+    def __init__(self, planner: PlanRunner | None = None, weights: WeightTiles | None = None):
         self.session = secrets.token_urlsafe(32)
         self.native = NativeBenchmarks()
+        #: the weight viewer's model: `pxvm serve --model`'s, else the default one
+        self.weights = weights if weights is not None else WeightTiles()
         self.planner = planner if planner is not None else PlanRunner()
 
     async def __call__(self, scope, receive, send):
@@ -66,7 +69,8 @@ class Page:
         if check == "token" and not self._has_token(scope):
             return _no_token()
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-        return await run_in_threadpool(page_get, seg, query, self.session, self.native)
+        return await run_in_threadpool(page_get, seg, query, self.session, self.native,
+                                       self.weights)
 
     async def _post(self, scope, seg, receive):
         if not self._has_token(scope):

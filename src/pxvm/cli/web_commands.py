@@ -54,7 +54,8 @@ def serve(
     loopback = is_loopback(host)
     try:
         server = HttpServer(service, host, port, api_key=api_key, loopback_only=loopback,
-                            page=Page(), max_connections=connections_for(max_batch, max_waiting)
+                            page=Page(llm_model=str(model) if model is not None else None),
+                            max_connections=connections_for(max_batch, max_waiting)
                             if service else MAX_CONNECTIONS)
     except OSError as exc:
         typer.secho(f"error: cannot listen on {host}:{port}: {exc.strerror or exc}", err=True, fg="red")

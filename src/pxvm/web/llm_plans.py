@@ -155,9 +155,12 @@ class ModelPlanDevice(PlanDevice):
     """A PlanDevice whose buffers also say what they hold: "weight" (byte ranges of the
     file), "data" (bytes given here) or "zeros"."""
 
-    def __init__(self, features, names: list, tensors: dict):
+    def __init__(self, features, names: list, tensors: dict, software: bool):
         super().__init__(features)
         self.names, self.tensors = names, tensors
+        #: a CPU rasteriser (SwiftShader): kernels take the variants with fewer barriers,
+        #: as the native backend does on one (WebGPUContext.is_software)
+        self.is_software = software
         self.kinds: list[dict] = []
 
     def _buffer(self, nbytes: int, data: bytes | None) -> PlanBuffer:
@@ -211,13 +214,13 @@ class BrowserModel:
     """pxvm's Model of one GGUF file, recorded for the page (module doc)."""
 
     def __init__(self, body: bytes, file_size: int, where: str, features: tuple[str, ...],
-                 max_binding: int, context: int = BROWSER_CONTEXT):
+                 max_binding: int, software: bool = False, context: int = BROWSER_CONTEXT):
         self.lock = threading.Lock()
         with tempfile.TemporaryDirectory(prefix="pxvm-browser-model-") as tmp:
             path = os.path.join(tmp, "skeleton.gguf")
             header, vectors, vector_bytes = _scan_skeleton(path, body, file_size, where)
             names = write_skeleton(path, header, vectors, vector_bytes)
-            self.device = ModelPlanDevice(features, names, header.tensors)
+            self.device = ModelPlanDevice(features, names, header.tensors, software)
             self.backend = ModelPlanBackend(self.device, max_binding)
             file = GGUFModelFile(path)
             file.path = where

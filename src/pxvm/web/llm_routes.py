@@ -3,7 +3,7 @@
 - GET  info: the server's model (its name, size and the URL of its bytes) if it has one
   (`pxvm serve --model FILE`, else the default SmolLM2 where installed);
 - GET  model.gguf: those bytes (streamed by pxvm.serve.page);
-- POST load?size=&features=&max_binding=&name=: the body is a GGUF file's header and its
+- POST load?size=&features=&max_binding=&software=&name=: the body is a GGUF file's header and its
   vectors (llm_plans); answers the model's id and its plan (buffers, decoding steps);
 - POST prompt?model=&tokens=&position=: the plan of a prompt piece;
 - POST encode?model= {"messages": [...]}: a chat's prompt token ids (the file's template
@@ -77,11 +77,13 @@ class BrowserModels:
         binding = _integer(query, "max_binding", MIN_BINDING, 1 << 40)
         features = plans.plan_features([v for v in _text(query, "features").split(",") if v])
         name = shortened(_text(query, "name") or "the model", 80)
-        key = hashlib.sha256(body + f"|{size}|{binding}|{features}".encode()).hexdigest()[:24]
+        software = _integer(query, "software", 0, 1) == 1
+        key = hashlib.sha256(body + f"|{size}|{binding}|{features}|{software}".encode()
+                             ).hexdigest()[:24]
         with self._lock:
             model = self._models.get(key)
         if model is None:
-            model = BrowserModel(body, size, name, features, binding)
+            model = BrowserModel(body, size, name, features, binding, software)
             with self._lock:
                 self._models[key] = model
                 while len(self._models) > MODELS_KEPT:

@@ -20,6 +20,7 @@ let session = "";
 let device = null;
 let gpu = null;
 let features = [];
+let software = false;
 let lost = null;
 let model = null;
 
@@ -63,7 +64,11 @@ async function openDevice(declineSubgroups) {
   });
   gpu = new Gpu(device);
   const info = adapter.info || {};
-  return { features, adapter: [info.vendor, info.architecture, info.description].filter(Boolean).join(" ") || "WebGPU adapter",
+  // a CPU rasteriser: the plan takes the kernels' variants with fewer barriers, as pxvm's
+  // native backend does on one (on SwiftShader the others run many times slower)
+  software = Boolean(adapter.isFallbackAdapter || info.isFallbackAdapter ||
+    /swiftshader|llvmpipe|lavapipe/i.test(`${info.vendor} ${info.architecture} ${info.description}`));
+  return { features, software, adapter: [info.vendor, info.architecture, info.description].filter(Boolean).join(" ") || "WebGPU adapter",
     limits: Object.fromEntries(WANTED_LIMITS.map((k) => [k, device.limits[k]])) };
 }
 
@@ -139,7 +144,7 @@ async function loadModel(msg) {
   const limits = device.limits;
   const binding = Math.min(limits.maxStorageBufferBindingSize, limits.maxBufferSize);
   const query = new URLSearchParams({ size: source.size, features: features.join(","),
-    max_binding: binding, name: source.name });
+    max_binding: binding, software: software ? 1 : 0, name: source.name });
   post({ id: msg.id, type: "progress", stage: "plan", done: 0, total: 1 });
   const plan = await api(`/api/llm/load?${query}`, body);
   checkLimits(plan.buffers, plan.dispatches);

@@ -77,7 +77,7 @@ class BrowserModels:
         binding = _integer(query, "max_binding", MIN_BINDING, 1 << 40)
         features = plans.plan_features([v for v in _text(query, "features").split(",") if v])
         name = shortened(_text(query, "name") or "the model", 80)
-        software = _integer(query, "software", 0, 1) == 1
+        software = "software" in query and _integer(query, "software", 0, 1) == 1
         key = hashlib.sha256(body + f"|{size}|{binding}|{features}|{software}".encode()
                              ).hexdigest()[:24]
         with self._lock:

@@ -259,6 +259,7 @@ class BrowserModel:
             "sampler": model.decoder.sampler.storage.index,
             "state_history": decode.STATE_HISTORY,
             "steps_per_submit": decode.STEPS_PER_SUBMIT,
+            "submits_in_flight": decode.SUBMITS_IN_FLIGHT,
             "context_length": model.context_length,
             "vocab_size": cfg.vocab_size,
             "max_prompt_tokens": MAX_PROMPT_TOKENS,

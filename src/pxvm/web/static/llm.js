@@ -70,6 +70,7 @@ async function load(source) {
   setChat(false);
   try {
     const m = await ask("load", { source }, progress);
+    $("#llm-progress-text").textContent = "the weights are on the GPU";
     status(`${m.name}: ${m.architecture}, ${m.layers} layers, vocabulary ${m.vocab.toLocaleString("en-US")}, ` +
       `context ${m.context.toLocaleString("en-US")} in the page; ${m.dispatchesPerToken} dispatches a token`, "ready");
     messages.length = 0;

@@ -326,6 +326,8 @@ function argmax(values) {
 
 // Feed `token` at `position`, then each token the step draws (the argmax): calls
 // `each(tokens)` with every submit's tokens until it returns false or n tokens came.
+// Steps chain on the GPU through the state, so later submits are queued before the
+// oldest is read (decode.py's SUBMITS_IN_FLIGHT); stopping early wastes those.
 async function decode(token, position, n, each) {
   const p = model.plan;
   const state = new Int32Array(2 + p.state_history);
@@ -333,18 +335,36 @@ async function decode(token, position, n, each) {
   state[1] = position;
   device.queue.writeBuffer(model.buffers[p.state], 0, state);
   device.queue.writeBuffer(model.buffers[p.sampler], 0, new Float32Array([0, 0, position]));
+  const stateBytes = 4 * (2 + p.state_history);
+  const inFlight = [];
   let at = position;
-  while (at < position + n) {
+  const submitNext = () => {
     const step = model.steps.find((s) => s.bound > at);
     if (!step) throw new Error(`position ${at} is past the page's context of ${p.context_length}`);
     const runs = Math.min(p.steps_per_submit, p.state_history, position + n - at, step.bound - at);
     const encoder = device.createCommandEncoder();
     encodeRuns(encoder, step.prepared, runs);
-    const history = new Int32Array(await readBack(encoder, p.state, 4 * (2 + p.state_history))).subarray(2);
-    const tokens = [];
-    for (let q = at; q < at + runs; q++) tokens.push(history[q % p.state_history]);
+    const staging = device.createBuffer({ size: stateBytes, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
+    encoder.copyBufferToBuffer(model.buffers[p.state], 0, staging, 0, stateBytes);
+    device.queue.submit([encoder.finish()]);
+    inFlight.push({ first: at, runs, staging, mapped: staging.mapAsync(GPUMapMode.READ) });
     at += runs;
-    if ((await each(tokens)) === false) break;
+  };
+  try {
+    for (;;) {
+      while (at < position + n && inFlight.length < p.submits_in_flight) submitNext();
+      if (!inFlight.length) break;
+      const s = inFlight.shift();
+      await s.mapped;
+      if (lost) throw new Error("the device was lost");
+      const history = new Int32Array(s.staging.getMappedRange().slice(0)).subarray(2);
+      s.staging.destroy();
+      const tokens = [];
+      for (let q = s.first; q < s.first + s.runs; q++) tokens.push(history[q % p.state_history]);
+      if ((await each(tokens)) === false) break;
+    }
+  } finally {
+    for (const s of inFlight) s.mapped.then(() => s.staging.destroy(), () => s.staging.destroy());
   }
 }
 

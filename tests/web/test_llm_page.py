@@ -164,8 +164,7 @@ def test_page_answers_like_pxvm_with_the_default_smollm2(browser, server):
     page.click("#llm-server")
     page.wait_for_selector("#llm-status:not([data-state=loading])", timeout=120_000)
     assert page.get_attribute("#llm-status", "data-state") == "ready", page.inner_text("#llm-status")
-    page.evaluate("() => { window.pxvmLlmMax = %d; }" % tokens)
-    answer = page.evaluate("(q) => window.pxvmLlm.send(q, window.pxvmLlmMax)", QUESTION)
+    answer = page.evaluate("([q, n]) => window.pxvmLlm.send(q, n)", [QUESTION, tokens])
     assert answer["tokens"] == expected.token_ids, (answer["text"], expected.text)
     assert answer["text"] == expected.text
     assert "tokens/s" in page.inner_text("#llm-speed")

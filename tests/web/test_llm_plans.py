@@ -11,7 +11,6 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "llm"))
@@ -147,3 +146,33 @@ def test_routes_load_encode_decode_and_refuse_bad_requests(tmp_path):
     assert status == 400 and "GGUF version 0" in answer["error"]
     status, answer = _post(models, "load", {"size": size, "max_binding": BINDING}, body[:-1])
     assert status == 400 and "the request holds" in answer["error"]
+
+
+def test_server_streams_its_model_to_the_page_only_with_the_session_token(tmp_path):
+    import http.client
+
+    from pxvm.serve.page import Page
+    from pxvm.serve.server import HttpServer
+    from pxvm.web import httpd
+
+    path = write_tiny_chat_model(tmp_path / "chat.gguf")
+    srv = HttpServer(None, page=Page(llm_model=str(path))).start()
+
+    def get(route, headers=None):
+        conn = http.client.HTTPConnection(*srv.server_address[:2], timeout=30)
+        try:
+            conn.request("GET", route, headers=headers or {})
+            resp = conn.getresponse()
+            return resp.status, resp.read()
+        finally:
+            conn.close()
+    try:
+        status, info = get("/api/llm/info")
+        assert status == 200
+        assert json.loads(info)["server_model"]["size"] == path.stat().st_size
+        assert get("/api/llm/model.gguf")[0] == 403  # no token: no other site's page
+        token = json.loads(get("/api/info")[1])["session"]
+        status, data = get("/api/llm/model.gguf", {httpd.SESSION_HEADER: token})
+        assert status == 200 and data == path.read_bytes()
+    finally:
+        srv.stop()

@@ -124,9 +124,12 @@ class Page:
             (b"content-security-policy", CSP.encode())]})
         if head:
             return await send({"type": "http.response.body", "body": b""})
-        with open(path, "rb") as f:
+        f = await run_in_threadpool(open, path, "rb")
+        try:
             while chunk := await run_in_threadpool(f.read, FILE_CHUNK):
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        finally:
+            f.close()
         await send({"type": "http.response.body", "body": b""})
 
     def _has_token(self, scope) -> bool:

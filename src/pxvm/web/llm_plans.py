@@ -24,7 +24,6 @@ from __future__ import annotations
 import os
 import tempfile
 import threading
-from collections import OrderedDict
 
 import numpy as np
 
@@ -241,7 +240,7 @@ class BrowserModel:
                          for p in _bound_positions(model.context_length)})
         steps = []
         for bound in bounds:
-            a, b, out = self._record(lambda: model.record_step(
+            a, b, out = self._record(lambda bound=bound: model.record_step(
                 decoder.state, decoder.sampler, max_keys=bound))
             steps.append({"bound": bound, "dispatches": [a, b],
                           "logits": out["logits"].storage.index})

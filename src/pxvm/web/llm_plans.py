@@ -27,6 +27,8 @@ import threading
 
 import numpy as np
 
+from ..backends.webgpu import WebGPUContext
+from ..backends.webgpu.runtime import UNIFORM_SLOT
 from ..batch import Batch
 from ..core import Tensor
 from ..core.errors import PxvmError
@@ -205,7 +207,6 @@ class ModelPlanBackend(PlanBackend):
                       self.device.zeros(int(np.prod(shape)) * dtype.itemsize))
 
     def context(self, *, timestamps=False, profile=False, capture=False):
-        from ..backends.webgpu import WebGPUContext
         return WebGPUContext(self, self.device, self.device, one_buffer=True)
 
 
@@ -252,7 +253,7 @@ class BrowserModel:
         return {
             "buffers": self.device.buffer_json(),
             "dispatches": self.device.dispatches,
-            "uniform_size": self.device_plan_uniform(),
+            "uniform_size": UNIFORM_SLOT,
             "steps": self.steps,
             "state": model.decoder.state.storage.index,
             "sampler": model.decoder.sampler.storage.index,
@@ -269,11 +270,6 @@ class BrowserModel:
             "name": str(self.metadata.get("general.name", "")),
             "chat_template": bool(self.metadata.get("tokenizer.chat_template")),
         }
-
-    @staticmethod
-    def device_plan_uniform() -> int:
-        from ..backends.webgpu.runtime import UNIFORM_SLOT
-        return UNIFORM_SLOT
 
     def prompt_plan(self, tokens: int, position: int) -> dict:
         """The plan of a prompt piece of `tokens` tokens at `position` (as Model._prompt

@@ -170,6 +170,9 @@ async function api(url, body) {
   }
   const r = await fetch(url, init);
   const answer = await r.json().catch(() => ({ error: `HTTP ${r.status}` }));
+  if (r.status === 413) {  // the header and vectors of a model with a very large vocabulary
+    throw new Error(`the model's header and vectors are too large for the server's requests (${answer.error}); the page runs models with smaller headers`);
+  }
   if (!r.ok) throw new Error(answer.error || `HTTP ${r.status}`);
   return answer;
 }

@@ -161,14 +161,23 @@ def test_page_answers_like_pxvm_with_the_default_smollm2(browser, server):
         {"role": "user", "content": QUESTION}], max_tokens=tokens)
 
     page, errors = open_page(browser, server)
+    page.evaluate("() => caches.delete('pxvm-models-v1')")
     page.click("#llm-server")
     page.wait_for_selector("#llm-status:not([data-state=loading])", timeout=120_000)
     assert page.get_attribute("#llm-status", "data-state") == "ready", page.inner_text("#llm-status")
+    assert page.get_attribute("#llm-progress", "data-source") == "download"
     answer = page.evaluate("([q, n]) => window.pxvmLlm.send(q, n)", [QUESTION, tokens])
     assert answer["tokens"] == expected.token_ids, (answer["text"], expected.text)
     assert answer["text"] == expected.text
     assert "tokens/s" in page.inner_text("#llm-speed")
     assert not errors, errors
+    # loaded again: the bytes come from the Cache API, not the server
+    served = []
+    page.on("request", lambda r: served.append(r.url) if "model.gguf" in r.url else None)
+    page.evaluate("() => window.pxvmLlm.loadServer()")
+    assert page.get_attribute("#llm-progress", "data-source") == "cached"
+    assert page.get_attribute("#llm-status", "data-state") == "ready"
+    assert not [u for u in served if "pxvm-cache" not in u], served
     shot = REPO / "artifacts" / "web" / "llm-page.png"
     shot.parent.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(shot), full_page=True)

@@ -80,6 +80,15 @@ def test_plan_has_a_decoding_step_per_key_bound_and_prompt_plans_add_buffers(tmp
     piece = browser.prompt_plan(5, 7)
     assert piece["first_buffer"] == len(plan["buffers"])
     assert piece["tokens"] >= piece["first_buffer"] and piece["dispatches"]
+    # a piece's buffers are its own: the next one numbers its own from the same place,
+    # and the server keeps nothing of either (a page asking again and again grows nothing)
+    again = browser.prompt_plan(9, 0)
+    assert again["first_buffer"] == piece["first_buffer"]
+    assert browser.plan()["buffers"] == plan["buffers"]
+    assert len(browser.plan()["dispatches"]) == len(plan["dispatches"])
+    # without subgroups, the plain kernels
+    plain = BrowserModel(*page_request(path), "tiny.gguf", (), BINDING).plan()
+    assert not [d for d in plain["dispatches"] if "subgroups" in d["kernel"]]
     with pytest.raises(BrowserModelError, match="do not fit"):
         browser.prompt_plan(10, 295)
 

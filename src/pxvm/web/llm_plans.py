@@ -273,8 +273,8 @@ class BrowserModel:
 
     def prompt_plan(self, tokens: int, position: int) -> dict:
         """The plan of a prompt piece of `tokens` tokens at `position` (as Model._prompt
-        runs it): its new buffers, its dispatches, where its tokens, its state and its
-        last logits are."""
+        runs it): its own buffers (numbered from `first_buffer`, after the model's), its
+        dispatches, where its tokens, its state and its last logits are."""
         model = self.model
         if not 1 <= tokens <= MAX_PROMPT_TOKENS:
             raise BrowserModelError(f"a prompt piece has 1 to {MAX_PROMPT_TOKENS} tokens, "
@@ -282,14 +282,23 @@ class BrowserModel:
         if not 0 <= position or position + tokens > model.context_length:
             raise BrowserModelError(f"{position + tokens} positions do not fit in the "
                                     f"page's context of {model.context_length}")
+        device = self.device
         with self.lock:
-            first = len(self.device.buffers)
-            ids = self.backend.from_numpy(np.zeros(tokens, np.int32))
-            state = self.backend.from_numpy(np.zeros(2, np.int32))
-            a, b, logits = self._record(lambda: model.record_piece(ids, state, position + tokens))
-            return {"first_buffer": first, "buffers": self.device.buffer_json(first),
-                    "dispatches": self.device.dispatches[a:b], "tokens": ids.storage.index,
-                    "state": state.storage.index, "logits": logits.storage.index}
+            first = len(device.buffers)
+            try:
+                ids = self.backend.from_numpy(np.zeros(tokens, np.int32))
+                state = self.backend.from_numpy(np.zeros(2, np.int32))
+                a, b, logits = self._record(
+                    lambda: model.record_piece(ids, state, position + tokens))
+                return {"first_buffer": first, "buffers": device.buffer_json(first),
+                        "dispatches": device.dispatches[a:b], "tokens": ids.storage.index,
+                        "state": state.storage.index, "logits": logits.storage.index}
+            finally:
+                # the piece's buffers are its own (the page keeps them with its plan): the
+                # next piece numbers its buffers from `first` again, so a page asking for
+                # plan after plan grows nothing here
+                del device.buffers[first:], device.kinds[first:]
+                del device.dispatches[self.steps[-1]["dispatches"][1]:]
 
     def stop_ids(self) -> list[int]:
         return sorted(int(i) for i in self.tokenizer.stop_ids)

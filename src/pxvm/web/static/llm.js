@@ -46,6 +46,7 @@ function progress(msg) {
   const bar = $("#llm-progress");
   const text = $("#llm-progress-text");
   const mb = (n) => `${(n / 1e6).toFixed(1)} MB`;
+  if (msg.stage === "download" || msg.stage === "cached") bar.dataset.source = msg.stage;
   if (msg.stage === "download") {
     bar.max = msg.total || msg.done;
     bar.value = msg.done;

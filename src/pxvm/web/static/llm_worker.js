@@ -12,6 +12,8 @@ import { Gpu } from "./gpu.js";
 import { GGUFError, readHeader, vectorTensors } from "./gguf.js";
 
 const CACHE = "pxvm-models-v1";
+// prompt pieces' plans kept, with their buffers (a chat's next turn is a new length)
+const PROMPTS_KEPT = 4;
 const WANTED_LIMITS = ["maxStorageBufferBindingSize", "maxBufferSize", "maxStorageBuffersPerShaderStage",
   "maxComputeWorkgroupStorageSize", "maxComputeInvocationsPerWorkgroup", "maxComputeWorkgroupSizeX",
   "maxComputeWorkgroupSizeY", "maxComputeWorkgroupSizeZ", "maxComputeWorkgroupsPerDimension"];
@@ -159,6 +161,8 @@ async function loadModel(msg) {
 
 function dropModel() {
   if (!model) return;
+  for (const key of [...model.prompts.keys()]) dropPrompt(key);
+  for (const s of model.steps) s.prepared.uniforms.destroy();
   for (const b of model.buffers) b?.destroy();
   model = null;
 }
@@ -209,7 +213,7 @@ function decodeBase64(text) {
 
 // The plan's buffers from index `first` on: weights assembled from the file's byte
 // ranges, data written, the rest left as WebGPU creates them (zeros).
-async function createBuffers(id, list, first) {
+async function createBuffers(id, list, first, target = model) {
   const usage = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST;
   const weightBytes = list.reduce((a, b) => a + (b.kind === "weight" ? b.nbytes : 0), 0);
   let uploaded = 0;
@@ -218,8 +222,8 @@ async function createBuffers(id, list, first) {
   for (let i = 0; i < list.length; i++) {
     const b = list[i];
     const buffer = device.createBuffer({ size: b.size, usage });
-    model.buffers[first + i] = buffer;
-    model.sizes[first + i] = b.size;
+    target.buffers[first + i] = buffer;
+    target.sizes[first + i] = b.size;
     if (b.kind === "data") {
       const bytes = new Uint8Array(b.size);
       bytes.set(decodeBase64(b.data));
@@ -245,7 +249,7 @@ async function createBuffers(id, list, first) {
 }
 
 // Pipelines and bind groups of a list of dispatches, ready to encode any number of times.
-async function prepare(dispatches) {
+async function prepare(dispatches, target = model) {
   const slot = model.plan.uniform_size;
   const size = Math.max(slot, dispatches.length * slot);
   const uniforms = device.createBuffer({ size, usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST });
@@ -256,7 +260,7 @@ async function prepare(dispatches) {
     const d = dispatches[i];
     const { pipe, layout } = await gpu.pipeline(d.kernel, d.entry, d.constants);
     const entries = d.bindings.map((index, binding) => ({ binding,
-      resource: { buffer: model.buffers[index], offset: 0, size: model.sizes[index] } }));
+      resource: { buffer: target.buffers[index], offset: 0, size: target.sizes[index] } }));
     if (d.params !== null) {
       bytes.set(decodeBase64(d.params), i * slot);
       entries.push({ binding: d.bindings.length, resource: { buffer: uniforms, offset: i * slot, size: slot } });
@@ -281,10 +285,10 @@ function encodeRuns(encoder, prepared, runs) {
   pass.end();
 }
 
-async function readBack(encoder, index, nbytes) {
+async function readBack(encoder, buffer, nbytes) {
   const size = Math.ceil(nbytes / 4) * 4;
   const staging = device.createBuffer({ size, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
-  encoder.copyBufferToBuffer(model.buffers[index], 0, staging, 0, size);
+  encoder.copyBufferToBuffer(buffer, 0, staging, 0, size);
   device.queue.submit([encoder.finish()]);
   await staging.mapAsync(GPUMapMode.READ);
   const copy = staging.getMappedRange().slice(0);
@@ -305,20 +309,35 @@ async function prompt(ids, position) {
     const at = position + start;
     const key = `${piece.length}@${at}`;
     let entry = model.prompts.get(key);
-    if (!entry) {
+    if (entry) {
+      model.prompts.delete(key);  // re-inserted below: the most recently used last
+    } else {
       const plan = await api(`/api/llm/prompt?model=${model.plan.model}&tokens=${piece.length}&position=${at}`);
       checkLimits(plan.buffers, plan.dispatches);
-      await createBuffers(null, plan.buffers, plan.first_buffer);
-      entry = { plan, prepared: await prepare(plan.dispatches) };
-      model.prompts.set(key, entry);
+      // the piece's own buffers after the model's (the server numbers them from first_buffer)
+      const target = { buffers: model.buffers.slice(0, plan.first_buffer), sizes: model.sizes.slice(0, plan.first_buffer) };
+      entry = { plan, target };
+      while (model.prompts.size >= PROMPTS_KEPT) dropPrompt(model.prompts.keys().next().value);
+      await createBuffers(null, plan.buffers, plan.first_buffer, target);
+      entry.prepared = await prepare(plan.dispatches, target);
     }
-    device.queue.writeBuffer(model.buffers[entry.plan.tokens], 0, new Int32Array(piece));
-    device.queue.writeBuffer(model.buffers[entry.plan.state], 0, new Int32Array([piece[piece.length - 1], at]));
+    model.prompts.set(key, entry);
+    const own = entry.target.buffers;
+    device.queue.writeBuffer(own[entry.plan.tokens], 0, new Int32Array(piece));
+    device.queue.writeBuffer(own[entry.plan.state], 0, new Int32Array([piece[piece.length - 1], at]));
     const encoder = device.createCommandEncoder();
     encodeRuns(encoder, entry.prepared, 1);
-    logits = new Float32Array(await readBack(encoder, entry.plan.logits, 4 * model.plan.vocab_size));
+    logits = new Float32Array(await readBack(encoder, own[entry.plan.logits], 4 * model.plan.vocab_size));
   }
   return logits;
+}
+
+// A prompt piece's plan kept no more: its own buffers and parameter blocks freed.
+function dropPrompt(key) {
+  const entry = model.prompts.get(key);
+  model.prompts.delete(key);
+  for (const b of entry.target.buffers.slice(entry.plan.first_buffer)) b?.destroy();
+  entry.prepared?.uniforms.destroy();
 }
 
 function argmax(values) {

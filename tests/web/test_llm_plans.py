@@ -21,8 +21,8 @@ from tiny_chat_model import write_tiny_chat_model  # noqa: E402
 from pxvm.llm.gguf_model import GGUFModelFile  # noqa: E402
 from pxvm.llm.gguf_scan import ModelFileError, scan  # noqa: E402
 from pxvm.llm.model import Model  # noqa: E402
-from pxvm.web.llm_plans import (BrowserModel, BrowserModelError, ModelPlanBackend,  # noqa: E402
-                                ModelPlanDevice, vector_tensors)
+from pxvm.web.llm_plans import (MAX_FILE_BYTES, BrowserModel, BrowserModelError,  # noqa: E402
+                                ModelPlanBackend, ModelPlanDevice, vector_tensors)
 from pxvm.web.llm_routes import BrowserModels, llm_post  # noqa: E402
 
 BINDING = 128 << 20
@@ -103,6 +103,8 @@ def test_a_request_that_is_not_the_header_and_vectors_is_refused(tmp_path, rng):
         BrowserModel(b"GGML" + body[4:], size, "tiny.gguf", (), BINDING)
     with pytest.raises(ModelFileError, match="past the end of the file"):
         BrowserModel(body, size - 100, "tiny.gguf", (), BINDING)
+    with pytest.raises(BrowserModelError, match="the page runs models of"):
+        BrowserModel(body, MAX_FILE_BYTES + 1, "tiny.gguf", (), BINDING)
 
 
 def test_an_unsupported_tensor_type_is_refused_naming_it(tmp_path, rng):

@@ -57,6 +57,9 @@ MAX_PROMPT_TOKENS = PROMPT_CHUNK
 MODELS_KEPT = 2
 #: The bytes of the file's vectors a page may send (all F32 / F16 1-D tensors).
 MAX_VECTOR_BYTES = 16 << 20
+#: The largest file the server writes a skeleton of (its tags touch every page of it):
+#: a browser holds the whole file, and its GPU the weights, so pages run smaller models.
+MAX_FILE_BYTES = 4 << 30
 
 
 class BrowserModelError(PxvmError):
@@ -75,9 +78,9 @@ def _scan_skeleton(path: str, body: bytes, file_size: int, where: str):
     of the real file's size, scanned as pxvm scans a file (every bound of gguf_scan);
     (header, vectors, the vectors' bytes) after checking the body is the header and the
     file's vectors (vector_tensors) one after another."""
-    if not 0 < file_size <= 1 << 40:
-        raise BrowserModelError(f"{where}: a file size of {file_size:,} bytes cannot be "
-                                "a model the page runs")
+    if not 0 < file_size <= MAX_FILE_BYTES:
+        raise BrowserModelError(f"{where}: the file has {file_size:,} bytes; the page runs "
+                                f"models of 1 to {MAX_FILE_BYTES:,} bytes")
     head = body[:min(len(body), MAX_HEADER_BYTES, file_size)]
     with open(path, "wb") as f:
         f.truncate(file_size)

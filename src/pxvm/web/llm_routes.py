@@ -27,7 +27,7 @@ from ..core.errors import PxvmError, shortened
 from ..llm.gguf_model import default_model_path
 from ..llm.gguf_scan import ModelFileError
 from . import plans
-from .llm_plans import MODELS_KEPT, BrowserModel, BrowserModelError
+from .llm_plans import MAX_FILE_BYTES, MODELS_KEPT, BrowserModel, BrowserModelError
 
 #: The most token ids a decode request may carry, and the most messages' characters.
 MAX_IDS = 1 << 16
@@ -52,6 +52,7 @@ class BrowserModels:
     def __init__(self, server_model: str | None = None):
         self._server_model = server_model
         self._lock = threading.Lock()
+        self._loading = threading.Lock()
         self._models: OrderedDict[str, BrowserModel] = OrderedDict()
 
     def server_model(self) -> str | None:
@@ -73,7 +74,7 @@ class BrowserModels:
                                  "version": f"{stat.st_size}-{int(stat.st_mtime)}"}}
 
     def load(self, body: bytes, query: dict) -> dict:
-        size = _integer(query, "size", 1, 1 << 40)
+        size = _integer(query, "size", 1, MAX_FILE_BYTES)
         binding = _integer(query, "max_binding", MIN_BINDING, 1 << 40)
         features = plans.plan_features([v for v in _text(query, "features").split(",") if v])
         name = shortened(_text(query, "name") or "the model", 80)
@@ -83,7 +84,8 @@ class BrowserModels:
         with self._lock:
             model = self._models.get(key)
         if model is None:
-            model = BrowserModel(body, size, name, features, binding, software)
+            with self._loading:  # one skeleton on disk at a time
+                model = BrowserModel(body, size, name, features, binding, software)
             with self._lock:
                 self._models[key] = model
                 while len(self._models) > MODELS_KEPT:

@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "serve"))
 from make_tiny_gguf import TinySpec, write_tiny_gguf  # noqa: E402
 from tiny_chat_model import write_tiny_chat_model  # noqa: E402
 
+from pxvm.core.errors import PxvmError  # noqa: E402
 from pxvm.llm.gguf_model import GGUFModelFile  # noqa: E402
 from pxvm.llm.gguf_scan import ModelFileError, scan  # noqa: E402
 from pxvm.llm.model import Model  # noqa: E402
@@ -124,6 +125,13 @@ def test_an_unsupported_tensor_type_is_refused_naming_it(tmp_path, rng):
     bad.write_bytes(bytes(raw))
     with pytest.raises(ModelFileError, match="IQ4_NL, which pxvm does not support"):
         BrowserModel(*page_request(bad), "bad.gguf", (), BINDING)
+
+
+def test_a_model_over_the_pages_binding_limit_is_refused_naming_the_limit(tmp_path, rng):
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path, TinySpec(context_length=96), rng)  # a layer's cache: 6,144 bytes
+    with pytest.raises(PxvmError, match="maxStorageBufferBindingSize and maxBufferSize: 4,096"):
+        BrowserModel(*page_request(path), "tiny.gguf", (), 4096)
 
 
 def _post(models, route, query, body=b""):

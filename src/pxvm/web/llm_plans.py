@@ -201,6 +201,11 @@ class ModelPlanBackend(PlanBackend):
     def identity(self) -> str:
         return "browser-plan"
 
+    def describe(self) -> str:
+        # what the model's size checks name (weights.py, model.py): the page's limit
+        return (f"this browser's WebGPU (the smaller of its maxStorageBufferBindingSize "
+                f"and maxBufferSize: {self.max_tensor_bytes:,} bytes)")
+
     def memory_bytes(self):
         return None
 

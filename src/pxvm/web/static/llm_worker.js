@@ -152,6 +152,7 @@ async function loadModel(msg) {
   checkLimits(plan.buffers, plan.dispatches);
   model = { plan, header, source, buffers: [], sizes: [], prompts: new Map(), steps: [] };
   await createBuffers(msg.id, plan.buffers, 0);
+  model.source = null;  // the weights are on the GPU: the file's bytes may go
   for (const s of plan.steps) {
     model.steps.push({ bound: s.bound, prepared: await prepare(plan.dispatches.slice(s.dispatches[0], s.dispatches[1])) });
   }
@@ -233,6 +234,7 @@ async function createBuffers(id, list, first, target = model) {
       let at = 0;
       for (const [name, start, length] of b.segments) {
         const t = model.header.tensors.get(name);
+        if (!model.source) throw new Error("a prompt's plan names weights the model's plan did not");
         if (!t || start + length > t.nBytes) throw new Error(`the plan names bytes of tensor ${name} the file does not have`);
         bytes.set(await model.source.read(t.offset + start, length), at);
         at += length;

@@ -58,10 +58,10 @@ class Page:
         method = scope["method"]
         path = unquote(scope.get("raw_path", scope["path"].encode()).decode("latin-1"))
         seg = [s for s in path.split("/") if s]
-        if method in ("GET", "HEAD") and seg != LLM_FILE_ROUTE:
-            answer = await self._get(scope, seg)
-        elif method in ("GET", "HEAD") and seg == LLM_FILE_ROUTE:
+        if method in ("GET", "HEAD") and seg == LLM_FILE_ROUTE:
             return await self._send_model_file(scope, send, head=method == "HEAD")
+        if method in ("GET", "HEAD"):
+            answer = await self._get(scope, seg)
         elif method == "POST":
             answer = await self._post(scope, seg, receive)
             if answer is None:  # the client went away while its upload was planned

@@ -56,7 +56,8 @@ def serve(
     loopback = is_loopback(host)
     try:
         server = HttpServer(service, host, port, api_key=api_key, loopback_only=loopback,
-                            page=Page(weights=WeightTiles(str(model) if model else None)),
+                            page=Page(weights=WeightTiles(str(model) if model else None),
+                                      llm_model=str(model) if model is not None else None),
                             max_connections=connections_for(max_batch, max_waiting)
                             if service else MAX_CONNECTIONS)
     except OSError as exc:

@@ -1,0 +1,174 @@
+"""The page's language-model routes (under /api/llm/; pxvm.serve.page answers them):
+
+- GET  info: the server's model (its name, size and the URL of its bytes) if it has one
+  (`pxvm serve --model FILE`, else the default SmolLM2 where installed);
+- GET  model.gguf: those bytes (streamed by pxvm.serve.page);
+- POST load?size=&features=&max_binding=&software=&name=: the body is a GGUF file's header and its
+  vectors (llm_plans); answers the model's id and its plan (buffers, decoding steps);
+- POST prompt?model=&tokens=&position=: the plan of a prompt piece;
+- POST encode?model= {"messages": [...]}: a chat's prompt token ids (the file's template
+  and tokenizer, as `pxvm chat` renders and encodes them);
+- POST decode?model= {"ids": [...]}: their text, control tokens left out.
+
+Tokenization is the server's (pxvm's own tokenizer and sandboxed Jinja template, from the
+header the page sent), so the page's text is exactly pxvm's; POSTs need the session token.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from collections import OrderedDict
+from http import HTTPStatus
+
+from ..core.errors import PxvmError, shortened
+from ..llm.gguf_model import default_model_path
+from ..llm.gguf_scan import ModelFileError
+from . import plans
+from .llm_plans import MAX_FILE_BYTES, MODELS_KEPT, BrowserModel, BrowserModelError
+
+#: The most token ids a decode request may carry, and the most messages' characters.
+MAX_IDS = 1 << 16
+MAX_CHAT_CHARS = 1 << 20
+#: The smallest binding size a page may ask plans for (WebGPU's guaranteed default is
+#: 128 MiB; smaller only in tests).
+MIN_BINDING = 1 << 20
+
+
+def _json(obj, status=HTTPStatus.OK):
+    return status, json.dumps(obj).encode(), "application/json"
+
+
+def _error(status, message):
+    return _json({"error": message}, status)
+
+
+class BrowserModels:
+    """The models pages asked for, recorded (the MODELS_KEPT most recent), and the
+    server's own model file."""
+
+    def __init__(self, server_model: str | None = None):
+        self._server_model = server_model
+        self._lock = threading.Lock()
+        self._loading = threading.Lock()
+        self._models: OrderedDict[str, BrowserModel] = OrderedDict()
+
+    def server_model(self) -> str | None:
+        """The path of the model the page offers first; None where there is none."""
+        if self._server_model is None:
+            try:
+                self._server_model = default_model_path()
+            except ModelFileError:
+                return None
+        return self._server_model
+
+    def info(self) -> dict:
+        path = self.server_model()
+        if path is None or not os.path.isfile(path):
+            return {"server_model": None}
+        stat = os.stat(path)
+        return {"server_model": {"name": os.path.basename(path), "size": stat.st_size,
+                                 "url": "/api/llm/model.gguf",
+                                 "version": f"{stat.st_size}-{int(stat.st_mtime)}"}}
+
+    def load(self, body: bytes, query: dict) -> dict:
+        size = _integer(query, "size", 1, MAX_FILE_BYTES)
+        binding = _integer(query, "max_binding", MIN_BINDING, 1 << 40)
+        features = plans.plan_features([v for v in _text(query, "features").split(",") if v])
+        name = shortened(_text(query, "name") or "the model", 80)
+        software = "software" in query and _integer(query, "software", 0, 1) == 1
+        key = hashlib.sha256(body + f"|{size}|{binding}|{features}|{software}".encode()
+                             ).hexdigest()[:24]
+        with self._lock:
+            model = self._models.get(key)
+        if model is None:
+            with self._loading:  # one skeleton on disk at a time
+                model = BrowserModel(body, size, name, features, binding, software)
+            with self._lock:
+                self._models[key] = model
+                while len(self._models) > MODELS_KEPT:
+                    self._models.popitem(last=False)
+        with self._lock:
+            self._models.move_to_end(key)
+        return {"model": key, **model.plan()}
+
+    def get(self, query: dict) -> BrowserModel:
+        key = _text(query, "model")
+        with self._lock:
+            model = self._models.get(key)
+        if model is None:
+            raise KeyError("no such model loaded (the server keeps the last "
+                           f"{MODELS_KEPT}); load it again")
+        return model
+
+
+def _text(query: dict, name: str) -> str:
+    values = query.get(name, [""])
+    if len(values) > 1 or len(values[-1]) > 200:
+        raise BrowserModelError(f"{name} must be given once, at most 200 characters")
+    return values[-1]
+
+
+def _integer(query: dict, name: str, low: int, high: int) -> int:
+    text = _text(query, name)
+    if not (text.isascii() and text.isdigit()) or not low <= int(text) <= high:
+        raise BrowserModelError(f"{name} must be an integer in {low}..{high}, not "
+                                f"{shortened(text, 40)!r}")
+    return int(text)
+
+
+def _body_json(body: bytes) -> dict:
+    try:
+        value = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BrowserModelError(f"the body is not JSON: {shortened(str(exc), 80)}") from exc
+    if not isinstance(value, dict):
+        raise BrowserModelError("the body must be a JSON object")
+    return value
+
+
+def _messages(value) -> list[dict]:
+    ok = isinstance(value, list) and value and all(
+        isinstance(m, dict) and set(m) == {"role", "content"} and isinstance(m["role"], str)
+        and isinstance(m["content"], str) for m in value)
+    if not ok:
+        raise BrowserModelError('messages must be a list of {"role": .., "content": ..}')
+    if sum(len(m["content"]) for m in value) > MAX_CHAT_CHARS:
+        raise BrowserModelError(f"the messages are over {MAX_CHAT_CHARS:,} characters")
+    return value
+
+
+def _ids(value, vocab: int) -> list[int]:
+    if not (isinstance(value, list) and len(value) <= MAX_IDS and all(
+            isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab for i in value)):
+        raise BrowserModelError(f"ids must be a list of at most {MAX_IDS} token ids below {vocab}")
+    return value
+
+
+def llm_get(rest: list[str], models: BrowserModels):
+    if rest == ["info"]:
+        return _json(models.info())
+    return _error(HTTPStatus.NOT_FOUND, "not found")
+
+
+def llm_post(rest: list[str], query: dict, body: bytes, models: BrowserModels):
+    """(status, body, content type) of a POST to /api/llm/<rest>."""
+    try:
+        if rest == ["load"]:
+            return _json(models.load(body, query))
+        model = models.get(query)
+        if rest == ["prompt"]:
+            return _json(model.prompt_plan(_integer(query, "tokens", 1, 1 << 20),
+                                           _integer(query, "position", 0, 1 << 30)))
+        if rest == ["encode"]:
+            return _json({"ids": model.encode_chat(_messages(_body_json(body).get("messages")))})
+        if rest == ["decode"]:
+            ids = _ids(_body_json(body).get("ids"), model.model.config.vocab_size)
+            return _json({"text": model.decode_text(ids)})
+        return _error(HTTPStatus.NOT_FOUND, "not found")
+    except KeyError as exc:
+        return _error(HTTPStatus.NOT_FOUND, str(exc.args[0]) if exc.args else "not found")
+    except (PxvmError, ValueError) as exc:  # the file's or the request's problem
+        return _error(HTTPStatus.BAD_REQUEST, shortened(str(exc), 2000))

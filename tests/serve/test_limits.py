@@ -87,6 +87,42 @@ def test_a_body_over_the_bound_gets_413_unread(server):  # noqa: F811
     assert r.status_code == 413 and "limited" in r.json()["error"]["message"]
 
 
+def test_the_pages_model_load_takes_a_larger_body_within_its_own_bound(server):  # noqa: F811
+    # a Llama 3 header (about 9 MB) is over the general bound: the load route reads it
+    # and hands it on (to this API-only server's 404), not 413
+    route = "/api/llm/load"
+    r = _post(server, route, b"x" * (guard.MAX_BODY + (1 << 20)))
+    assert r.status_code == 404
+    r = _post(server, route, b"x" * (guard.LARGE_BODY_ROUTES[route] + 1))
+    assert r.status_code == 413 and "32 MiB" in r.json()["error"]
+
+
+def test_large_bodies_are_read_a_few_at_a_time(server):  # noqa: F811
+    # clients declaring large bodies and sending them slowly hold LARGE_BODIES_AT_ONCE
+    # readers; the next gets 503 at once, and a reader is free again once one leaves
+    host, port = server.url.removeprefix("http://").split(":")
+    head = (f"POST /api/llm/load HTTP/1.1\r\nHost: {host}:{port}\r\n"
+            f"Content-Length: {8 << 20}\r\n\r\n").encode() + b"x" * 1024
+    slow = [socket.create_connection((host, int(port)), timeout=10)
+            for _ in range(guard.LARGE_BODIES_AT_ONCE)]
+    try:
+        for sock in slow:
+            sock.sendall(head)
+        time.sleep(0.5)
+        r = _post(server, "/api/llm/load", b"x" * (guard.MAX_BODY + 1))
+        assert r.status_code == 503 and "again" in r.json()["error"]
+    finally:
+        for sock in slow:
+            sock.close()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        r = _post(server, "/api/llm/load", b"x" * (guard.MAX_BODY + 1))
+        if r.status_code != 503:
+            break
+        time.sleep(0.2)
+    assert r.status_code == 404
+
+
 def test_a_body_without_content_length_gets_411(server):  # noqa: F811
     def chunks():
         yield json.dumps({"prompt": "a"}).encode()

@@ -381,7 +381,10 @@ def raw_exchange(srv, data: bytes, half_close=True, timeout=30) -> tuple[int, di
     with socket.create_connection(srv.server_address[:2], timeout=timeout) as conn:
         conn.sendall(data)
         if half_close:
-            conn.shutdown(socket.SHUT_WR)
+            try:
+                conn.shutdown(socket.SHUT_WR)
+            except OSError:  # the server closed first: its answer (a 503) may be here
+                pass
         received = b""
         while b"\r\n\r\n" not in received:
             part = conn.recv(65536)

@@ -6,7 +6,8 @@
 - /api/ and /v1/ requests and every POST from another site's page (Origin,
   Sec-Fetch-Site) are refused; the page itself may be opened from anywhere;
 - with an API key, /v1/ routes need `Authorization: Bearer <key>` (401 otherwise);
-- a POST body needs one Content-Length within MAX_BODY and must arrive within
+- a POST body needs one Content-Length within MAX_BODY (LARGE_BODY_ROUTES' within
+  theirs, LARGE_BODIES_AT_ONCE of those read at a time) and must arrive within
   BODY_SECONDS; it is read here, whole, and handed on.
 
 Refusals are JSON errors: OpenAI's shape on /v1/ routes, the page's ({"error": text})
@@ -25,6 +26,13 @@ from ..web.httpd import SAME_SITE_FETCHES, is_loopback
 
 #: largest request body read (bytes): the page's uploads are limited to as much
 MAX_BODY = 4 << 20
+#: routes taking larger bodies, and how large: the browser page's model load sends a
+#: GGUF header and the model's vectors (Llama 3's header, a 128,256-token vocabulary
+#: with its merges, is about 9 MB)
+LARGE_BODY_ROUTES = {"/api/llm/load": 32 << 20}
+#: large bodies read at a time at most (others are answered 503): they bound the memory
+#: held by bodies in flight to this many of them
+LARGE_BODIES_AT_ONCE = 2
 #: seconds a request's body may take to arrive
 BODY_SECONDS = 20.0
 #: path prefixes whose requests do work (and are refused from other sites' pages)
@@ -47,6 +55,7 @@ class Guard:
         self.app = app
         self.api_key = api_key
         self.loopback_only = loopback_only
+        self.large_bodies = 0  # LARGE_BODY_ROUTES' bodies being read (one event loop)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -58,13 +67,28 @@ class Guard:
         try:
             self._check(scope, headers)
             if scope["method"] in ("POST", "PUT", "PATCH"):
-                body = await _body(headers, receive)
+                body = await self._body(scope["path"], headers, receive)
                 if body is None:  # the client has gone
                     return None
                 receive = _replay(body, receive)
         except Refusal as refusal:
             return await _refuse(send, refusal, openai_shape)
         return await self.app(scope, receive, send)
+
+    async def _body(self, path: str, headers, receive) -> bytes | None:
+        """_body within the route's bound; a large route's while fewer than
+        LARGE_BODIES_AT_ONCE others are read."""
+        limit = LARGE_BODY_ROUTES.get(path)
+        if limit is None:
+            return await _body(headers, receive, MAX_BODY)
+        if self.large_bodies >= LARGE_BODIES_AT_ONCE:
+            raise Refusal(503, f"{LARGE_BODIES_AT_ONCE} large requests are being read; "
+                          "send this one again when they are done")
+        self.large_bodies += 1
+        try:
+            return await _body(headers, receive, limit)
+        finally:
+            self.large_bodies -= 1
 
     def _check(self, scope, headers) -> None:
         raw = scope.get("raw_path") or scope["path"].encode()
@@ -105,8 +129,9 @@ def _cross_site(headers, host: str) -> str | None:
     return None
 
 
-async def _body(headers, receive) -> bytes | None:
-    """The whole body (None: the client went away); Refusal when it is not acceptable."""
+async def _body(headers, receive, limit: int) -> bytes | None:
+    """The whole body (None: the client went away); Refusal when it is not acceptable or
+    over `limit` bytes."""
     if headers.get("transfer-encoding"):
         raise Refusal(411, "chunked bodies are not accepted; send the body with a "
                       "Content-Length")
@@ -117,10 +142,10 @@ async def _body(headers, receive) -> bytes | None:
                       "required")
     length = int(text)
     too_large = Refusal(413, f"the body is {length:,} bytes; uploads and requests are "
-                        f"limited to {MAX_BODY >> 20} MiB")
+                        f"limited to {limit >> 20} MiB")
     # a modest excess is read and dropped so the client sees the 413 instead of a reset
     # connection; anything larger is refused unread
-    if length > httpd.DRAIN_LIMIT:
+    if length > max(limit, httpd.DRAIN_LIMIT):
         raise too_large
     got = bytearray()
 
@@ -129,7 +154,7 @@ async def _body(headers, receive) -> bytes | None:
             message = await receive()
             if message["type"] == "http.disconnect":
                 return False
-            if len(got) <= MAX_BODY:
+            if len(got) <= limit:
                 got.extend(message.get("body", b""))
             if not message.get("more_body", False):
                 return True
@@ -142,7 +167,7 @@ async def _body(headers, receive) -> bytes | None:
                       "declares") from None
     if not arrived:
         return None
-    if length > MAX_BODY:
+    if length > limit:
         raise too_large
     if len(got) != length:
         raise Refusal(400, f"the body ended: {len(got):,} of the {length:,} bytes its "

@@ -17,6 +17,8 @@ Ray's own per-replica request metrics are on its metrics port."""
 
 from __future__ import annotations
 
+import socket
+
 import ray
 from ray import serve
 from ray.serve import Application
@@ -119,10 +121,22 @@ def start(model: str, replicas: int, host: str, port: int, **options) -> str:
     if gpus and replicas > gpus:
         raise ClusterError(f"--replicas {replicas} asks for one GPU each, but the Ray "
                            f"cluster has {gpus}; give at most --replicas {gpus}")
+    port = port or _free_port(host)  # Serve's proxy needs a port of its own choosing
     serve.start(http_options={"host": host, "port": port})
-    serve.run(application(model, replicas, **options), name="pxvm", route_prefix="/")
+    try:
+        serve.run(application(model, replicas, **options), name="pxvm", route_prefix="/")
+    except RuntimeError as exc:  # a replica that failed to start; Ray logged its error
+        raise ClusterError(f"the replicas did not start (their error is logged above): "
+                           f"{exc}") from None
     shown = f"[{host}]" if ":" in host else host
     return f"http://{shown}:{port}"
+
+
+def _free_port(host: str) -> int:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
 
 
 def stop() -> None:

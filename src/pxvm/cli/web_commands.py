@@ -4,7 +4,6 @@ model (see pxvm/serve)."""
 
 from __future__ import annotations
 
-import importlib.util
 import signal
 import threading
 import time
@@ -15,6 +14,7 @@ import typer
 
 from ..core.selection import names
 from ..llm import open_model_file
+from ..serve import cluster
 from ..serve.page import Page
 from ..web.weights import WeightTiles
 from ..serve.server import HttpServer, connections_for, model_service
@@ -102,11 +102,10 @@ def _serve_replicas(model, replicas, host, port, backend, api_key, max_batch, ma
         raise typer.BadParameter("--replicas serves a model's API; give --model too")
     if open_browser:
         raise typer.BadParameter("--open shows the page, which --replicas does not serve")
-    if importlib.util.find_spec("ray") is None or importlib.util.find_spec("ray.serve") is None:
+    if not cluster.available():
         typer.secho("error: --replicas runs the server under Ray Serve, which is not "
                     "installed; pip install 'pxvm[cluster]'", err=True, fg="red")
         raise typer.Exit(1)
-    from ..serve import cluster  # only with ray installed
     open_model_file(str(model))  # what is not a model fails here, before Ray starts
     loopback = is_loopback(host)
     if not loopback:

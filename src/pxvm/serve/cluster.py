@@ -13,19 +13,23 @@ loads it), and Ray's health check (`check_health`) restarts one whose engine thr
 stopped; a replica that dies is replaced by Ray while the others keep serving. /health
 and /metrics through the ingress are the answering replica's own (each answer names it
 in the X-Pxvm-Replica header); the state of every replica is Ray's (`serve status`), and
-Ray's own per-replica request metrics are on its metrics port."""
+Ray's own per-replica request metrics are on its metrics port.
+
+Ray is imported by the functions that need it (an optional extra: importing this module
+needs no Ray, `available` says whether it is there)."""
 
 from __future__ import annotations
 
+import importlib.util
 import socket
-
-import ray
-from ray import serve
-from ray.serve import Application
+from typing import TYPE_CHECKING
 
 from ..core.errors import PxvmError
 from .app import create_app
 from .server import model_service
+
+if TYPE_CHECKING:
+    from ray.serve import Application
 
 #: the deployment's name (in `serve status`, and in a Serve config's `deployments:`)
 DEPLOYMENT = "PxvmReplica"
@@ -37,9 +41,15 @@ class ClusterError(PxvmError):
     """A cluster that cannot hold the replicas asked for."""
 
 
-@serve.ingress()  # the app is built per replica, once its model is loaded
+def available() -> bool:
+    """Whether Ray Serve is installed (pip install 'pxvm[cluster]')."""
+    return importlib.util.find_spec("ray") is not None and \
+        importlib.util.find_spec("ray.serve") is not None
+
+
 class PxvmReplica:
-    """One replica: a loaded model and pxvm's API for it."""
+    """One replica: a loaded model and pxvm's API for it (made a Serve ingress, whose app
+    is built once the model is loaded, by application())."""
 
     def __init__(self, model: str, backend: str = "auto", max_batch: int = 64,
                  max_waiting: int = 256, api_key: str | None = None,
@@ -50,6 +60,7 @@ class PxvmReplica:
         if self.service.load_error:  # Serve reports it and does not route here
             raise ClusterError(f"the model failed to load: {self.service.load_error}")
         self.api_key, self.loopback_only = api_key, loopback_only
+        from ray import serve
         self.replica = serve.get_replica_context().replica_id.unique_id
 
     def __serve_build_asgi_app__(self):
@@ -81,6 +92,7 @@ class _NamedReplica:
 
 def replica_resources() -> dict:
     """What each replica reserves: one GPU where the cluster has GPUs, else one CPU."""
+    import ray
     gpus = ray.cluster_resources().get("GPU", 0) if ray.is_initialized() else 0
     return {"num_gpus": 1} if gpus >= 1 else {"num_cpus": 1}
 
@@ -90,8 +102,9 @@ def application(model: str, replicas: int, backend: str = "auto", max_batch: int
                 loopback_only: bool = True, resources: dict | None = None) -> Application:
     """`replicas` pxvm servers of the GGUF file at `model` (the same path on every node)
     as one Serve application; `resources` each (default: replica_resources())."""
+    from ray import serve
     deployment = serve.deployment(
-        PxvmReplica, name=DEPLOYMENT, num_replicas=replicas,
+        serve.ingress()(PxvmReplica), name=DEPLOYMENT, num_replicas=replicas,
         ray_actor_options=resources or replica_resources(),
         # the engine's own queue answers 429 past max_waiting: Serve sends a replica as
         # many, and holds at most max_waiting more in its own queue (503 past that)
@@ -115,6 +128,8 @@ def build_app(args: dict) -> Application:
 def start(model: str, replicas: int, host: str, port: int, **options) -> str:
     """Start (or join, with RAY_ADDRESS) a Ray cluster and serve `replicas` replicas of
     `model` on host:port; returns the endpoint's URL once every replica is ready."""
+    import ray
+    from ray import serve
     if not ray.is_initialized():
         ray.init(logging_level="warning")
     gpus = int(ray.cluster_resources().get("GPU", 0))
@@ -141,5 +156,7 @@ def _free_port(host: str) -> int:
 
 def stop() -> None:
     """Take the application down (its replicas close their engines) and leave Ray."""
+    import ray
+    from ray import serve
     serve.shutdown()
     ray.shutdown()

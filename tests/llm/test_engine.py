@@ -318,6 +318,15 @@ def test_the_waiting_queue_is_bounded(model, engines, rng):
         engine.submit(Request(prompt, 2), lambda event: None)
 
 
+def test_alive_is_whether_the_engines_thread_runs(model, engines):
+    engine = engines(model, block_size=4, kv_blocks=16)
+    assert not engine.alive  # not started
+    engine.start()
+    assert engine.alive
+    engine.shutdown()
+    assert not engine.alive
+
+
 def test_a_request_larger_than_the_whole_cache_finishes_with_an_error(model, engines, rng):
     engine = engines(model, block_size=4, kv_blocks=4)  # 16 positions
     got = Collector()

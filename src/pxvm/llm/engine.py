@@ -212,6 +212,11 @@ class Engine:
                 self._finish(seq, "cancelled")
                 self._wake.notify()
 
+    @property
+    def alive(self) -> bool:
+        """Whether the engine's thread runs (started, not shut down, not died)."""
+        return self._thread is not None and self._thread.is_alive()
+
     def stats(self) -> EngineStats:
         with self._wake:
             return EngineStats(len(self.running), len(self.waiting), self.blocks.used(),

@@ -28,15 +28,18 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import mmap
 import os
 import re
+import struct
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
 import numpy as np
-from PIL import Image, PngImagePlugin, UnidentifiedImageError
+from PIL import Image, UnidentifiedImageError
 
 from ..core.files import check_regular_file
 from .gguf_model import GGUFModelFile
@@ -70,6 +73,11 @@ TENSOR_COMPRESS_LEVEL = 0
 METADATA_COMPRESS_LEVEL = 1
 #: Threads decoding a model's images at most.
 READ_THREADS = 8
+#: A PNG file's first 8 bytes.
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+#: An image's IHDR after its size: 8 bits a sample, RGBA, deflate, filter method 0, not
+#: interlaced: the only kind whose rows `_decode_plain_png` copies out.
+PLAIN_RGBA = (8, 6, 0, 0, 0)
 REPACK = "pack the model again (pxvm pixels pack MODEL.gguf -o FOLDER)"
 
 
@@ -139,16 +147,31 @@ def _write_tile(path: Path, data: memoryview, part: Part, tile: int, sha256: str
     height = max(1, -(-len(data) // (4 * width)))
     pixels = np.zeros(height * width * 4, np.uint8)
     pixels[:len(data)] = np.frombuffer(data, np.uint8)
-    info = PngImagePlugin.PngInfo()
     header = {"magic": MAGIC, "version": VERSION, "kind": part.kind, "tensor": part.name,
               "index": part.index, "type": part.qtype, "shape": list(part.shape),
               "byte_length": part.byte_length, "sha256": sha256, "tile": tile,
               "tiles": part.tiles(), "tile_offset": tile * part.tile_length(),
               "tile_bytes": len(data), **extra}
-    info.add_text(TEXT_KEY, json.dumps(header))
-    Image.fromarray(pixels.reshape(height, width, 4), "RGBA").save(
-        path, "PNG", pnginfo=info,
-        compress_level=METADATA_COMPRESS_LEVEL if part.kind == "metadata" else TENSOR_COMPRESS_LEVEL)
+    _write_png(path, pixels.reshape(height, 4 * width), json.dumps(header),
+               METADATA_COMPRESS_LEVEL if part.kind == "metadata" else TENSOR_COMPRESS_LEVEL)
+
+
+def _write_png(path: Path, rows: np.ndarray, text: str, level: int) -> None:
+    """An RGBA PNG of `rows` (height x 4 * width bytes), its tEXt chunk TEXT_KEY `text`
+    (ASCII JSON), every row of filter type 0 (None), so readers copy the rows out as they
+    are: Pillow picks a filter for each row and has no option to turn that off."""
+    height, row_bytes = rows.shape
+    scanlines = np.zeros((height, 1 + row_bytes), np.uint8)  # each row after its filter byte
+    scanlines[:, 1:] = rows
+    with open(path, "wb") as f:
+        f.write(PNG_SIGNATURE)
+        for kind, body in ((b"IHDR", struct.pack(">II5B", row_bytes // 4, height, *PLAIN_RGBA)),
+                           (b"tEXt", f"{TEXT_KEY}\0{text}".encode("latin-1")),
+                           (b"IDAT", zlib.compress(scanlines, level)),
+                           (b"IEND", b"")):
+            f.write(struct.pack(">I", len(body)) + kind)
+            f.write(body)
+            f.write(struct.pack(">I", zlib.crc32(body, zlib.crc32(kind))))
 
 
 def _write_part(folder: Path, part: Part, data: memoryview, extra: dict | None = None) -> None:
@@ -295,24 +318,83 @@ def _integer(path: Path, meta: dict, key: str, low: int, high: int) -> int:
     return value
 
 
-def _tile_pixels(path: Path, image, tile_bytes: int) -> np.ndarray:
-    """The first `tile_bytes` bytes of the image's pixels, once its size is checked to
+def _decode_tile(path: Path, image, out: np.ndarray) -> None:
+    """The image's first len(out) bytes of pixels into `out`, once its size is checked to
     hold them with less than one row to spare."""
     width, height = image.size
-    if not (height - 1) * width * 4 < tile_bytes <= height * width * 4:
+    if not (height - 1) * width * 4 < len(out) <= height * width * 4:
         _fail(path, f"is {width:,} x {height:,} pixels, which does not fit the "
-                    f"{tile_bytes:,} bytes its header declares")
+                    f"{len(out):,} bytes its header declares")
+    if _decode_plain_png(path, width, height, out):
+        return
     try:
         pixels = np.asarray(image, np.uint8)
     except (OSError, ValueError, SyntaxError) as exc:
         _fail(path, f"is truncated or damaged ({exc})")
-    return pixels.reshape(-1)[:tile_bytes]
+    out[:] = pixels.reshape(-1)[:len(out)]
 
 
-def read_tiles(folder: Path, part: Part) -> Iterator[tuple[int, np.ndarray]]:
+def _decode_plain_png(path: Path, width: int, height: int, out: np.ndarray) -> bool:
+    """The PNG's first len(out) bytes of pixels into `out` when it is of the kind this
+    packer writes (8-bit RGBA, not interlaced, each row of filter type 0): its inflated
+    rows are copied out as they are, once every chunk's CRC is checked (an error naming
+    the image if one is wrong). False, `out` untouched, for any other PNG and for one cut
+    short: Pillow decodes those, or names the damage."""
+    row = 4 * width
+    scan_bytes = (1 + row) * height
+    with open(path, "rb") as f:  # mapped, not read: the page cache's pages, no copy
+        size = os.fstat(f.fileno()).st_size
+        # deflate's worst case (zlib's compressBound) and the other chunks: a bound on the file
+        if size > scan_bytes + (scan_bytes >> 10) + MAX_HEADER_TEXT + 1024:
+            return False
+        data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    chunks = _png_chunks(data)
+    if chunks is None or bytes(chunks[0][1]) != struct.pack(">II5B", width, height, *PLAIN_RGBA):
+        return False
+    idat = [body for kind, body, _ in chunks if kind == b"IDAT"]
+    try:
+        # raw deflate after zlib's 2-byte header: the chunks' CRCs cover the bytes the
+        # trailer's Adler-32 would check again, at the cost of inflating them
+        rows = zlib.decompress((idat[0] if len(idat) == 1 else b"".join(idat))[2:],
+                               -zlib.MAX_WBITS, scan_bytes + 1)
+    except (zlib.error, IndexError):
+        return False
+    if len(rows) != scan_bytes:
+        return False
+    scanlines = np.frombuffer(rows, np.uint8).reshape(height, 1 + row)
+    if scanlines[:, 0].any():
+        return False
+    for kind, body, at in chunks:
+        if zlib.crc32(body, zlib.crc32(kind)) != struct.unpack_from(">I", data, at + 8 + len(body))[0]:
+            _fail(path, f"is damaged: its {kind.decode('latin-1')!r} chunk at byte {at:,} "
+                        "fails its CRC")
+    whole = len(out) // row
+    out[:whole * row].reshape(whole, row)[...] = scanlines[:whole, 1:]
+    out[whole * row:] = scanlines[whole:, 1:].reshape(-1)[:len(out) - whole * row]
+    return True
+
+
+def _png_chunks(data: mmap.mmap) -> list[tuple[bytes, memoryview, int]] | None:
+    """(type, body, offset) of each of the PNG's chunks up to its IEND, the first its
+    IHDR (Pillow checked the signature); None when the file ends before the IEND chunk."""
+    view, at, chunks = memoryview(data), len(PNG_SIGNATURE), []
+    while at + 12 <= len(data):
+        length, kind = struct.unpack_from(">I4s", data, at)
+        if at + 12 + length > len(data):
+            return None
+        chunks.append((kind, view[at + 8:at + 8 + length], at))
+        if kind == b"IEND":
+            return chunks
+        at += 12 + length
+    return None
+
+
+def read_tiles(folder: Path, part: Part, out: np.ndarray | None = None
+               ) -> Iterator[tuple[int, np.ndarray]]:
     """(byte offset, bytes) of each of `part`'s tiles in order, each checked against the
-    part (header fields, sizes, offsets); the SHA-256 of all of them is checked after the
-    last."""
+    part (header fields, sizes, offsets) and decoded into its place in `out` (the part's
+    bytes) or, without `out`, into an array of its own; the SHA-256 of all of them is
+    checked after the last."""
     digest, expected_sha, at = hashlib.sha256(), None, 0
     tiles = part.tiles()
     for tile in range(tiles):
@@ -324,10 +406,12 @@ def read_tiles(folder: Path, part: Part) -> Iterator[tuple[int, np.ndarray]]:
                 _fail(path, "its header's 'sha256' differs from the part's first tile's: the "
                             "container is damaged or mixes two models")
             expected_sha = meta["sha256"]
-            pixels = _tile_pixels(path, image, meta["tile_bytes"])
+            n = meta["tile_bytes"]
+            pixels = np.empty(n, np.uint8) if out is None else out[at:at + n]
+            _decode_tile(path, image, pixels)
         digest.update(pixels)
         yield at, pixels
-        at += len(pixels)
+        at += n
     if digest.hexdigest() != expected_sha:
         _fail(part.tile_path(folder, 0), f"holds {part.name or 'metadata'} bytes whose SHA-256 "
                                          "is not the one its header records: the images are "
@@ -394,8 +478,8 @@ def open_container(folder: str | os.PathLike) -> Container:
         _fail(first, "its header's 'file_sha256' is not a SHA-256 in hex")
     part = _metadata_part(length)
     metadata = np.empty(length, np.uint8)
-    for at, pixels in read_tiles(folder, part):
-        metadata[at:at + len(pixels)] = pixels
+    for _ in read_tiles(folder, part, metadata):
+        pass
     header = scan(memoryview(metadata), str(first), file_size=file_bytes)
     gaps = _gaps(header)
     if header.data_offset + sum(n for _, n in gaps) != length:
@@ -462,8 +546,8 @@ def unpack(folder: str | os.PathLike, output: str | os.PathLike,
 def read_tensor(container: Container, part: Part) -> np.ndarray:
     """A tensor's raw bytes (uint8), read from its tiles and checked."""
     data = np.empty(part.byte_length, np.uint8)
-    for at, pixels in read_tiles(container.folder, part):
-        data[at:at + len(pixels)] = pixels
+    for _ in read_tiles(container.folder, part, data):
+        pass
     return data
 
 
@@ -481,8 +565,8 @@ def read_model_file(folder: str | os.PathLike) -> GGUFModelFile:
         if isinstance(part, bytes):
             data[offset:offset + len(part)] = np.frombuffer(part, np.uint8)
             return
-        for at, pixels in read_tiles(container.folder, part):
-            data[offset + at:offset + at + len(pixels)] = pixels
+        for _ in read_tiles(container.folder, part, data[offset:offset + part.byte_length]):
+            pass
 
     # PNG decoding and SHA-256 run without the GIL: tensors decode on every core
     with ThreadPoolExecutor(max_workers=min(READ_THREADS, os.cpu_count() or 1)) as pool:

@@ -16,7 +16,10 @@ row's tail zeros; its tEXt chunk "pxvm-pixels" is a JSON header: magic, version,
 and byte length, the SHA-256 of all its bytes, and which tile of how many this is. A
 tensor's image rows are its rows where they fit (a Q4_K row of 4,096 values, 2,304
 bytes, is 576 pixels), so the raw picture keeps the matrix's shape. The metadata's first
-tile also holds the file's size and SHA-256.
+tile also holds the file's size and SHA-256. The images are uncompressed: each row of
+filter type 0 (None), in stored deflate blocks of whole rows in one IDAT chunk, so a
+reader copies the rows out of the file where they lie (any PNG reader decodes them;
+other PNGs of the same pixels are read too, through Pillow).
 
 The GGUF header is the authority: it is read by the bounded scan (gguf_scan.py), and
 every image's header and size must agree with it, each size read from an image (width,
@@ -67,10 +70,13 @@ MAX_TILES = 4096
 MAX_FILE_BYTES = 1 << 50
 #: Bytes of an image's JSON header at most.
 MAX_HEADER_TEXT = 1 << 16
-#: PNG's zlib levels: quantized weights barely compress (5% at level 1, which decodes
-#: 5x slower than stored blocks), a vocabulary's strings do.
-TENSOR_COMPRESS_LEVEL = 0
-METADATA_COMPRESS_LEVEL = 1
+#: Bytes of a stored deflate block at most (a row of MAX_WIDTH pixels and its filter byte
+#: fit in one). Images are stored uncompressed: quantized
+#: weights barely compress (5% at zlib level 1, which decodes 5x slower) and a reader
+#: copies stored rows out where they lie; a vocabulary, which does, is a few MB.
+STORED_BLOCK_BYTES = 0xFFFF
+#: A zlib stream's first bytes: deflate, a 32 KiB window, no dictionary, level "fastest".
+ZLIB_HEADER = b"\x78\x01"
 #: Threads decoding a model's images at most.
 READ_THREADS = 8
 #: A PNG file's first 8 bytes.
@@ -152,26 +158,42 @@ def _write_tile(path: Path, data: memoryview, part: Part, tile: int, sha256: str
               "byte_length": part.byte_length, "sha256": sha256, "tile": tile,
               "tiles": part.tiles(), "tile_offset": tile * part.tile_length(),
               "tile_bytes": len(data), **extra}
-    _write_png(path, pixels.reshape(height, 4 * width), json.dumps(header),
-               METADATA_COMPRESS_LEVEL if part.kind == "metadata" else TENSOR_COMPRESS_LEVEL)
+    _write_png(path, pixels.reshape(height, 4 * width), json.dumps(header))
 
 
-def _write_png(path: Path, rows: np.ndarray, text: str, level: int) -> None:
+def _write_png(path: Path, rows: np.ndarray, text: str) -> None:
     """An RGBA PNG of `rows` (height x 4 * width bytes), its tEXt chunk TEXT_KEY `text`
-    (ASCII JSON), every row of filter type 0 (None), so readers copy the rows out as they
-    are: Pillow picks a filter for each row and has no option to turn that off."""
+    (ASCII JSON), its rows of filter type 0 (None) in stored deflate blocks of whole rows:
+    a reader copies them out where they lie (Pillow filters each row and cannot be told
+    not to)."""
     height, row_bytes = rows.shape
     scanlines = np.zeros((height, 1 + row_bytes), np.uint8)  # each row after its filter byte
     scanlines[:, 1:] = rows
     with open(path, "wb") as f:
         f.write(PNG_SIGNATURE)
-        for kind, body in ((b"IHDR", struct.pack(">II5B", row_bytes // 4, height, *PLAIN_RGBA)),
-                           (b"tEXt", f"{TEXT_KEY}\0{text}".encode("latin-1")),
-                           (b"IDAT", zlib.compress(scanlines, level)),
-                           (b"IEND", b"")):
-            f.write(struct.pack(">I", len(body)) + kind)
-            f.write(body)
-            f.write(struct.pack(">I", zlib.crc32(body, zlib.crc32(kind))))
+        for kind, body in ((b"IHDR", [struct.pack(">II5B", row_bytes // 4, height, *PLAIN_RGBA)]),
+                           (b"tEXt", [f"{TEXT_KEY}\0{text}".encode("latin-1")]),
+                           (b"IDAT", _zlib_stored(scanlines)),
+                           (b"IEND", [])):
+            f.write(struct.pack(">I", sum(len(piece) for piece in body)) + kind)
+            crc = zlib.crc32(kind)
+            for piece in body:
+                f.write(piece)
+                crc = zlib.crc32(piece, crc)
+            f.write(struct.pack(">I", crc))
+
+
+def _zlib_stored(scanlines: np.ndarray) -> list[bytes]:
+    """A zlib stream of `scanlines` in stored (uncompressed) deflate blocks, each of as
+    many whole scanlines as fit in a block, in pieces to write one after the other."""
+    height, line = scanlines.shape
+    per_block = STORED_BLOCK_BYTES // line
+    pieces = [ZLIB_HEADER]
+    for first in range(0, height, per_block):
+        block = scanlines[first:first + per_block].tobytes()
+        last = first + per_block >= height
+        pieces += [struct.pack("<BHH", last, len(block), 0xFFFF ^ len(block)), block]
+    return pieces + [struct.pack(">I", zlib.adler32(scanlines))]
 
 
 def _write_part(folder: Path, part: Part, data: memoryview, extra: dict | None = None) -> None:
@@ -335,42 +357,45 @@ def _decode_tile(path: Path, image, out: np.ndarray) -> None:
 
 
 def _decode_plain_png(path: Path, width: int, height: int, out: np.ndarray) -> bool:
-    """The PNG's first len(out) bytes of pixels into `out` when it is of the kind this
-    packer writes (8-bit RGBA, not interlaced, each row of filter type 0): its inflated
-    rows are copied out as they are, once every chunk's CRC is checked (an error naming
-    the image if one is wrong). False, `out` untouched, for any other PNG and for one cut
-    short: Pillow decodes those, or names the damage."""
-    row = 4 * width
-    scan_bytes = (1 + row) * height
+    """The PNG's first len(out) bytes of pixels into `out` when it is laid out as this
+    packer writes it (8-bit RGBA, not interlaced, one IDAT chunk of stored deflate
+    blocks of whole rows, each of filter type 0): the rows are copied out of the file
+    where they lie, once every chunk's CRC is checked (an error naming the image if one is
+    wrong). False, `out` untouched, for any other PNG and for one cut short: Pillow
+    decodes those, or names the damage."""
+    line = 1 + 4 * width
+    per_block = STORED_BLOCK_BYTES // line
+    blocks = -(-height // per_block)
     with open(path, "rb") as f:  # mapped, not read: the page cache's pages, no copy
-        size = os.fstat(f.fileno()).st_size
-        # deflate's worst case (zlib's compressBound) and the other chunks: a bound on the file
-        if size > scan_bytes + (scan_bytes >> 10) + MAX_HEADER_TEXT + 1024:
+        if os.fstat(f.fileno()).st_size > line * height + 5 * blocks + MAX_HEADER_TEXT + 1024:
             return False
         data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     chunks = _png_chunks(data)
     if chunks is None or bytes(chunks[0][1]) != struct.pack(">II5B", width, height, *PLAIN_RGBA):
         return False
-    idat = [body for kind, body, _ in chunks if kind == b"IDAT"]
-    try:
-        # raw deflate after zlib's 2-byte header: the chunks' CRCs cover the bytes the
-        # trailer's Adler-32 would check again, at the cost of inflating them
-        rows = zlib.decompress((idat[0] if len(idat) == 1 else b"".join(idat))[2:],
-                               -zlib.MAX_WBITS, scan_bytes + 1)
-    except (zlib.error, IndexError):
+    idat = [(body, at) for kind, body, at in chunks if kind == b"IDAT"]
+    if len(idat) != 1 or len(idat[0][0]) != 2 + line * height + 5 * blocks + 4:
         return False
-    if len(rows) != scan_bytes:
+    stream, start = idat[0]
+    if bytes(stream[:2]) != ZLIB_HEADER:
         return False
-    scanlines = np.frombuffer(rows, np.uint8).reshape(height, 1 + row)
-    if scanlines[:, 0].any():
-        return False
-    for kind, body, at in chunks:
-        if zlib.crc32(body, zlib.crc32(kind)) != struct.unpack_from(">I", data, at + 8 + len(body))[0]:
-            _fail(path, f"is damaged: its {kind.decode('latin-1')!r} chunk at byte {at:,} "
-                        "fails its CRC")
-    whole = len(out) // row
-    out[:whole * row].reshape(whole, row)[...] = scanlines[:whole, 1:]
-    out[whole * row:] = scanlines[whole:, 1:].reshape(-1)[:len(out) - whole * row]
+    rows, at = [], 2
+    for first in range(0, height, per_block):
+        n = min(per_block, height - first) * line
+        if bytes(stream[at:at + 5]) != struct.pack("<BHH", first + per_block >= height, n,
+                                                   0xFFFF ^ n):
+            return False
+        rows.append(np.frombuffer(data, np.uint8, n, start + 8 + at + 5).reshape(-1, line))
+        if rows[-1][:, 0].any():
+            return False
+        at += 5 + n
+    _check_crcs(path, data, chunks)
+    whole, tail = divmod(len(out), line - 1)
+    out_rows = out[:whole * (line - 1)].reshape(whole, line - 1)
+    for first, block in zip(range(0, height, per_block), rows):
+        out_rows[first:first + len(block)] = block[:max(0, whole - first), 1:]
+        if tail and first <= whole < first + len(block):
+            out[whole * (line - 1):] = block[whole - first, 1:1 + tail]
     return True
 
 
@@ -387,6 +412,14 @@ def _png_chunks(data: mmap.mmap) -> list[tuple[bytes, memoryview, int]] | None:
             return chunks
         at += 12 + length
     return None
+
+
+def _check_crcs(path: Path, data: mmap.mmap, chunks: list) -> None:
+    for kind, body, at in chunks:
+        if zlib.crc32(body, zlib.crc32(kind)) != struct.unpack_from(">I", data,
+                                                                    at + 8 + len(body))[0]:
+            _fail(path, f"is damaged: its {kind.decode('latin-1')!r} chunk at byte {at:,} "
+                        "fails its CRC")
 
 
 def read_tiles(folder: Path, part: Part, out: np.ndarray | None = None

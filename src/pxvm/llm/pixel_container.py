@@ -37,6 +37,7 @@ import re
 import struct
 import zlib
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
@@ -82,7 +83,7 @@ READ_THREADS = 8
 #: A PNG file's first 8 bytes.
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 #: An image's IHDR after its size: 8 bits a sample, RGBA, deflate, filter method 0, not
-#: interlaced: the only kind whose rows `_decode_plain_png` copies out.
+#: interlaced: the only kind `_PlainPng` reads.
 PLAIN_RGBA = (8, 6, 0, 0, 0)
 REPACK = "pack the model again (pxvm pixels pack MODEL.gguf -o FOLDER)"
 
@@ -289,11 +290,11 @@ def _fail(path: Path, problem: str, advice: str = REPACK):
 
 
 def _open_image(path: Path):
-    """The PNG at `path`, its size checked against the bounds before its pixels are read,
-    and its JSON header."""
+    """The PNG at `path` (as this packer lays it out, else Pillow's), its size checked
+    against the bounds before its pixels are read, and its JSON header."""
     check_regular_file(path, "PNG image", PixelContainerError)
     try:
-        image = Image.open(path)
+        image = _PlainPng.open(path) or Image.open(path)
     except FileNotFoundError:
         _fail(path, "is missing from the pixel container")
     except Image.DecompressionBombError as exc:  # Pillow's own bound, far above ours
@@ -347,7 +348,8 @@ def _decode_tile(path: Path, image, out: np.ndarray) -> None:
     if not (height - 1) * width * 4 < len(out) <= height * width * 4:
         _fail(path, f"is {width:,} x {height:,} pixels, which does not fit the "
                     f"{len(out):,} bytes its header declares")
-    if _decode_plain_png(path, width, height, out):
+    if isinstance(image, _PlainPng):
+        image.decode(out)
         return
     try:
         pixels = np.asarray(image, np.uint8)
@@ -356,54 +358,71 @@ def _decode_tile(path: Path, image, out: np.ndarray) -> None:
     out[:] = pixels.reshape(-1)[:len(out)]
 
 
-def _decode_plain_png(path: Path, width: int, height: int, out: np.ndarray) -> bool:
-    """The PNG's first len(out) bytes of pixels into `out` when it is laid out as this
-    packer writes it (8-bit RGBA, not interlaced, one IDAT chunk of stored deflate
-    blocks of whole rows, each of filter type 0): the rows are copied out of the file
-    where they lie, once every chunk's CRC is checked (an error naming the image if one is
-    wrong). False, `out` untouched, for any other PNG and for one cut short: Pillow
-    decodes those, or names the damage."""
-    line = 1 + 4 * width
-    per_block = STORED_BLOCK_BYTES // line
-    blocks = -(-height // per_block)
-    with open(path, "rb") as f:  # mapped, not read: the page cache's pages, no copy
-        if os.fstat(f.fileno()).st_size > line * height + 5 * blocks + MAX_HEADER_TEXT + 1024:
-            return False
-        data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    chunks = _png_chunks(data)
-    if chunks is None or bytes(chunks[0][1]) != struct.pack(">II5B", width, height, *PLAIN_RGBA):
-        return False
-    idat = [(body, at) for kind, body, at in chunks if kind == b"IDAT"]
-    if len(idat) != 1 or len(idat[0][0]) != 2 + line * height + 5 * blocks + 4:
-        return False
-    stream, start = idat[0]
-    if bytes(stream[:2]) != ZLIB_HEADER:
-        return False
-    rows, at = [], 2
-    for first in range(0, height, per_block):
-        n = min(per_block, height - first) * line
-        if bytes(stream[at:at + 5]) != struct.pack("<BHH", first + per_block >= height, n,
-                                                   0xFFFF ^ n):
-            return False
-        rows.append(np.frombuffer(data, np.uint8, n, start + 8 + at + 5).reshape(-1, line))
-        if rows[-1][:, 0].any():
-            return False
-        at += 5 + n
-    _check_crcs(path, data, chunks)
-    whole, tail = divmod(len(out), line - 1)
-    out_rows = out[:whole * (line - 1)].reshape(whole, line - 1)
-    for first, block in zip(range(0, height, per_block), rows):
-        out_rows[first:first + len(block)] = block[:max(0, whole - first), 1:]
-        if tail and first <= whole < first + len(block):
-            out[whole * (line - 1):] = block[whole - first, 1:1 + tail]
-    return True
+class _PlainPng(AbstractContextManager):
+    """A PNG laid out as this packer writes it (8-bit RGBA, not interlaced, its rows of
+    filter type 0 in stored deflate blocks of whole rows, in one IDAT chunk), mapped, not
+    read: its rows are copied out of the page cache's pages where they lie. Its size and
+    header are Pillow's attributes (format, mode, size, info)."""
+
+    format, mode = "PNG", "RGBA"
+
+    def __init__(self, size: tuple[int, int], text: str | None, rows: list[np.ndarray]):
+        self.size, self.info, self._rows = size, {} if text is None else {TEXT_KEY: text}, rows
+
+    @classmethod
+    def open(cls, path: Path) -> _PlainPng | None:
+        """The image at `path`, every chunk's CRC checked (an error naming the image where
+        one is wrong); None when it is laid out otherwise, or cut short: Pillow reads it."""
+        with open(path, "rb") as f:
+            if os.fstat(f.fileno()).st_size < len(PNG_SIGNATURE):
+                return None
+            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        chunks = _png_chunks(data)
+        kinds = [kind for kind, _, _ in chunks or []]
+        if kinds[:1] != [b"IHDR"] or kinds[-2:] != [b"IDAT", b"IEND"] or kinds.count(b"IDAT") > 1:
+            return None
+        width, height, *kind = struct.unpack_from(">II5B", chunks[0][1])
+        if tuple(kind) != PLAIN_RGBA or len(chunks[0][1]) != 13:
+            return None
+        _, body, at = chunks[-2]
+        rows = _stored_rows(np.frombuffer(data, np.uint8, len(body), at + 8), width, height)
+        if rows is None or any(block[:, :, 0].any() for block in rows):  # a filter other than None
+            return None
+        for kind, body, at in chunks:
+            if zlib.crc32(body, zlib.crc32(kind)) != struct.unpack_from(">I", data,
+                                                                        at + 8 + len(body))[0]:
+                _fail(path, f"is damaged: its {kind.decode('latin-1')!r} chunk at byte {at:,} "
+                            "fails its CRC")
+        texts = [bytes(body).partition(b"\0") for kind, body, _ in chunks
+                 if kind == b"tEXt" and len(body) <= len(TEXT_KEY) + 1 + MAX_HEADER_TEXT]
+        text = next((t.decode("latin-1") for key, _, t in texts if key == TEXT_KEY.encode()),
+                    None)
+        return cls((width, height), text, rows)
+
+    def decode(self, out: np.ndarray) -> None:
+        """The first len(out) bytes of pixels into `out` (less than a row short of all)."""
+        (blocks, per_block, line), last = self._rows[0].shape, self._rows[1][0]
+        row, first = line - 1, blocks * per_block
+        whole, tail = divmod(len(out), row)
+        out[:first * row].reshape(blocks, per_block, row)[...] = self._rows[0][:, :, 1:]
+        out[first * row:whole * row].reshape(whole - first, row)[...] = last[:whole - first, 1:]
+        if tail:
+            out[whole * row:] = last[whole - first, 1:1 + tail]
+
+    def close(self) -> None:
+        self._rows = []  # the mapping goes with its last view
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def _png_chunks(data: mmap.mmap) -> list[tuple[bytes, memoryview, int]] | None:
-    """(type, body, offset) of each of the PNG's chunks up to its IEND, the first its
-    IHDR (Pillow checked the signature); None when the file ends before the IEND chunk."""
+    """(type, body, offset) of each chunk of a PNG of at most 8 chunks, up to its IEND;
+    None for any other file."""
     view, at, chunks = memoryview(data), len(PNG_SIGNATURE), []
-    while at + 12 <= len(data):
+    if data[:at] != PNG_SIGNATURE:
+        return None
+    while at + 12 <= len(data) and len(chunks) < 8:
         length, kind = struct.unpack_from(">I4s", data, at)
         if at + 12 + length > len(data):
             return None
@@ -414,12 +433,28 @@ def _png_chunks(data: mmap.mmap) -> list[tuple[bytes, memoryview, int]] | None:
     return None
 
 
-def _check_crcs(path: Path, data: mmap.mmap, chunks: list) -> None:
-    for kind, body, at in chunks:
-        if zlib.crc32(body, zlib.crc32(kind)) != struct.unpack_from(">I", data,
-                                                                    at + 8 + len(body))[0]:
-            _fail(path, f"is damaged: its {kind.decode('latin-1')!r} chunk at byte {at:,} "
-                        "fails its CRC")
+def _stored_rows(stream: np.ndarray, width: int, height: int) -> list[np.ndarray] | None:
+    """The scanlines of a zlib stream laid out as `_zlib_stored` writes it, as views
+    (blocks, rows, 1 + 4 * width): the blocks before the last, then the last; None for a
+    stream laid out otherwise."""
+    line = 1 + 4 * width
+    if not 1 <= line <= STORED_BLOCK_BYTES or height < 1:
+        return None
+    per_block = STORED_BLOCK_BYTES // line
+    before, rest = divmod(height - 1, per_block)  # the last block holds rest + 1 rows
+    at, views = len(ZLIB_HEADER), []
+    if len(stream) != at + (5 + per_block * line) * before + 5 + (rest + 1) * line + 4 or bytes(
+            stream[:at]) != ZLIB_HEADER:
+        return None
+    for blocks, rows, last in ((before, per_block, 0), (1, rest + 1, 1)):
+        size = rows * line
+        group = stream[at:at + blocks * (5 + size)].reshape(blocks, 5 + size)
+        if (group[:, :5] != np.frombuffer(struct.pack("<BHH", last, size, 0xFFFF ^ size),
+                                          np.uint8)).any():
+            return None
+        views.append(group[:, 5:].reshape(blocks, rows, line))
+        at += blocks * (5 + size)
+    return views
 
 
 def read_tiles(folder: Path, part: Part, out: np.ndarray | None = None
@@ -588,21 +623,39 @@ def read_model_file(folder: str | os.PathLike) -> GGUFModelFile:
     """The model in the pixel container `folder`, its bytes rebuilt in memory from the
     images (each tensor's tiles decoded into its place, SHA-256 checked): the same
     GGUFModelFile, with the same checks, as the packed GGUF file gives."""
+    with reading_model_file(folder) as file:
+        pass
+    return file
+
+
+@contextmanager
+def reading_model_file(folder: str | os.PathLike) -> Iterator[GGUFModelFile]:
+    """read_model_file's model while its tensors are decoded on other threads: its
+    weight(name) waits for tensor `name`, so a model loads while the rest is decoded.
+    Leaving waits for every tensor (raising the first damaged one's error)."""
     container = open_container(folder)
     data = np.empty(container.header.file_size, np.uint8)
     data[:container.header.data_offset] = np.frombuffer(
         container.metadata, np.uint8, container.header.data_offset)
 
-    def place(piece: tuple[int, Part | bytes]) -> None:
-        offset, part = piece
-        if isinstance(part, bytes):
-            data[offset:offset + len(part)] = np.frombuffer(part, np.uint8)
-            return
+    def place(offset: int, part: Part) -> None:
         for _ in read_tiles(container.folder, part, data[offset:offset + part.byte_length]):
             pass
 
-    # PNG decoding and SHA-256 run without the GIL: tensors decode on every core
+    # PNG tiles' copies, CRCs and SHA-256 run without the GIL: tensors decode on every core
     with ThreadPoolExecutor(max_workers=min(READ_THREADS, os.cpu_count() or 1)) as pool:
-        for _ in pool.map(place, _pieces(container)):
-            pass
-    return GGUFModelFile.from_bytes(data, os.fspath(folder), container.header)
+        reads = {}
+        for offset, piece in _pieces(container):
+            if isinstance(piece, bytes):  # padding, kept in the metadata
+                data[offset:offset + len(piece)] = np.frombuffer(piece, np.uint8)
+            else:
+                reads[piece.name] = pool.submit(place, offset, piece)
+        try:
+            yield GGUFModelFile.from_bytes(data, os.fspath(folder), container.header,
+                                           lambda name: reads[name].result())
+            for read in reads.values():
+                read.result()
+        except BaseException:
+            for read in reads.values():
+                read.cancel()
+            raise

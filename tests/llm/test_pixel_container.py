@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import struct
 import zlib
 from pathlib import Path
@@ -322,6 +323,20 @@ def test_a_model_file_from_pixels_holds_the_gguf_files_tensors(tiny_pixels):
     assert from_pixels.config == from_file.config
     for name in from_file.tensors:
         np.testing.assert_array_equal(from_pixels.weight(name).data, from_file.weight(name).data)
+
+
+def test_loading_a_model_from_a_container_with_a_damaged_tensor_names_its_image(tiny_pixels,
+                                                                                tmp_path):
+    _, folder = tiny_pixels
+    copy = tmp_path / "px"
+    shutil.copytree(folder, copy)
+    image = sorted((copy / "tensors").glob("*-blk.0.ffn_down.weight-0000.png"))[0]
+    data = bytearray(image.read_bytes())
+    data[idat_byte(image)] ^= 1
+    image.write_bytes(data)
+    with pytest.raises(PixelContainerError, match="fails its CRC") as caught:
+        load_model(copy, backend="numpy", progress=False, max_context=24)
+    assert str(image) in str(caught.value)
 
 
 def test_an_image_of_more_pixels_than_pillow_allows_is_refused_naming_it(packed, monkeypatch):

@@ -330,7 +330,7 @@ def test_loading_a_model_from_a_container_with_a_damaged_tensor_names_its_image(
     _, folder = tiny_pixels
     copy = tmp_path / "px"
     shutil.copytree(folder, copy)
-    image = sorted((copy / "tensors").glob("*-blk.0.ffn_down.weight-0000.png"))[0]
+    image = min((copy / "tensors").glob("*-blk.0.ffn_down.weight-0000.png"))
     data = bytearray(image.read_bytes())
     data[idat_byte(image)] ^= 1
     image.write_bytes(data)

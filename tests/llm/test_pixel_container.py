@@ -192,6 +192,27 @@ def test_an_image_with_a_wrong_crc_is_an_error_naming_it(packed):
     check_error(folder, image, "'IDAT' chunk", "fails its CRC")
 
 
+def test_a_wrong_crc_in_a_later_tile_names_that_tile(tmp_path, rng, monkeypatch):
+    monkeypatch.setattr(pixel_container, "TILE_BYTES", 4096)
+    path = tmp_path / "m.gguf"
+    write_gguf(path, {"big.weight": ("Q8_0", 40, 256)}, rng)
+    pack(path, tmp_path / "px")
+    image = tmp_path / "px" / "tensors" / "00000-big.weight-0002.png"
+    data = bytearray(image.read_bytes())
+    data[idat_byte(image)] ^= 1
+    image.write_bytes(data)
+    check_error(tmp_path / "px", image, "'IDAT' chunk", "fails its CRC")
+
+
+def test_a_header_chunk_with_a_wrong_crc_is_an_error_naming_the_image(packed):
+    folder, image = packed
+    data = bytearray(image.read_bytes())
+    (at, n), = [(at, n) for kind, at, n in png_chunks(data) if kind == b"tEXt"]
+    data[at + n] ^= 1  # the chunk's CRC itself
+    image.write_bytes(data)
+    check_error(folder, image, "'tEXt' chunk", "fails its CRC")
+
+
 def test_a_changed_pixel_under_a_matching_crc_is_a_sha256_error(packed):
     folder, image = packed
     data = bytearray(image.read_bytes())

@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -130,7 +129,6 @@ class GGUFModelFile:
         if head != GGUF_MAGIC:
             raise ModelFileError(f"{self.path} is not a GGUF file (it starts with {head!r}, "
                                  "not b'GGUF'); pass a .gguf model")
-        self._ready = None
         try:
             self._bytes = np.memmap(self.path, dtype=np.uint8, mode="r")
         except (OSError, ValueError) as exc:
@@ -138,21 +136,14 @@ class GGUFModelFile:
         self._read()
 
     @classmethod
-    def from_bytes(cls, data: np.ndarray, where: str, header: GGUFHeader,
-                   ready: Callable[[str], object] | None = None) -> "GGUFModelFile":
+    def from_bytes(cls, data: np.ndarray, where: str, header: GGUFHeader) -> "GGUFModelFile":
         """The GGUF file whose bytes are the uint8 array `data` (a pixel container's,
         rebuilt in memory) and whose header, already scanned, is `header`; `where` names
-        it in messages. `ready(name)`, where given, returns once tensor `name`'s bytes
-        are in `data` (or raises why they cannot be): tensors read as they are taken."""
+        it in messages."""
         file = cls.__new__(cls)
-        file.path, file._bytes, file._ready = where, data, ready
+        file.path, file._bytes = where, data
         file._read(header)
         return file
-
-    def _tensor_bytes(self, t: TensorInfo) -> np.ndarray:
-        if self._ready is not None:
-            self._ready(t.name)
-        return self._bytes[t.offset:t.offset + t.n_bytes]
 
     def _read(self, header: GGUFHeader | None = None) -> None:
         """The header (scanned unless given), hyper-parameters and tensor checks of the
@@ -333,7 +324,7 @@ class GGUFModelFile:
         if t.type_name != "F32" or _normalized(tuple(reversed(t.dims)), 1) != (n,):
             self._fail(f"tensor {name!r} is {t.type_name} of dims {list(t.dims)}; RoPE factors "
                        f"must be F32 of dims [{n}] (half the head size)")
-        values = self._tensor_bytes(t).view("<f4").astype(np.float64)
+        values = self._bytes[t.offset:t.offset + t.n_bytes].view("<f4").astype(np.float64)
         if not np.all(np.isfinite(values) & (values > 0) & (values <= MAX_ROPE_FACTOR)):
             self._fail(f"tensor {name!r} holds RoPE factors that are not finite numbers in "
                        f"(0, {MAX_ROPE_FACTOR:g}]")
@@ -384,7 +375,7 @@ class GGUFModelFile:
                 f"{self.path}: tensor {name} has type {t.type_name}, which pxvm does not "
                 f"support yet ({supported_names()} are); use a file quantized to one of those")
         shape = self._shapes.get(name) or tuple(reversed(t.dims))  # GGUF lists ne0 first
-        raw = self._tensor_bytes(t)
+        raw = self._bytes[t.offset:t.offset + t.n_bytes]
         # NaN or infinity would make every logit NaN (and divide by zero in kernels)
         bad = non_finite_count(qtype, raw)
         if bad:

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -645,19 +643,6 @@ def open_model_file(path: str | os.PathLike | None = None) -> GGUFModelFile:
     return GGUFModelFile(path or default_model_path())
 
 
-@contextmanager
-def _model_file(path: str | os.PathLike | GGUFModelFile | None) -> Iterator[GGUFModelFile]:
-    """open_model_file's model file, or `path` itself when opened already; a pixel
-    container's tensors decoded while its weights are taken (all checked on leaving)."""
-    if isinstance(path, GGUFModelFile):
-        yield path
-    elif path is not None and pixel_container.is_container(path):
-        with pixel_container.reading_model_file(path) as file:
-            yield file
-    else:
-        yield open_model_file(path)
-
-
 def load_model(path: str | GGUFModelFile | None = None, backend="auto", progress: bool = True,
                max_context: int | None = None, warm_up: bool = False,
                kv_cache: str = "auto") -> Model:
@@ -669,8 +654,8 @@ def load_model(path: str | GGUFModelFile | None = None, backend="auto", progress
     or "auto" (f16 where the backend's attention reads it, else f32: Model.kv_cache says
     which); with `warm_up`, also compile its kernels (Model.warm_up)."""
     kv_cache_choice(kv_cache)  # before the file is read
-    with _model_file(path) as file:
-        model = Model(file, backend, progress, max_context, kv_cache)
+    file = path if isinstance(path, GGUFModelFile) else open_model_file(path)
+    model = Model(file, backend, progress, max_context, kv_cache)
     if warm_up and progress:
         what = "GPU kernels" if model.backend_name != "cpu" else (
             "CPU kernels (the first time: compiled, then cached on disk)")

@@ -37,7 +37,7 @@ import re
 import struct
 import zlib
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
@@ -644,39 +644,21 @@ def read_model_file(folder: str | os.PathLike) -> GGUFModelFile:
     """The model in the pixel container `folder`, its bytes rebuilt in memory from the
     images (each tensor's tiles decoded into its place, SHA-256 checked): the same
     GGUFModelFile, with the same checks, as the packed GGUF file gives."""
-    with reading_model_file(folder) as file:
-        pass
-    return file
-
-
-@contextmanager
-def reading_model_file(folder: str | os.PathLike) -> Iterator[GGUFModelFile]:
-    """read_model_file's model while its tensors are decoded on other threads: its
-    weight(name) waits for tensor `name`, so a model loads while the rest is decoded.
-    Leaving waits for every tensor (raising the first damaged one's error)."""
     container = open_container(folder)
     data = np.empty(container.header.file_size, np.uint8)
     data[:container.header.data_offset] = np.frombuffer(
         container.metadata, np.uint8, container.header.data_offset)
 
-    def place(offset: int, part: Part) -> None:
+    def place(piece: tuple[int, Part | bytes]) -> None:
+        offset, part = piece
+        if isinstance(part, bytes):
+            data[offset:offset + len(part)] = np.frombuffer(part, np.uint8)
+            return
         for _ in read_tiles(container.folder, part, data[offset:offset + part.byte_length]):
             pass
 
-    # PNG tiles' copies, CRCs and SHA-256 run without the GIL: tensors decode on every core
+    # copies and SHA-256 run without the GIL: tensors decode on every core
     with ThreadPoolExecutor(max_workers=min(READ_THREADS, os.cpu_count() or 1)) as pool:
-        reads = {}
-        for offset, piece in _pieces(container):
-            if isinstance(piece, bytes):  # padding, kept in the metadata
-                data[offset:offset + len(piece)] = np.frombuffer(piece, np.uint8)
-            else:
-                reads[piece.name] = pool.submit(place, offset, piece)
-        try:
-            yield GGUFModelFile.from_bytes(data, os.fspath(folder), container.header,
-                                           lambda name: reads[name].result())
-            for read in reads.values():
-                read.result()
-        except BaseException:
-            for read in reads.values():
-                read.cancel()
-            raise
+        for _ in pool.map(place, _pieces(container)):
+            pass
+    return GGUFModelFile.from_bytes(data, os.fspath(folder), container.header)

@@ -213,6 +213,21 @@ def test_a_header_chunk_with_a_wrong_crc_is_an_error_naming_the_image(packed):
     check_error(folder, image, "'tEXt' chunk", "fails its CRC")
 
 
+def test_a_changed_byte_of_an_images_head_or_a_cut_is_an_error_naming_it(packed):
+    folder, image = packed
+    original = image.read_bytes()
+    # the signature, IHDR and tEXt chunks (a reader may pass over damage to the IDAT
+    # chunk's framing that leaves the pixels whole: the SHA-256 checks those)
+    head = next(at + n + 4 for kind, at, n in png_chunks(original) if kind == b"tEXt")
+    damaged = [original[:at] + bytes([original[at] ^ 0x41]) + original[at + 1:]
+               for at in range(0, head, 5)]
+    # cut short anywhere before the last pixel byte (after it, the bytes are all there)
+    damaged += [original[:n] for n in (0, 7, 30, head, head + 9, idat_byte(image))]
+    for data in damaged:
+        image.write_bytes(data)
+        check_error(folder, image)
+
+
 def test_a_changed_pixel_under_a_matching_crc_is_a_sha256_error(packed):
     folder, image = packed
     data = bytearray(image.read_bytes())

@@ -72,9 +72,9 @@ MAX_FILE_BYTES = 1 << 50
 #: Bytes of an image's JSON header at most.
 MAX_HEADER_TEXT = 1 << 16
 #: Bytes of a stored deflate block at most (a row of MAX_WIDTH pixels and its filter byte
-#: fit in one). Images are stored uncompressed: quantized
-#: weights barely compress (5% at zlib level 1, which decodes 5x slower) and a reader
-#: copies stored rows out where they lie; a vocabulary, which does, is a few MB.
+#: fit in one). Images are stored uncompressed: quantized weights barely compress (5% at
+#: zlib level 1, which decodes 5x slower) and a reader copies stored rows out where they
+#: lie; a vocabulary, which does compress, is a few MB.
 STORED_BLOCK_BYTES = 0xFFFF
 #: A zlib stream's first bytes: deflate, a 32 KiB window, no dictionary, level "fastest".
 ZLIB_HEADER = b"\x78\x01"
@@ -371,8 +371,9 @@ class _PlainPng(AbstractContextManager):
 
     @classmethod
     def open(cls, path: Path) -> _PlainPng | None:
-        """The image at `path`, every chunk's CRC checked (an error naming the image where
-        one is wrong); None when it is laid out otherwise, or cut short: Pillow reads it."""
+        """The image at `path`, its header chunks' CRCs checked (an error naming the image
+        where one is wrong); None when it is laid out otherwise, or cut short: Pillow
+        reads it."""
         with open(path, "rb") as f:
             if os.fstat(f.fileno()).st_size < len(PNG_SIGNATURE):
                 return None
@@ -381,8 +382,10 @@ class _PlainPng(AbstractContextManager):
         kinds = [kind for kind, _, _ in chunks or []]
         if kinds[:1] != [b"IHDR"] or kinds[-2:] != [b"IDAT", b"IEND"] or kinds.count(b"IDAT") > 1:
             return None
+        if len(chunks[0][1]) != 13:
+            return None
         width, height, *kind = struct.unpack_from(">II5B", chunks[0][1])
-        if tuple(kind) != PLAIN_RGBA or len(chunks[0][1]) != 13:
+        if tuple(kind) != PLAIN_RGBA:
             return None
         _, body, at = chunks[-2]
         rows = _stored_rows(np.frombuffer(data, np.uint8, len(body), at + 8), width, height)
@@ -433,6 +436,7 @@ def _png_chunks(data: mmap.mmap, most: int) -> list[tuple[bytes, memoryview, int
 
 def _check_crcs(path: Path, data: mmap.mmap, chunks: list[tuple[bytes, memoryview, int]]
                 ) -> None:
+    """An error naming the image where one of `chunks` (of the file `data`) fails its CRC."""
     for kind, body, at in chunks:
         if zlib.crc32(body, zlib.crc32(kind)) != struct.unpack_from(">I", data,
                                                                     at + 8 + len(body))[0]:
@@ -441,8 +445,8 @@ def _check_crcs(path: Path, data: mmap.mmap, chunks: list[tuple[bytes, memoryvie
 
 
 def _name_damaged_tile(folder: Path, part: Part) -> None:
-    """An error naming the first of the part's images (whose bytes' SHA-256 is wrong) with
-    a chunk whose CRC is wrong, where one has."""
+    """For a part whose bytes fail their SHA-256: an error naming the first of its images
+    with a chunk whose CRC is wrong, where one has."""
     for tile in range(part.tiles()):
         path = part.tile_path(folder, tile)
         try:

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
+import struct
+import zlib
 from pathlib import Path
 
 import gguf
@@ -15,10 +18,15 @@ import numpy as np
 import pytest
 from gguf_blocks import FORMATS, random_blocks, row_bytes
 from make_tiny_gguf import TinySpec, write_tiny_gguf
-from PIL import Image, PngImagePlugin
+from PIL import Image, ImageFile, PngImagePlugin
 
-from pxvm.llm import ModelFileError, default_model_path, load_model, open_model_file
-from pxvm.llm import pixel_container
+from pxvm.llm import (
+    ModelFileError,
+    default_model_path,
+    load_model,
+    open_model_file,
+    pixel_container,
+)
 from pxvm.llm.pixel_container import PixelContainerError, open_container, pack, unpack
 
 K_TYPES = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
@@ -100,6 +108,135 @@ def test_smollm2_packed_and_unpacked_is_the_same_file(smollm_pixels, tmp_path):
     unpack(folder, tmp_path / "back.gguf")
     assert sha256(tmp_path / "back.gguf") == sha256(path)
     assert open_container(folder).file_sha256 == sha256(path)
+
+
+# ---- the images' layout ------------------------------------------------------------------
+def png_chunks(data: bytes):
+    """(type, body start, body length) of each chunk of the PNG file `data`."""
+    at = 8
+    while at < len(data):
+        length, kind = struct.unpack_from(">I4s", data, at)
+        yield kind, at + 8, length
+        at += 12 + length
+
+
+def scanline_filters(path: Path) -> np.ndarray:
+    """Each row's PNG filter type, from the image's IDAT data inflated by zlib."""
+    data = path.read_bytes()
+    idat = b"".join(data[at:at + n] for kind, at, n in png_chunks(data) if kind == b"IDAT")
+    with Image.open(path) as image:
+        height = image.size[1]
+    return np.frombuffer(zlib.decompress(idat), np.uint8).reshape(height, -1)[:, 0]
+
+
+def test_pillow_decodes_the_packers_images_to_the_tensors_bytes(tmp_path, rng, monkeypatch):
+    monkeypatch.setattr(pixel_container, "TILE_BYTES", 4096)
+    path = tmp_path / "m.gguf"
+    write_gguf(path, {"big.weight": ("Q8_0", 40, 256), "odd.weight": ("F16", 5, 1000)}, rng)
+    pack(path, tmp_path / "px")
+    tensors = {t.name: np.asarray(t.data).view(np.uint8).reshape(-1)
+               for t in gguf.GGUFReader(path).tensors}
+    for name, raw in tensors.items():
+        images = sorted((tmp_path / "px" / "tensors").glob(f"*-{name}-*.png"))
+        decoded = []
+        for image_path in images:
+            with Image.open(image_path) as image:
+                decoded.append(np.asarray(image).reshape(-1)[
+                    :json.loads(image.info["pxvm-pixels"])["tile_bytes"]])
+        assert len(images) > 1
+        np.testing.assert_array_equal(np.concatenate(decoded), raw)
+
+
+def test_images_saved_by_pillow_with_filtered_rows_are_read_as_the_same_bytes(tmp_path, rng):
+    path = tmp_path / "m.gguf"
+    # smooth rows, so that Pillow's filter choice is not None for most of them
+    w = gguf.GGUFWriter(str(path), "test")
+    w.add_tensor("ramp.weight", np.tile(np.arange(256, dtype=np.float32), (16, 1)))
+    w.add_tensor("noise.weight", rng.standard_normal((8, 64), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    pack(path, tmp_path / "px")
+    images = sorted((tmp_path / "px").rglob("*.png"))
+    assert all(not scanline_filters(image).any() for image in images)
+    for image in images:
+        rewrite(image)  # the same pixels and header, saved by Pillow
+    assert any(scanline_filters(image).any() for image in images)
+    unpack(tmp_path / "px", tmp_path / "back.gguf")
+    assert sha256(tmp_path / "back.gguf") == sha256(path)
+
+
+def test_the_packers_images_are_read_without_pillows_decoder(packed, monkeypatch):
+    folder, _ = packed
+
+    def no_decoding(image):
+        raise AssertionError(f"Pillow decoded {image.filename}")
+    monkeypatch.setattr(ImageFile.ImageFile, "load", no_decoding)
+    unpack(folder, folder.parent / "back.gguf")
+    assert sha256(folder.parent / "back.gguf") == sha256(folder.parent / "m.gguf")
+
+
+def idat_byte(image: Path) -> int:
+    """The offset in the file of a pixel byte of the image's last row."""
+    data = image.read_bytes()
+    (at, n), = [(at, n) for kind, at, n in png_chunks(data) if kind == b"IDAT"]
+    return at + n - 4 - 1  # before the zlib stream's Adler-32
+
+
+def test_an_image_with_a_wrong_crc_is_an_error_naming_it(packed):
+    folder, image = packed
+    data = bytearray(image.read_bytes())
+    data[idat_byte(image)] ^= 1
+    image.write_bytes(data)
+    check_error(folder, image, "'IDAT' chunk", "fails its CRC")
+
+
+def test_a_wrong_crc_in_a_later_tile_names_that_tile(tmp_path, rng, monkeypatch):
+    monkeypatch.setattr(pixel_container, "TILE_BYTES", 4096)
+    path = tmp_path / "m.gguf"
+    write_gguf(path, {"big.weight": ("Q8_0", 40, 256)}, rng)
+    pack(path, tmp_path / "px")
+    image = tmp_path / "px" / "tensors" / "00000-big.weight-0002.png"
+    data = bytearray(image.read_bytes())
+    data[idat_byte(image)] ^= 1
+    image.write_bytes(data)
+    check_error(tmp_path / "px", image, "'IDAT' chunk", "fails its CRC")
+
+
+def test_a_header_chunk_with_a_wrong_crc_is_an_error_naming_the_image(packed):
+    folder, image = packed
+    data = bytearray(image.read_bytes())
+    (at, n), = [(at, n) for kind, at, n in png_chunks(data) if kind == b"tEXt"]
+    data[at + n] ^= 1  # the chunk's CRC itself
+    image.write_bytes(data)
+    check_error(folder, image, "'tEXt' chunk", "fails its CRC")
+
+
+def test_a_changed_byte_of_an_images_head_or_a_cut_is_an_error_naming_it(packed):
+    folder, image = packed
+    original = image.read_bytes()
+    # the signature, IHDR and tEXt chunks (a reader may pass over damage to the IDAT
+    # chunk's framing that leaves the pixels whole: the SHA-256 checks those)
+    head = next(at + n + 4 for kind, at, n in png_chunks(original) if kind == b"tEXt")
+    damaged = [original[:at] + bytes([original[at] ^ 0x41]) + original[at + 1:]
+               for at in range(0, head, 5)]
+    # cut short anywhere before the last pixel byte (after it, the bytes are all there)
+    damaged += [original[:n] for n in (0, 7, 30, head, head + 9, idat_byte(image))]
+    for data in damaged:
+        image.write_bytes(data)
+        check_error(folder, image)
+
+
+def test_a_changed_pixel_under_a_matching_crc_is_a_sha256_error(packed):
+    folder, image = packed
+    data = bytearray(image.read_bytes())
+    data[idat_byte(image)] ^= 1
+    (at, n), = [(at, n) for kind, at, n in png_chunks(data) if kind == b"IDAT"]
+    data[at + n:at + n + 4] = struct.pack(">I", zlib.crc32(data[at - 4:at + n]))
+    image.write_bytes(data)
+    check_error(folder.parent / "px", folder / "tensors" / "00000-a.weight-0000.png",
+                "SHA-256")
 
 
 # ---- damaged containers ----------------------------------------------------------------
@@ -222,6 +359,20 @@ def test_a_model_file_from_pixels_holds_the_gguf_files_tensors(tiny_pixels):
     assert from_pixels.config == from_file.config
     for name in from_file.tensors:
         np.testing.assert_array_equal(from_pixels.weight(name).data, from_file.weight(name).data)
+
+
+def test_loading_a_model_from_a_container_with_a_damaged_tensor_names_its_image(tiny_pixels,
+                                                                                tmp_path):
+    _, folder = tiny_pixels
+    copy = tmp_path / "px"
+    shutil.copytree(folder, copy)
+    image = min((copy / "tensors").glob("*-blk.0.ffn_down.weight-0000.png"))
+    data = bytearray(image.read_bytes())
+    data[idat_byte(image)] ^= 1
+    image.write_bytes(data)
+    with pytest.raises(PixelContainerError, match="fails its CRC") as caught:
+        load_model(copy, backend="numpy", progress=False, max_context=24)
+    assert str(image) in str(caught.value)
 
 
 def test_an_image_of_more_pixels_than_pillow_allows_is_refused_naming_it(packed, monkeypatch):

@@ -16,7 +16,10 @@ row's tail zeros; its tEXt chunk "pxvm-pixels" is a JSON header: magic, version,
 and byte length, the SHA-256 of all its bytes, and which tile of how many this is. A
 tensor's image rows are its rows where they fit (a Q4_K row of 4,096 values, 2,304
 bytes, is 576 pixels), so the raw picture keeps the matrix's shape. The metadata's first
-tile also holds the file's size and SHA-256.
+tile also holds the file's size and SHA-256. The images are uncompressed: each row of
+filter type 0 (None), in stored deflate blocks of whole rows in one IDAT chunk, so a
+reader copies the rows out of the file where they lie (any PNG reader decodes them;
+other PNGs of the same pixels are read too, through Pillow).
 
 The GGUF header is the authority: it is read by the bounded scan (gguf_scan.py), and
 every image's header and size must agree with it, each size read from an image (width,
@@ -28,15 +31,19 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import mmap
 import os
 import re
+import struct
+import zlib
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
 import numpy as np
-from PIL import Image, PngImagePlugin, UnidentifiedImageError
+from PIL import Image, UnidentifiedImageError
 
 from ..core.files import check_regular_file
 from .gguf_model import GGUFModelFile
@@ -64,12 +71,20 @@ MAX_TILES = 4096
 MAX_FILE_BYTES = 1 << 50
 #: Bytes of an image's JSON header at most.
 MAX_HEADER_TEXT = 1 << 16
-#: PNG's zlib levels: quantized weights barely compress (5% at level 1, which decodes
-#: 5x slower than stored blocks), a vocabulary's strings do.
-TENSOR_COMPRESS_LEVEL = 0
-METADATA_COMPRESS_LEVEL = 1
+#: Bytes of a stored deflate block at most (a row of MAX_WIDTH pixels and its filter byte
+#: fit in one). Images are stored uncompressed: quantized weights barely compress (5% at
+#: zlib level 1, which decodes 5x slower) and a reader copies stored rows out where they
+#: lie; a vocabulary, which does compress, is a few MB.
+STORED_BLOCK_BYTES = 0xFFFF
+#: A zlib stream's first bytes: deflate, a 32 KiB window, no dictionary, level "fastest".
+ZLIB_HEADER = b"\x78\x01"
 #: Threads decoding a model's images at most.
 READ_THREADS = 8
+#: A PNG file's first 8 bytes.
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+#: An image's IHDR after its size: 8 bits a sample, RGBA, deflate, filter method 0, not
+#: interlaced: the only kind `_PlainPng` reads.
+PLAIN_RGBA = (8, 6, 0, 0, 0)
 REPACK = "pack the model again (pxvm pixels pack MODEL.gguf -o FOLDER)"
 
 
@@ -139,16 +154,47 @@ def _write_tile(path: Path, data: memoryview, part: Part, tile: int, sha256: str
     height = max(1, -(-len(data) // (4 * width)))
     pixels = np.zeros(height * width * 4, np.uint8)
     pixels[:len(data)] = np.frombuffer(data, np.uint8)
-    info = PngImagePlugin.PngInfo()
     header = {"magic": MAGIC, "version": VERSION, "kind": part.kind, "tensor": part.name,
               "index": part.index, "type": part.qtype, "shape": list(part.shape),
               "byte_length": part.byte_length, "sha256": sha256, "tile": tile,
               "tiles": part.tiles(), "tile_offset": tile * part.tile_length(),
               "tile_bytes": len(data), **extra}
-    info.add_text(TEXT_KEY, json.dumps(header))
-    Image.fromarray(pixels.reshape(height, width, 4), "RGBA").save(
-        path, "PNG", pnginfo=info,
-        compress_level=METADATA_COMPRESS_LEVEL if part.kind == "metadata" else TENSOR_COMPRESS_LEVEL)
+    _write_png(path, pixels.reshape(height, 4 * width), json.dumps(header))
+
+
+def _write_png(path: Path, rows: np.ndarray, text: str) -> None:
+    """An RGBA PNG of `rows` (height x 4 * width bytes), its tEXt chunk TEXT_KEY `text`
+    (ASCII JSON), its rows of filter type 0 (None) in stored deflate blocks of whole rows:
+    a reader copies them out where they lie (Pillow filters each row and cannot be told
+    not to)."""
+    height, row_bytes = rows.shape
+    scanlines = np.zeros((height, 1 + row_bytes), np.uint8)  # each row after its filter byte
+    scanlines[:, 1:] = rows
+    with open(path, "wb") as f:
+        f.write(PNG_SIGNATURE)
+        for kind, body in ((b"IHDR", [struct.pack(">II5B", row_bytes // 4, height, *PLAIN_RGBA)]),
+                           (b"tEXt", [f"{TEXT_KEY}\0{text}".encode("latin-1")]),
+                           (b"IDAT", _zlib_stored(scanlines)),
+                           (b"IEND", [])):
+            f.write(struct.pack(">I", sum(len(piece) for piece in body)) + kind)
+            crc = zlib.crc32(kind)
+            for piece in body:
+                f.write(piece)
+                crc = zlib.crc32(piece, crc)
+            f.write(struct.pack(">I", crc))
+
+
+def _zlib_stored(scanlines: np.ndarray) -> list[bytes]:
+    """A zlib stream of `scanlines` in stored (uncompressed) deflate blocks, each of as
+    many whole scanlines as fit in a block, in pieces to write one after the other."""
+    height, line = scanlines.shape
+    per_block = STORED_BLOCK_BYTES // line
+    pieces = [ZLIB_HEADER]
+    for first in range(0, height, per_block):
+        block = scanlines[first:first + per_block].tobytes()
+        last = first + per_block >= height
+        pieces += [struct.pack("<BHH", last, len(block), 0xFFFF ^ len(block)), block]
+    return pieces + [struct.pack(">I", zlib.adler32(scanlines))]
 
 
 def _write_part(folder: Path, part: Part, data: memoryview, extra: dict | None = None) -> None:
@@ -244,11 +290,11 @@ def _fail(path: Path, problem: str, advice: str = REPACK):
 
 
 def _open_image(path: Path):
-    """The PNG at `path`, its size checked against the bounds before its pixels are read,
-    and its JSON header."""
+    """The PNG at `path` (as this packer lays it out, else Pillow's), its size checked
+    against the bounds before its pixels are read, and its JSON header."""
     check_regular_file(path, "PNG image", PixelContainerError)
     try:
-        image = Image.open(path)
+        image = _PlainPng.open(path) or Image.open(path)
     except FileNotFoundError:
         _fail(path, "is missing from the pixel container")
     except Image.DecompressionBombError as exc:  # Pillow's own bound, far above ours
@@ -295,24 +341,152 @@ def _integer(path: Path, meta: dict, key: str, low: int, high: int) -> int:
     return value
 
 
-def _tile_pixels(path: Path, image, tile_bytes: int) -> np.ndarray:
-    """The first `tile_bytes` bytes of the image's pixels, once its size is checked to
+def _decode_tile(path: Path, image, out: np.ndarray) -> None:
+    """The image's first len(out) bytes of pixels into `out`, once its size is checked to
     hold them with less than one row to spare."""
     width, height = image.size
-    if not (height - 1) * width * 4 < tile_bytes <= height * width * 4:
+    if not (height - 1) * width * 4 < len(out) <= height * width * 4:
         _fail(path, f"is {width:,} x {height:,} pixels, which does not fit the "
-                    f"{tile_bytes:,} bytes its header declares")
+                    f"{len(out):,} bytes its header declares")
+    if isinstance(image, _PlainPng):
+        image.decode(out)
+        return
     try:
         pixels = np.asarray(image, np.uint8)
     except (OSError, ValueError, SyntaxError) as exc:
         _fail(path, f"is truncated or damaged ({exc})")
-    return pixels.reshape(-1)[:tile_bytes]
+    out[:] = pixels.reshape(-1)[:len(out)]
 
 
-def read_tiles(folder: Path, part: Part) -> Iterator[tuple[int, np.ndarray]]:
+class _PlainPng(AbstractContextManager):
+    """A PNG laid out as this packer writes it (8-bit RGBA, not interlaced, its rows of
+    filter type 0 in stored deflate blocks of whole rows, in one IDAT chunk), mapped, not
+    read: its rows are copied out of the page cache's pages where they lie. Its size and
+    header are Pillow's attributes (format, mode, size, info)."""
+
+    format, mode = "PNG", "RGBA"
+
+    def __init__(self, size: tuple[int, int], text: str | None, rows: list[np.ndarray]):
+        self.size, self.info, self._rows = size, {} if text is None else {TEXT_KEY: text}, rows
+
+    @classmethod
+    def open(cls, path: Path) -> _PlainPng | None:
+        """The image at `path`, its header chunks' CRCs checked (an error naming the image
+        where one is wrong); None when it is laid out otherwise, or cut short: Pillow
+        reads it."""
+        with open(path, "rb") as f:
+            if os.fstat(f.fileno()).st_size < len(PNG_SIGNATURE):
+                return None
+            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        chunks = _png_chunks(data, 8)
+        kinds = [kind for kind, _, _ in chunks or []]
+        if kinds[:1] != [b"IHDR"] or kinds[-2:] != [b"IDAT", b"IEND"] or kinds.count(b"IDAT") > 1:
+            return None
+        if len(chunks[0][1]) != 13:
+            return None
+        width, height, *kind = struct.unpack_from(">II5B", chunks[0][1])
+        if tuple(kind) != PLAIN_RGBA:
+            return None
+        _, body, at = chunks[-2]
+        rows = _stored_rows(np.frombuffer(data, np.uint8, len(body), at + 8), width, height)
+        if rows is None or any(block[:, :, 0].any() for block in rows):  # a filter other than None
+            return None
+        # the pixels' CRC is left to the part's SHA-256, which reads every byte anyway
+        # (checking both cost a fifth more); where that fails, _name_damaged_tile checks it
+        _check_crcs(path, data, [chunk for chunk in chunks if chunk[0] != b"IDAT"])
+        texts = [bytes(body).partition(b"\0") for kind, body, _ in chunks
+                 if kind == b"tEXt" and len(body) <= len(TEXT_KEY) + 1 + MAX_HEADER_TEXT]
+        text = next((t.decode("latin-1") for key, _, t in texts if key == TEXT_KEY.encode()),
+                    None)
+        return cls((width, height), text, rows)
+
+    def decode(self, out: np.ndarray) -> None:
+        """The first len(out) bytes of pixels into `out` (less than a row short of all)."""
+        (blocks, per_block, line), last = self._rows[0].shape, self._rows[1][0]
+        row, first = line - 1, blocks * per_block
+        whole, tail = divmod(len(out), row)
+        out[:first * row].reshape(blocks, per_block, row)[...] = self._rows[0][:, :, 1:]
+        out[first * row:whole * row].reshape(whole - first, row)[...] = last[:whole - first, 1:]
+        if tail:
+            out[whole * row:] = last[whole - first, 1:1 + tail]
+
+    def close(self) -> None:
+        self._rows = []  # the mapping goes with its last view
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _png_chunks(data: mmap.mmap, most: int) -> list[tuple[bytes, memoryview, int]] | None:
+    """(type, body, offset) of each chunk of a PNG of at most `most` chunks, up to its
+    IEND; None for any other file."""
+    view, at, chunks = memoryview(data), len(PNG_SIGNATURE), []
+    if data[:at] != PNG_SIGNATURE:
+        return None
+    while at + 12 <= len(data) and len(chunks) < most:
+        length, kind = struct.unpack_from(">I4s", data, at)
+        if at + 12 + length > len(data):
+            return None
+        chunks.append((kind, view[at + 8:at + 8 + length], at))
+        if kind == b"IEND":
+            return chunks
+        at += 12 + length
+    return None
+
+
+def _check_crcs(path: Path, data: mmap.mmap, chunks: list[tuple[bytes, memoryview, int]]
+                ) -> None:
+    """An error naming the image where one of `chunks` (of the file `data`) fails its CRC."""
+    for kind, body, at in chunks:
+        if zlib.crc32(body, zlib.crc32(kind)) != struct.unpack_from(">I", data,
+                                                                    at + 8 + len(body))[0]:
+            _fail(path, f"is damaged: its {kind.decode('latin-1')!r} chunk at byte {at:,} "
+                        "fails its CRC")
+
+
+def _name_damaged_tile(folder: Path, part: Part) -> None:
+    """For a part whose bytes fail their SHA-256: an error naming the first of its images
+    with a chunk whose CRC is wrong, where one has."""
+    for tile in range(part.tiles()):
+        path = part.tile_path(folder, tile)
+        try:
+            with open(path, "rb") as f:
+                data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError):
+            continue  # (changed since it was read) the SHA-256's error names the part
+        _check_crcs(path, data, _png_chunks(data, len(data) // 12) or [])
+
+
+def _stored_rows(stream: np.ndarray, width: int, height: int) -> list[np.ndarray] | None:
+    """The scanlines of a zlib stream laid out as `_zlib_stored` writes it, as views
+    (blocks, rows, 1 + 4 * width): the blocks before the last, then the last; None for a
+    stream laid out otherwise."""
+    line = 1 + 4 * width
+    if not 1 <= line <= STORED_BLOCK_BYTES or height < 1:
+        return None
+    per_block = STORED_BLOCK_BYTES // line
+    before, rest = divmod(height - 1, per_block)  # the last block holds rest + 1 rows
+    at, views = len(ZLIB_HEADER), []
+    if len(stream) != at + (5 + per_block * line) * before + 5 + (rest + 1) * line + 4 or bytes(
+            stream[:at]) != ZLIB_HEADER:
+        return None
+    for blocks, rows, last in ((before, per_block, 0), (1, rest + 1, 1)):
+        size = rows * line
+        group = stream[at:at + blocks * (5 + size)].reshape(blocks, 5 + size)
+        if (group[:, :5] != np.frombuffer(struct.pack("<BHH", last, size, 0xFFFF ^ size),
+                                          np.uint8)).any():
+            return None
+        views.append(group[:, 5:].reshape(blocks, rows, line))
+        at += blocks * (5 + size)
+    return views
+
+
+def read_tiles(folder: Path, part: Part, out: np.ndarray | None = None
+               ) -> Iterator[tuple[int, np.ndarray]]:
     """(byte offset, bytes) of each of `part`'s tiles in order, each checked against the
-    part (header fields, sizes, offsets); the SHA-256 of all of them is checked after the
-    last."""
+    part (header fields, sizes, offsets) and decoded into its place in `out` (the part's
+    bytes) or, without `out`, into an array of its own; the SHA-256 of all of them is
+    checked after the last."""
     digest, expected_sha, at = hashlib.sha256(), None, 0
     tiles = part.tiles()
     for tile in range(tiles):
@@ -324,11 +498,14 @@ def read_tiles(folder: Path, part: Part) -> Iterator[tuple[int, np.ndarray]]:
                 _fail(path, "its header's 'sha256' differs from the part's first tile's: the "
                             "container is damaged or mixes two models")
             expected_sha = meta["sha256"]
-            pixels = _tile_pixels(path, image, meta["tile_bytes"])
+            n = meta["tile_bytes"]
+            pixels = np.empty(n, np.uint8) if out is None else out[at:at + n]
+            _decode_tile(path, image, pixels)
         digest.update(pixels)
         yield at, pixels
-        at += len(pixels)
+        at += n
     if digest.hexdigest() != expected_sha:
+        _name_damaged_tile(folder, part)
         _fail(part.tile_path(folder, 0), f"holds {part.name or 'metadata'} bytes whose SHA-256 "
                                          "is not the one its header records: the images are "
                                          "damaged")
@@ -394,8 +571,8 @@ def open_container(folder: str | os.PathLike) -> Container:
         _fail(first, "its header's 'file_sha256' is not a SHA-256 in hex")
     part = _metadata_part(length)
     metadata = np.empty(length, np.uint8)
-    for at, pixels in read_tiles(folder, part):
-        metadata[at:at + len(pixels)] = pixels
+    for _ in read_tiles(folder, part, metadata):
+        pass
     header = scan(memoryview(metadata), str(first), file_size=file_bytes)
     gaps = _gaps(header)
     if header.data_offset + sum(n for _, n in gaps) != length:
@@ -462,8 +639,8 @@ def unpack(folder: str | os.PathLike, output: str | os.PathLike,
 def read_tensor(container: Container, part: Part) -> np.ndarray:
     """A tensor's raw bytes (uint8), read from its tiles and checked."""
     data = np.empty(part.byte_length, np.uint8)
-    for at, pixels in read_tiles(container.folder, part):
-        data[at:at + len(pixels)] = pixels
+    for _ in read_tiles(container.folder, part, data):
+        pass
     return data
 
 
@@ -481,10 +658,10 @@ def read_model_file(folder: str | os.PathLike) -> GGUFModelFile:
         if isinstance(part, bytes):
             data[offset:offset + len(part)] = np.frombuffer(part, np.uint8)
             return
-        for at, pixels in read_tiles(container.folder, part):
-            data[offset + at:offset + at + len(pixels)] = pixels
+        for _ in read_tiles(container.folder, part, data[offset:offset + part.byte_length]):
+            pass
 
-    # PNG decoding and SHA-256 run without the GIL: tensors decode on every core
+    # copies and SHA-256 run without the GIL: tensors decode on every core
     with ThreadPoolExecutor(max_workers=min(READ_THREADS, os.cpu_count() or 1)) as pool:
         for _ in pool.map(place, _pieces(container)):
             pass

@@ -26,8 +26,8 @@ from http import HTTPStatus
 from ..core.errors import PxvmError, shortened
 from ..llm.gguf_model import default_model_path
 from ..llm.gguf_scan import ModelFileError
-from . import plans
 from .llm_plans import MAX_FILE_BYTES, MODELS_KEPT, BrowserModel, BrowserModelError
+from .server import error_answer, json_answer, parse_features
 
 #: The most token ids a decode request may carry, and the most messages' characters.
 MAX_IDS = 1 << 16
@@ -35,14 +35,6 @@ MAX_CHAT_CHARS = 1 << 20
 #: The smallest binding size a page may ask plans for (WebGPU's guaranteed default is
 #: 128 MiB; smaller only in tests).
 MIN_BINDING = 1 << 20
-
-
-def _json(obj, status=HTTPStatus.OK):
-    return status, json.dumps(obj).encode(), "application/json"
-
-
-def _error(status, message):
-    return _json({"error": message}, status)
 
 
 class BrowserModels:
@@ -76,7 +68,7 @@ class BrowserModels:
     def load(self, body: bytes, query: dict) -> dict:
         size = _integer(query, "size", 1, MAX_FILE_BYTES)
         binding = _integer(query, "max_binding", MIN_BINDING, 1 << 40)
-        features = plans.plan_features([v for v in _text(query, "features").split(",") if v])
+        features = parse_features(query)
         name = shortened(_text(query, "name") or "the model", 80)
         software = "software" in query and _integer(query, "software", 0, 1) == 1
         key = hashlib.sha256(body + f"|{size}|{binding}|{features}|{software}".encode()
@@ -149,26 +141,26 @@ def _ids(value, vocab: int) -> list[int]:
 
 def llm_get(rest: list[str], models: BrowserModels):
     if rest == ["info"]:
-        return _json(models.info())
-    return _error(HTTPStatus.NOT_FOUND, "not found")
+        return json_answer(models.info())
+    return error_answer(HTTPStatus.NOT_FOUND, "not found")
 
 
 def llm_post(rest: list[str], query: dict, body: bytes, models: BrowserModels):
     """(status, body, content type) of a POST to /api/llm/<rest>."""
     try:
         if rest == ["load"]:
-            return _json(models.load(body, query))
+            return json_answer(models.load(body, query))
         model = models.get(query)
         if rest == ["prompt"]:
-            return _json(model.prompt_plan(_integer(query, "tokens", 1, 1 << 20),
+            return json_answer(model.prompt_plan(_integer(query, "tokens", 1, 1 << 20),
                                            _integer(query, "position", 0, 1 << 30)))
         if rest == ["encode"]:
-            return _json({"ids": model.encode_chat(_messages(_body_json(body).get("messages")))})
+            return json_answer({"ids": model.encode_chat(_messages(_body_json(body).get("messages")))})
         if rest == ["decode"]:
             ids = _ids(_body_json(body).get("ids"), model.model.config.vocab_size)
-            return _json({"text": model.decode_text(ids)})
-        return _error(HTTPStatus.NOT_FOUND, "not found")
+            return json_answer({"text": model.decode_text(ids)})
+        return error_answer(HTTPStatus.NOT_FOUND, "not found")
     except KeyError as exc:
-        return _error(HTTPStatus.NOT_FOUND, str(exc.args[0]) if exc.args else "not found")
+        return error_answer(HTTPStatus.NOT_FOUND, str(exc.args[0]) if exc.args else "not found")
     except (PxvmError, ValueError) as exc:  # the file's or the request's problem
-        return _error(HTTPStatus.BAD_REQUEST, shortened(str(exc), 2000))
+        return error_answer(HTTPStatus.BAD_REQUEST, shortened(str(exc), 2000))

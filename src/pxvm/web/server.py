@@ -118,12 +118,12 @@ class BadRequest(PxvmError):
     """A request the server cannot answer as asked (a malformed seed, say); answered 400."""
 
 
-def _json(obj, status: int = HTTPStatus.OK) -> tuple[int, bytes, str]:
+def json_answer(obj, status: int = HTTPStatus.OK) -> tuple[int, bytes, str]:
     return status, json.dumps(obj).encode(), "application/json"
 
 
 def error_answer(status: int, message: str) -> tuple[int, bytes, str]:
-    return _json({"error": message}, status)
+    return json_answer({"error": message}, status)
 
 
 def _file(files: dict, name: str) -> tuple[int, bytes, str]:
@@ -183,7 +183,7 @@ def page_get(seg: list[str], query: dict, session: str, native: "NativeBenchmark
         if head == "examples" and len(rest) == 1:
             return _file(example_files(), rest[0])
         if head == "api":
-            return _json(_api_get(rest, query, session, native))
+            return json_answer(_api_get(rest, query, session, native))
     except KeyError as exc:
         what = exc.args[0] if exc.args else ""
         return error_answer(HTTPStatus.NOT_FOUND, f"not found: {shortened(str(what))}")
@@ -196,9 +196,9 @@ def _weights_get(rest: list[str], query: dict, weights: WeightTiles) -> tuple[in
     """The weight viewer's routes: /api/weights (the tensors), /api/weights/stats and
     /api/weights/tile (a PNG) of ?tensor=NAME."""
     if not rest:
-        return _json(weights.listing())
+        return json_answer(weights.listing())
     if rest == ["stats"]:
-        return _json(weights.stats(weights.tensor(query)))
+        return json_answer(weights.stats(weights.tensor(query)))
     if rest == ["tile"]:
         return HTTPStatus.OK, weights.tile_png(query), CONTENT_TYPES[".png"]
     raise KeyError("/".join(rest))

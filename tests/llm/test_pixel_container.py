@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import struct
 import zlib
@@ -380,3 +381,56 @@ def test_an_image_of_more_pixels_than_pillow_allows_is_refused_naming_it(packed,
     rewrite(image, size=(64, 64))
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # 64 x 64 is over twice this
     check_error(folder, image, "over the bounds")
+
+
+# ---- checked once: an image unchanged since its SHA-256 was checked is not hashed again --
+def damage_under_a_matching_crc(image: Path) -> None:
+    """Flip the first pixel's first byte and mend the IDAT chunk's CRC, keeping the
+    file's size and modification time: only the SHA-256 can tell."""
+    status = image.stat()
+    data = bytearray(image.read_bytes())
+    (at, n), = [(at, n) for kind, at, n in png_chunks(data) if kind == b"IDAT"]
+    data[at + 2 + 5 + 1] ^= 1  # after the zlib header, the stored block's, the filter byte
+    data[at + n:at + n + 4] = struct.pack(">I", zlib.crc32(data[at - 4:at + n]))
+    image.write_bytes(data)
+    os.utime(image, ns=(status.st_atime_ns, status.st_mtime_ns))
+
+
+def test_an_image_changed_after_a_load_is_hashed_again_even_with_its_time_set_back(
+        tiny_pixels, tmp_path, tuning_cache):
+    _, folder = tiny_pixels
+    copy = tmp_path / "px"
+    shutil.copytree(folder, copy)
+    open_model_file(copy)  # checked, and recorded as checked
+    assert list((tuning_cache / "pixels").glob("*.json"))
+    image = min((copy / "tensors").glob("*-blk.0.attn_v.weight-0000.png"))
+    damage_under_a_matching_crc(image)
+    with pytest.raises(PixelContainerError, match="SHA-256") as caught:
+        open_model_file(copy)
+    assert "blk.0.attn_v.weight" in str(caught.value)
+
+
+def test_a_freshly_packed_container_is_damaged_then_found_on_its_first_load(tmp_path,
+                                                                           tuning_cache):
+    spec = TinySpec(dim=256, ffn_dim=256, matrix_type="Q4_K")
+    write_tiny_gguf(tmp_path / "m.gguf", spec, np.random.default_rng(7))
+    pack(tmp_path / "m.gguf", tmp_path / "px")  # records its images as checked
+    image = min((tmp_path / "px" / "tensors").glob("*-blk.0.ffn_up.weight-0000.png"))
+    damage_under_a_matching_crc(image)
+    with pytest.raises(PixelContainerError, match="SHA-256"):
+        load_model(tmp_path / "px", backend="numpy", progress=False, max_context=24)
+
+
+def test_an_unreadable_record_of_checked_images_means_hashing_again(tiny_pixels, tmp_path,
+                                                                    tuning_cache):
+    path, folder = tiny_pixels
+    copy = tmp_path / "px"
+    shutil.copytree(folder, copy)
+    open_model_file(copy)
+    records = list((tuning_cache / "pixels").glob("*.json"))
+    for record in records:
+        record.write_text("{not json")
+    name = next(iter(open_model_file(path).tensors))
+    np.testing.assert_array_equal(open_model_file(copy).weight(name).data,
+                                  open_model_file(path).weight(name).data)
+    assert json.loads(records[0].read_text())["images"]  # written again, whole

@@ -102,11 +102,16 @@ class Tuning:
         return path
 
 
-def cache_dir() -> Path:
+def cache_root() -> Path:
+    """pxvm's folder in the user's cache (PXVM_CACHE_DIR, else XDG_CACHE_HOME/pxvm)."""
     root = os.environ.get(CACHE_ENV)
     if not root:
         root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pxvm"
-    return Path(root) / "tuning"
+    return Path(root)
+
+
+def cache_dir() -> Path:
+    return cache_root() / "tuning"
 
 
 @functools.lru_cache(maxsize=None)

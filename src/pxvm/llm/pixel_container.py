@@ -48,6 +48,7 @@ from PIL import Image, UnidentifiedImageError
 from ..core.files import check_regular_file
 from .gguf_model import GGUFModelFile
 from .gguf_scan import MAX_HEADER_BYTES, GGUFHeader, ModelFileError, TensorInfo, scan
+from .pixel_checks import CheckedImages, signature
 
 MAGIC = "pxvm-pixels"
 VERSION = 1
@@ -246,7 +247,17 @@ def pack(model: str | os.PathLike, folder: str | os.PathLike,
     _write_part(folder, _metadata_part(len(joined)), memoryview(joined),
                 {"file_bytes": header.file_size, "file_sha256": file_sha.hexdigest()})
     _advance(progress, len(joined))
+    # the images hold the bytes just hashed: a first load need not hash them again
+    checked = CheckedImages(folder, file_sha.hexdigest())
+    for i, t in enumerate(header.tensors.values()):
+        checked.add(_signatures(folder, _tensor_part(i, t)))
+    checked.save()
     return header
+
+
+def _signatures(folder: Path, part: Part) -> dict[str, list[int]]:
+    paths = (part.tile_path(folder, tile) for tile in range(part.tiles()))
+    return {str(path.relative_to(folder)): signature(path.stat()) for path in paths}
 
 
 def _layout(header: GGUFHeader) -> list[tuple[int, TensorInfo | int]]:
@@ -366,8 +377,10 @@ class _PlainPng(AbstractContextManager):
 
     format, mode = "PNG", "RGBA"
 
-    def __init__(self, size: tuple[int, int], text: str | None, rows: list[np.ndarray]):
+    def __init__(self, size: tuple[int, int], text: str | None, rows: list[np.ndarray],
+                 status: os.stat_result):
         self.size, self.info, self._rows = size, {} if text is None else {TEXT_KEY: text}, rows
+        self.signature = signature(status)  # of the file as mapped
 
     @classmethod
     def open(cls, path: Path) -> _PlainPng | None:
@@ -375,7 +388,8 @@ class _PlainPng(AbstractContextManager):
         where one is wrong); None when it is laid out otherwise, or cut short: Pillow
         reads it."""
         with open(path, "rb") as f:
-            if os.fstat(f.fileno()).st_size < len(PNG_SIGNATURE):
+            status = os.fstat(f.fileno())
+            if status.st_size < len(PNG_SIGNATURE):
                 return None
             data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         chunks = _png_chunks(data, 8)
@@ -398,7 +412,7 @@ class _PlainPng(AbstractContextManager):
                  if kind == b"tEXt" and len(body) <= len(TEXT_KEY) + 1 + MAX_HEADER_TEXT]
         text = next((t.decode("latin-1") for key, _, t in texts if key == TEXT_KEY.encode()),
                     None)
-        return cls((width, height), text, rows)
+        return cls((width, height), text, rows, status)
 
     def decode(self, out: np.ndarray) -> None:
         """The first len(out) bytes of pixels into `out` (less than a row short of all)."""
@@ -481,17 +495,19 @@ def _stored_rows(stream: np.ndarray, width: int, height: int) -> list[np.ndarray
     return views
 
 
-def read_tiles(folder: Path, part: Part, out: np.ndarray | None = None
-               ) -> Iterator[tuple[int, np.ndarray]]:
+def read_tiles(folder: Path, part: Part, out: np.ndarray | None = None,
+               checked: CheckedImages | None = None) -> Iterator[tuple[int, np.ndarray]]:
     """(byte offset, bytes) of each of `part`'s tiles in order, each checked against the
     part (header fields, sizes, offsets) and decoded into its place in `out` (the part's
     bytes) or, without `out`, into an array of its own; the SHA-256 of all of them is
-    checked after the last."""
-    digest, expected_sha, at = hashlib.sha256(), None, 0
-    tiles = part.tiles()
+    checked after the last, unless `checked` (given with `out`) records every tile as
+    checked and unchanged since."""
+    digest = hashlib.sha256() if checked is None else None
+    expected_sha, at, tiles, images = None, 0, part.tiles(), {}
     for tile in range(tiles):
         path = part.tile_path(folder, tile)
         image, meta = _open_image(path)
+        images[str(path.relative_to(folder))] = getattr(image, "signature", None)
         with image:
             _check_tile(path, meta, part, tile, tiles, at)
             if expected_sha is not None and meta.get("sha256") != expected_sha:
@@ -501,14 +517,21 @@ def read_tiles(folder: Path, part: Part, out: np.ndarray | None = None
             n = meta["tile_bytes"]
             pixels = np.empty(n, np.uint8) if out is None else out[at:at + n]
             _decode_tile(path, image, pixels)
-        digest.update(pixels)
+        if digest is not None:
+            digest.update(pixels)
         yield at, pixels
         at += n
+    if checked is not None:
+        if None not in images.values() and checked.all_unchanged(images):
+            return
+        digest = hashlib.sha256(out)
     if digest.hexdigest() != expected_sha:
         _name_damaged_tile(folder, part)
         _fail(part.tile_path(folder, 0), f"holds {part.name or 'metadata'} bytes whose SHA-256 "
                                          "is not the one its header records: the images are "
                                          "damaged")
+    if checked is not None and None not in images.values():
+        checked.add(images)
 
 
 def _check_tile(path: Path, meta: dict, part: Part, tile: int, tiles: int, at: int) -> None:
@@ -646,9 +669,11 @@ def read_tensor(container: Container, part: Part) -> np.ndarray:
 
 def read_model_file(folder: str | os.PathLike) -> GGUFModelFile:
     """The model in the pixel container `folder`, its bytes rebuilt in memory from the
-    images (each tensor's tiles decoded into its place, SHA-256 checked): the same
-    GGUFModelFile, with the same checks, as the packed GGUF file gives."""
+    images (each tensor's tiles decoded into its place, SHA-256 checked unless unchanged
+    since last checked): the same GGUFModelFile, with the same checks, as the packed GGUF
+    file gives."""
     container = open_container(folder)
+    checked = CheckedImages(container.folder, container.file_sha256)
     data = np.empty(container.header.file_size, np.uint8)
     data[:container.header.data_offset] = np.frombuffer(
         container.metadata, np.uint8, container.header.data_offset)
@@ -658,11 +683,13 @@ def read_model_file(folder: str | os.PathLike) -> GGUFModelFile:
         if isinstance(part, bytes):
             data[offset:offset + len(part)] = np.frombuffer(part, np.uint8)
             return
-        for _ in read_tiles(container.folder, part, data[offset:offset + part.byte_length]):
+        for _ in read_tiles(container.folder, part, data[offset:offset + part.byte_length],
+                            checked):
             pass
 
     # copies and SHA-256 run without the GIL: tensors decode on every core
     with ThreadPoolExecutor(max_workers=min(READ_THREADS, os.cpu_count() or 1)) as pool:
         for _ in pool.map(place, _pieces(container)):
             pass
+    checked.save()
     return GGUFModelFile.from_bytes(data, os.fspath(folder), container.header)

@@ -406,7 +406,8 @@ class _PlainPng(AbstractContextManager):
         if rows is None or any(block[:, :, 0].any() for block in rows):  # a filter other than None
             return None
         # the pixels' CRC is left to the part's SHA-256, which reads every byte anyway
-        # (checking both cost a fifth more); where that fails, _name_damaged_tile checks it
+        # (checking both cost a fifth more) or was found right for this very file (see
+        # pixel_checks); where it fails, _name_damaged_tile checks the CRCs
         _check_crcs(path, data, [chunk for chunk in chunks if chunk[0] != b"IDAT"])
         texts = [bytes(body).partition(b"\0") for kind, body, _ in chunks
                  if kind == b"tEXt" and len(body) <= len(TEXT_KEY) + 1 + MAX_HEADER_TEXT]

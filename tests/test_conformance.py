@@ -34,7 +34,6 @@ ALL = None
 #: (op, backend) -> the cases (indices into the op's CASES, ALL: every one) a backend has
 #: no kernel for yet; each must raise MissingKernelError.
 GAPS: dict[tuple[str, str], tuple[int, ...] | None] = {
-    ("argmax", "cuda"): ALL,
     ("conv2d", "cuda"): ALL,
     ("convolve2d", "cuda"): ALL,
     ("gelu", "cuda"): ALL,

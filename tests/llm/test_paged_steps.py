@@ -57,3 +57,33 @@ def test_padded_decoding_steps_give_each_sequence_its_single_sequence_logits(bac
     after = [np.asarray(p.numpy()) for p in cache.k_pools]
     for old, new in zip(before, after):
         np.testing.assert_array_equal(new[9:11], old[9:11])
+
+
+@pytest.mark.parametrize("backend", ["numpy", "cpu", "webgpu", "cuda"])
+def test_a_greedy_step_gives_the_argmax_of_the_logits_the_same_step_gives(backend, tmp_path,
+                                                                         rng, request):
+    if backend in ("webgpu", "cuda"):
+        request.getfixturevalue({"webgpu": "gpu_device", "cuda": "cuda_device"}[backend])
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path, TinySpec(context_length=32), rng)
+    model = load_model(str(path), backend=backend, progress=False)
+    cache = model.paged_cache(BLOCK, blocks=8)
+    steps = PagedSteps(model, cache, scratch=7, width=8, max_batch=4)
+    blocks = np.array([[0, 1], [2, 3], [4, 5]], np.int32)
+    prompts = [rng.integers(3, 101, n).tolist() for n in (5, 2, 7)]
+    ids = np.array(sum(prompts, []), np.int32)
+    table = np.array([(s, p) for s, prompt in enumerate(prompts) for p in range(len(prompt))],
+                     np.int32)
+    # a step recorded anew (prompts: each sequence's last token samples), then a graph's;
+    # each run twice, writing the same keys and values again
+    last = np.cumsum([len(p) for p in prompts]) - 1
+    order = np.r_[np.setdiff1d(np.arange(len(ids)), last), last]
+    steps_args = [(ids[order], table[order], blocks, 3),
+                  (np.array([9, 30, 61], np.int32),
+                   np.array([(s, len(p)) for s, p in enumerate(prompts)], np.int32), blocks, 3)]
+    for args in steps_args:
+        logits = steps.run(*args)
+        tokens = steps.run(*args, greedy=True)
+        assert tokens.dtype == np.int32 and tokens.shape == (3,)
+        np.testing.assert_array_equal(tokens, np.argmax(logits, axis=-1))
+    assert steps.recorded == [(4, 8)]

@@ -12,6 +12,9 @@ of the queue, to be computed again from its prompt and the tokens it generated.
 
 Each sequence samples on the host with its own pxvm.llm.sampling.Sampler (a numpy
 Generator from its seed), so a seeded request draws the same tokens whatever else runs.
+A step whose sequences all decode greedily with nothing else asked of their logits
+(`_plain_greedy`) takes its tokens' argmax on the device instead, and reads back only
+those integers.
 The server (pxvm.serve) speaks HTTP; this module knows nothing of it.
 """
 
@@ -289,8 +292,10 @@ class Engine:
     def _step(self, chunks: list[_Chunk], tables: tuple) -> None:
         """One forward over the chunks, then their new tokens; an error ends the
         chunks' requests with FinishEvent("error"), never the engine."""
+        sampling = [c for c in chunks if c.samples]
+        greedy = all(_plain_greedy(c.seq.request) for c in sampling)
         try:
-            logits = self.steps.run(*tables)
+            rows = self.steps.run(*tables, greedy=greedy)
         except Exception as exc:  # noqa: BLE001 - the requests get the error, not the thread
             log.exception("pxvm engine: a step failed")
             with self._wake:
@@ -298,13 +303,15 @@ class Engine:
                     self._finish(chunk.seq, "error", f"{type(exc).__name__}: {exc}")
             return
         with self._wake:
-            sampling = [c for c in chunks if c.samples]
             for chunk in chunks:
                 self._computed(chunk)
-            for chunk, row in zip(sampling, logits[len(logits) - len(sampling):]):
+            for chunk, row in zip(sampling, rows[len(rows) - len(sampling):]):
                 if not chunk.seq.finished:
                     try:
-                        self._next_token(chunk.seq, row)
+                        if greedy:
+                            self._take_token(chunk.seq, int(row))
+                        else:
+                            self._next_token(chunk.seq, row)
                     except Exception as exc:  # noqa: BLE001 - a bad logits_processor
                         log.exception("pxvm engine: sampling failed")
                         self._finish(chunk.seq, "error", f"{type(exc).__name__}: {exc}")
@@ -427,7 +434,12 @@ class Engine:
         if request.logits_processor is not None:
             chosen = np.asarray(request.logits_processor(list(seq.generated), logits.copy()),
                                 np.float32)
-        token = seq.sampler(chosen, _penalty_window(seq.tokens, request.sampling))
+        self._take_token(seq, seq.sampler(chosen, _penalty_window(seq.tokens,
+                                                                   request.sampling)), logits)
+
+    def _take_token(self, seq: _Sequence, token: int, logits: np.ndarray | None = None) -> None:
+        """Send seq's next token (its logprobs from `logits`, where asked) or finish."""
+        request = seq.request
         if token in request.stop_token_ids:
             self._finish(seq, "stop")
             return
@@ -462,6 +474,14 @@ class Engine:
     def _take_events(self) -> list[tuple[_Sequence, object]]:
         events, self._events = self._events, []
         return events
+
+
+def _plain_greedy(request: Request) -> bool:
+    """Whether the request's next token is the logits' argmax and nothing else of them is
+    needed (no penalty, processor or logprobs): it can be taken on the device."""
+    params = request.sampling
+    return (params.temperature == 0.0 and params.repeat_penalty == 1.0
+            and request.logits_processor is None and request.logprobs is None)
 
 
 def _penalty_window(tokens: list[int], params: SamplingParams) -> list[int]:

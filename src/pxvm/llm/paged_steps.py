@@ -17,6 +17,7 @@ from collections import OrderedDict
 
 import numpy as np
 
+from .. import ops
 from ..batch import Graph
 from ..core import Tensor
 from .model import Model, PagedCache
@@ -61,14 +62,18 @@ class PagedSteps:
         return list(self._graphs)
 
     def run(self, token_ids: np.ndarray, token_table: np.ndarray, block_table: np.ndarray,
-            last_rows: int) -> np.ndarray:
-        """The logits (last_rows, vocab) of the step's last `last_rows` tokens."""
+            last_rows: int, greedy: bool = False) -> np.ndarray:
+        """The logits (last_rows, vocab) of the step's last `last_rows` tokens; with
+        `greedy`, only their argmax (last_rows,) int32, which a decoding step takes on the
+        device (a few integers read back instead of rows of a vocabulary's logits)."""
         if len(token_ids) == last_rows and len(token_ids) <= self.sizes[-1]:
-            return self._decoding(token_ids, token_table, block_table)
-        return self.model.forward_paged(self.cache, token_ids, token_table, block_table,
-                                        last_rows)
+            return self._decoding(token_ids, token_table, block_table,
+                                  "greedy" if greedy else "logits")
+        logits = self.model.forward_paged(self.cache, token_ids, token_table, block_table,
+                                          last_rows)
+        return ops.argmax.reference(logits, axis=-1) if greedy else logits
 
-    def _decoding(self, token_ids, token_table, block_table) -> np.ndarray:
+    def _decoding(self, token_ids, token_table, block_table, output: str) -> np.ndarray:
         """A decoding step (token i: sequence i's) through the graph of the smallest size
         and width that hold it; padding token i is sequence i, at position 0 of the scratch
         block."""
@@ -85,7 +90,7 @@ class PagedSteps:
         ids.write(padded_ids)
         tokens.write(padded_tokens)
         blocks.write(padded_blocks)
-        return graph.launch("logits").result()["logits"][:n]
+        return graph.launch(output).result()[output][:n]
 
     def _graph(self, size: int, width: int) -> tuple[Graph, Tensor, Tensor, Tensor]:
         """The decoding graph of `size` tokens and tables `width` blocks wide, recorded
@@ -100,7 +105,9 @@ class PagedSteps:
         ids = backend.from_numpy(np.zeros(size, np.int32))
         tokens = backend.from_numpy(np.zeros((size, 2), np.int32))
         blocks = backend.from_numpy(np.full((size, width), self.scratch, np.int32))
-        graph = Graph(backend, lambda: {"logits": self.model.record_paged(
-            self.cache, ids, tokens, blocks)})
+        def record():
+            logits = self.model.record_paged(self.cache, ids, tokens, blocks)
+            return {"logits": logits, "greedy": ops.argmax(logits, axis=-1)}
+        graph = Graph(backend, record)
         self._graphs[key] = (graph, ids, tokens, blocks)
         return self._graphs[key]

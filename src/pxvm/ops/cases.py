@@ -32,6 +32,13 @@ def _normal(*shape, scale=3.0):
     return lambda rng: [(rng.standard_normal(shape) * scale).astype(np.float32)]
 
 
+def _ties_and_nan(rng):
+    """Rows of small integers (many ties for the maximum), one row with a NaN late in it."""
+    x = rng.integers(-3, 4, (5, 1237)).astype(np.float32)
+    x[2, 1000] = np.nan
+    return [x]
+
+
 def _away_from_zero(rng, shape):
     return (rng.uniform(0.5, 2.0, shape) * rng.choice([-1.0, 1.0], shape)).astype(np.float32)
 
@@ -134,7 +141,10 @@ CASES.update({
     "dot": [ConformanceCase(lambda rng: [rng.standard_normal(777).astype(np.float32) for _ in range(2)],
                  threshold=NMSE_LONG)],
     "argmax": [ConformanceCase(_normal(7, 257), {"axis": -1}, threshold=0.0),
-               ConformanceCase(_normal(333), {"axis": None}, threshold=0.0)],
+               ConformanceCase(_normal(333), {"axis": None}, threshold=0.0),
+               # rows longer than a block's threads, with ties and a NaN: the first
+               # maximum (or NaN) wins, as numpy's
+               ConformanceCase(_ties_and_nan, {"axis": -1}, threshold=0.0)],
     "softmax": [ConformanceCase(_normal(7, 33), threshold=NMSE_NORM)],
     "log_softmax": [ConformanceCase(_normal(7, 33), threshold=NMSE_NORM)],
     "rmsnorm": [ConformanceCase(lambda rng: [rng.standard_normal((7, 33)).astype(np.float32),

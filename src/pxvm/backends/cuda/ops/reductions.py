@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ....ops import reductions
+from ..ptx import decoding as ptx_decoding
 from ..ptx import reductions as ptx_reductions
 
 
@@ -25,3 +26,13 @@ def _two_passes(name: str):
 
 for _name in ("sum", "max", "dot"):
     getattr(reductions, _name).kernel("cuda")(_two_passes(_name))
+
+
+@reductions.argmax.kernel("cuda")
+def argmax(ctx, x, axis=None):
+    """A block a row (the flat argmax: one row of all elements)."""
+    n = x.size if axis is None else x.shape[-1]
+    out = ctx.empty(() if axis is None else tuple(x.shape[:-1]), np.int32, "argmax")
+    ctx.launch(ptx_decoding.argmax_rows, (), [x, out, n], x.size // n,
+               block=ptx_decoding.THREADS)
+    return out

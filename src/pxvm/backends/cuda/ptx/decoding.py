@@ -164,10 +164,30 @@ def argmax_finish(sample: bool) -> Kernel:
     return k
 
 
+def argmax_rows() -> Kernel:
+    """out[r] = the index of row r's best logit (rows of n, one after another; numpy's
+    argmax along the last axis): grid.x = rows, THREADS threads. A batch's next tokens
+    read back as a few integers instead of its rows of logits."""
+    k = Kernel("argmax_rows", [("x", "u64"), ("out", "u64"), ("n", "u32")])
+    x, out, n = k.params()
+    row = k.special("%ctaid.x")
+    base = k.op("add.u64", x, k.op("mul.wide.u32", k.op("mul.lo.u32", row, n), 4))
+    best_v = k.op("mov.f32", f32(float("-inf")))
+    best_i = k.op("mov.u32", NO_INDEX)
+    i = k.op("mov.u32", k.special("%tid.x"))
+    with k.loop(i, n, THREADS):
+        _take_if_better(k, k.load("f32", k.element(base, i, 4)), i, best_v, best_i)
+    _block_argmax(k, best_v, best_i)
+    with k.if_(k.setp("eq.u32", k.special("%tid.x"), 0)):
+        k.store("u32", k.element(out, row, 4), best_i)
+    return k
+
+
 def variants():
     for sample in (False, True):
         yield argmax_chunks, (sample,)
         yield argmax_finish, (sample,)
+    yield argmax_rows, ()
 
 
-__all__ = ["CHUNK", "THREADS", "argmax_chunks", "argmax_finish", "variants"]
+__all__ = ["CHUNK", "THREADS", "argmax_chunks", "argmax_finish", "argmax_rows", "variants"]

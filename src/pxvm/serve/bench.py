@@ -166,12 +166,23 @@ async def run_level(base_url: str, model: str, prompts: list[list[int]], concurr
                  errors=sorted({t.error for t in timings if t.error})[:5])
 
 
+#: Tokens each warm-up request asks for.
+WARMUP_TOKENS = 8
+
+
 def run(settings: Settings, tokenizer: Tokenizer, base_url: str, model: str,
         api_key: str = "none", on_level=None) -> list[Level]:
-    """Every level in turn against the server at `base_url` (its /v1 root)."""
+    """Every level in turn against the server at `base_url` (its /v1 root), each after N
+    unmeasured requests of WARMUP_TOKENS tokens at once: a server's first batch of a size
+    may compile or record its work (CUDA graphs), as vLLM's benchmark warms up too."""
     rng = np.random.default_rng(settings.seed)
     levels = []
     for n in settings.concurrency:
+        warmup = Settings(**{**asdict(settings), "output_len": min(WARMUP_TOKENS,
+                                                                   settings.output_len),
+                             "request_rate": None})
+        asyncio.run(run_level(base_url, model, random_prompts(
+            tokenizer, n, settings.input_len, rng), n, warmup, api_key))
         prompts = random_prompts(tokenizer, settings.requests, settings.input_len, rng)
         level = asyncio.run(run_level(base_url, model, prompts, n, settings, api_key))
         levels.append(level)

@@ -236,13 +236,13 @@ def key_ranges(request, monkeypatch):
 def packs(request, monkeypatch):
     """Blocks of one query head, or packs of a KV head's query heads for any number of
     keys (by default only for many)."""
-    monkeypatch.setattr(cuda_transformer, "PACK_MIN_KEYS", 0 if request.param == "packs"
-                        else 10**9)
+    for name in ("PACK_MIN_KEYS", "PACK_MIN_HEADS"):
+        monkeypatch.setattr(cuda_transformer, name, 0 if request.param == "packs" else 10**9)
     return request.param
 
 
 def _ranges_taken(key_ranges, bound, tokens, hq, hkv):
-    packs = -(-(hq // hkv) // cuda_transformer.head_pack(bound, hq // hkv))
+    packs = -(-(hq // hkv) // cuda_transformer.head_pack(bound, hq // hkv, tokens * hq))
     blocks = tokens * hkv * packs
     n_ranges = cuda_transformer.key_ranges(bound, blocks)[0]
     assert (n_ranges > 1) == (key_ranges == "ranges" and bound > 16

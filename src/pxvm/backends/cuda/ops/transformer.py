@@ -123,13 +123,18 @@ def key_ranges(bound: int, blocks: int) -> tuple[int, int]:
 #: fill whole packs; shorter ones a head a block, whose walks are shorter and blocks
 #: more (H200: SmolLM2's groups of 3 in packs of 4 decoded 11% slower at depth 4,096).
 PACK_MIN_KEYS = 1024
+#: Steps of at least PACK_MIN_HEADS query heads (tokens x heads: a batch's decoding step)
+#: take packs whatever the keys: a head a block would read each key once per head, and
+#: the blocks are many anyway.
+PACK_MIN_HEADS = 1024
 
 
-def head_pack(bound: int, group: int) -> int:
-    """Query heads a block of `attend` takes, for `bound` keys and `group` query heads a
-    KV head."""
+def head_pack(bound: int, group: int, heads: int) -> int:
+    """Query heads a block of `attend` takes, for `bound` keys, `group` query heads a KV
+    head and `heads` query heads in the step."""
     whole = group % ptx_transformer.PACK == 0
-    return ptx_transformer.PACK if whole and bound > PACK_MIN_KEYS else 1
+    many = bound > PACK_MIN_KEYS or heads >= PACK_MIN_HEADS
+    return ptx_transformer.PACK if whole and many else 1
 
 
 def _vec(d: int, half_cache: bool) -> int:
@@ -154,7 +159,7 @@ def _attend(ctx, qkv, k_cache, v_cache, positions, rows: list, bound: int, n_hea
         ctx.launch(ptx_transformer.append, (neox, addressing, half_cache),
                    [qkv, k_cache, v_cache, positions, table, elements, n_heads, hkv, d,
                     *row_args], ctx.stride_grid(elements))
-    pack = head_pack(bound, n_heads // hkv)
+    pack = head_pack(bound, n_heads // hkv, t * n_heads)
     packs = -(-(n_heads // hkv) // pack)
     n_ranges, range_len = key_ranges(bound, t * hkv * packs)
     out = ctx.empty((t, n_heads * d), np.float16 if half else np.float32)

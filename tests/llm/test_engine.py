@@ -426,3 +426,50 @@ def test_webgpu_generates_batched_as_the_single_sequence_model(gpu_device, engin
 def test_cuda_generates_batched_as_the_single_sequence_model(cuda_device, engines, tmp_path,
                                                              rng):
     _batched_equals_single_sequence("cuda", engines, tmp_path, rng)
+
+
+@pytest.fixture(params=["numpy", "cpu", "webgpu", "cuda"])
+def untied_model(request, tmp_path, rng):
+    """A model whose plain greedy tokens vary (a tied one repeats its first)."""
+    if request.param in ("webgpu", "cuda"):
+        request.getfixturevalue({"webgpu": "gpu_device", "cuda": "cuda_device"}[request.param])
+    path = tmp_path / "untied.gguf"
+    write_tiny_gguf(path, TinySpec(context_length=64, tied_output=False), rng)
+    return load_model(str(path), backend=request.param, progress=False)
+
+
+def test_greedy_steps_chained_on_the_device_equal_single_sequences_joining_and_leaving(
+        untied_model, engines, rng):
+    # plain greedy: each step's tokens stay on the device, where the next step starts
+    # from them (PagedSteps.chain) while the host reads them; requests join mid-run (the
+    # chain breaks for them), stop at a stop token or their length, cross block edges
+    model = untied_model
+    prompts = _prompts(rng, [5, 17, 2, 9, 3])
+    lengths = [19, 11, 23, 7, 14]
+    greedy = SamplingParams()
+    expected = [single_sequence(model, p, n, greedy)[0] for p, n in zip(prompts, lengths)]
+    stop = expected[2][15]
+    engine = engines(model, block_size=4, kv_blocks=64, max_batch=4)
+    assert engine.steps.chains
+    got = Collector()
+
+    def join_later(index, after):
+        def then(events):
+            if len(events) == after:
+                engine.submit(Request(prompts[index], lengths[index], greedy),
+                              got.callback(index))
+        return then
+
+    engine.submit(Request(prompts[0], lengths[0], greedy),
+                  got.callback(0, then=join_later(3, after=5)))
+    engine.submit(Request(prompts[1], lengths[1], greedy),
+                  got.callback(1, then=join_later(4, after=9)))
+    engine.submit(Request(prompts[2], lengths[2], greedy, stop_token_ids=frozenset({stop})),
+                  got.callback(2))
+    engine.start()
+    got.wait()
+    for i, tokens in enumerate(expected):
+        sent = tokens[:tokens.index(stop)] if i == 2 else tokens
+        assert got.tokens(i) == sent, f"request {i}"
+        assert got.finish(i).reason == ("stop" if i == 2 else "length")
+    assert engine.stats().kv_blocks_used == 0

@@ -292,6 +292,9 @@ class Engine:
     def _step(self, chunks: list[_Chunk], tables: tuple) -> None:
         """One forward over the chunks, then their new tokens; an error ends the
         chunks' requests with FinishEvent("error"), never the engine."""
+        if self._chains(chunks):
+            self._chained_steps(chunks, tables)
+            return
         sampling = [c for c in chunks if c.samples]
         greedy = all(_plain_greedy(c.seq.request) for c in sampling)
         try:
@@ -315,6 +318,64 @@ class Engine:
                     except Exception as exc:  # noqa: BLE001 - a bad logits_processor
                         log.exception("pxvm engine: sampling failed")
                         self._finish(chunk.seq, "error", f"{type(exc).__name__}: {exc}")
+
+    def _chains(self, chunks: list[_Chunk]) -> bool:
+        """Whether the step is greedy decoding the graphs can chain (PagedSteps.chain):
+        each chunk its sequence's last token, plain greedy, within the largest graph."""
+        return (self.steps.chains and len(chunks) <= self.steps.sizes[-1]
+                and all(c.n == 1 and c.samples and _plain_greedy(c.seq.request)
+                        for c in chunks))
+
+    def _chained_steps(self, chunks: list[_Chunk], tables: tuple) -> None:
+        """The step, then the steps after it while the batch stays the same, each launched
+        from the tokens its predecessor left on the device before the host reads those:
+        the GPU runs step i + 1 while the host sends step i's tokens."""
+        ids, token_table, block_table, _ = tables
+        written = [len(c.seq.blocks) for c in chunks]  # each sequence's blocks in the table
+        following = None
+        try:
+            launch = self.steps.launch(ids, token_table, block_table)
+            while True:
+                with self._wake:
+                    ahead = self._ahead(chunks, written)
+                following = self.steps.chain() if ahead is not None else None
+                tokens = launch.result()["greedy"][:len(chunks)]
+                with self._wake:
+                    for chunk in chunks:
+                        self._computed(chunk)
+                    for chunk, token in zip(chunks, tokens):
+                        if not chunk.seq.finished:
+                            self._take_token(chunk.seq, int(token))
+                    events = self._take_events()
+                _deliver(events)
+                if following is None:
+                    return
+                chunks, launch, following = ahead, following, None
+        except Exception as exc:  # noqa: BLE001 - the requests get the error, not the thread
+            log.exception("pxvm engine: a step failed")
+            with self._wake:
+                for chunk in chunks:
+                    self._finish(chunk.seq, "error", f"{type(exc).__name__}: {exc}")
+            if following is not None:  # its results are nobody's now; let it end
+                try:
+                    following.result()
+                except Exception:  # noqa: BLE001 - already reported above
+                    pass
+
+    def _ahead(self, chunks: list[_Chunk], written: list[int]) -> list[_Chunk] | None:
+        """The chunks of the step after `chunks` (their sequences' next tokens, whose ids
+        the device holds), where nothing else should happen first: no sequence of the
+        step ends with it or is gone, no request waits for room, none stops the engine,
+        each next position is in a block the step's table holds (the engine's thread
+        alone preempts, between such runs). Else None."""
+        if self._stopping or (self.waiting and len(self.running) < self.max_batch):
+            return None
+        for chunk, blocks in zip(chunks, written):
+            seq = chunk.seq
+            if (seq.finished or len(seq.generated) + 1 >= seq.request.max_tokens
+                    or (chunk.start + 1) // self.block_size >= blocks):
+                return None
+        return [_Chunk(c.seq, c.start + 1, 1) for c in chunks]
 
     def _tables(self, chunks: list[_Chunk]) -> tuple:
         """forward_paged's arguments for the chunks. Tokens go in any order

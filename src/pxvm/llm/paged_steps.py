@@ -9,6 +9,11 @@ docs/benchmarks-log.md). Padding tokens are sequences of their own at position 0
 scratch block no sequence holds, so they write and read nothing else; their logits are
 dropped. Steps with prompt chunks, whose shapes vary, are recorded anew
 (Model.forward_paged). The math is the model's; this module only schedules it.
+
+A graph also takes its tokens' argmax and, where the backend has
+ops.decoding.advance_tokens, ends by making its inputs the next step's (each token its
+argmax, one position further): `chain()` then launches the same step again without the
+host, while the host reads the previous step's tokens (the engine's greedy decoding).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from collections import OrderedDict
 import numpy as np
 
 from .. import ops
-from ..batch import Graph
+from ..batch import Graph, Launch
 from ..core import Tensor
 from .model import Model, PagedCache
 
@@ -54,6 +59,9 @@ class PagedSteps:
         self.sizes = graph_sizes(max_batch)
         self._graphs: OrderedDict[tuple[int, int], tuple[Graph, Tensor, Tensor, Tensor]] = (
             OrderedDict())
+        #: whether a greedy decoding step's graph leaves the next step's inputs (chain())
+        self.chains = ops.decoding.advance_tokens.implementation(model.backend) != "missing"
+        self._chained: Graph | None = None
 
     @property
     def recorded(self) -> list[tuple[int, int]]:
@@ -66,6 +74,7 @@ class PagedSteps:
         """The logits (last_rows, vocab) of the step's last `last_rows` tokens; with
         `greedy`, only their argmax (last_rows,) int32, which a decoding step takes on the
         device (a few integers read back instead of rows of a vocabulary's logits)."""
+        self._chained = None
         if len(token_ids) == last_rows and len(token_ids) <= self.sizes[-1]:
             return self._decoding(token_ids, token_table, block_table,
                                   "greedy" if greedy else "logits")
@@ -73,10 +82,32 @@ class PagedSteps:
                                           last_rows)
         return ops.argmax.reference(logits, axis=-1) if greedy else logits
 
+    def launch(self, token_ids: np.ndarray, token_table: np.ndarray,
+               block_table: np.ndarray) -> Launch:
+        """A greedy decoding step (every token its sequence's last), launched and not
+        waited for: result()["greedy"][:n] are its tokens. Where `chains`, its graph then
+        holds the next step's inputs, for chain()."""
+        graph = self._write(token_ids, token_table, block_table)
+        self._chained = graph if self.chains else None
+        return graph.launch("greedy")
+
+    def chain(self) -> Launch:
+        """The step after the last launch()ed or chain()ed one, launched from the inputs
+        that one left on the device: each sequence's token its argmax, one position
+        further (their blocks must be in the block table launch() wrote)."""
+        if self._chained is None:
+            raise RuntimeError("chain() follows launch() on a backend with advance_tokens")
+        return self._chained.launch("greedy")
+
     def _decoding(self, token_ids, token_table, block_table, output: str) -> np.ndarray:
-        """A decoding step (token i: sequence i's) through the graph of the smallest size
-        and width that hold it; padding token i is sequence i, at position 0 of the scratch
-        block."""
+        """A decoding step, waited for: its `output` of each of its tokens."""
+        graph = self._write(token_ids, token_table, block_table)
+        return graph.launch(output).result()[output][:len(token_ids)]
+
+    def _write(self, token_ids, token_table, block_table) -> Graph:
+        """The graph of the smallest size and width that hold a decoding step (token i:
+        sequence i's), its inputs written; padding token i is sequence i, at position 0
+        of the scratch block."""
         n = len(token_ids)
         size = next(s for s in self.sizes if s >= n)
         width = min(max(MIN_WIDTH, 1 << (block_table.shape[1] - 1).bit_length()), self.width)
@@ -90,7 +121,7 @@ class PagedSteps:
         ids.write(padded_ids)
         tokens.write(padded_tokens)
         blocks.write(padded_blocks)
-        return graph.launch(output).result()[output][:n]
+        return graph
 
     def _graph(self, size: int, width: int) -> tuple[Graph, Tensor, Tensor, Tensor]:
         """The decoding graph of `size` tokens and tables `width` blocks wide, recorded
@@ -107,7 +138,10 @@ class PagedSteps:
         blocks = backend.from_numpy(np.full((size, width), self.scratch, np.int32))
         def record():
             logits = self.model.record_paged(self.cache, ids, tokens, blocks)
-            return {"logits": logits, "greedy": ops.argmax(logits, axis=-1)}
+            greedy = ops.argmax(logits, axis=-1)
+            if self.chains:  # after every read of the inputs
+                ops.decoding.advance_tokens(ids, tokens, greedy)
+            return {"logits": logits, "greedy": greedy}
         graph = Graph(backend, record)
         self._graphs[key] = (graph, ids, tokens, blocks)
         return self._graphs[key]

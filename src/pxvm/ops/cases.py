@@ -261,6 +261,10 @@ CASES.update({
                                                       "style": "neox"}, threshold=NMSE_LONG)],
     "greedy_step": [ConformanceCase(lambda rng: [rng.standard_normal(333).astype(np.float32),
                                       np.array([7, 4], np.int32)], threshold=0.0)],
+    "advance_tokens": [ConformanceCase(lambda rng: [
+        rng.integers(0, 1000, 37).astype(np.int32),
+        np.stack([rng.permutation(37), rng.integers(0, 5000, 37)], axis=1).astype(np.int32),
+        rng.integers(0, 1000, 37).astype(np.int32)], threshold=0.0)],
     # two chunks of the first pass; history slot 4 % 2
     "sample_step": [ConformanceCase(lambda rng: [rng.standard_normal(4500).astype(np.float32),
                                       np.array([7, 4, -1, -1], np.int32),

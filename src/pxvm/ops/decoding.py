@@ -2,7 +2,8 @@
 state [token, position, history...], so that steps chain on the device without the
 host. `greedy_step` takes the argmax; `sample_step` the argmax of logits / temperature
 plus Gumbel noise from a counter-based hash, a draw from softmax(logits / temperature)
-that is the same on every backend."""
+that is the same on every backend. `advance_tokens` does the same for a batch's step
+over a paged cache (its token ids and token table)."""
 
 from __future__ import annotations
 
@@ -77,3 +78,24 @@ def sample_step(logits, state, sampler, *, backend="auto"):
     greedy_step.reference(sampled_logits(logits, temperature, int(seed), int(counter)), state)
     sampler[2] += 1
     return state
+
+
+def _infer_advance(token_ids, token_table, tokens):
+    n = token_ids.shape[0] if len(token_ids.shape) == 1 else -1
+    require(all(np.dtype(t.dtype) == np.int32 for t in (token_ids, token_table, tokens)),
+            "advance_tokens: token ids, token table and tokens must be int32")
+    require(n > 0 and tuple(token_table.shape) == (n, 2) and tuple(tokens.shape) == (n,),
+            f"advance_tokens: needs token ids (n,), a token table (n, 2) and tokens (n,), got "
+            f"{tuple(token_ids.shape)}, {tuple(token_table.shape)} and {tuple(tokens.shape)}")
+    return meta(token_table.shape, np.int32)
+
+
+@op(infer=_infer_advance, input_dtypes=("i32", "i32", "i32"))
+def advance_tokens(token_ids, token_table, tokens, *, backend="auto"):
+    """A batch's decoding step's inputs made the next step's, in place: token i's id
+    becomes tokens[i] (the step's choice for it) and its position (token_table[i, 1],
+    beside its sequence) one more, so that steps chain on the device without the host.
+    Returns token_table."""
+    token_ids[:] = tokens
+    token_table[:, 1] += 1
+    return token_table

@@ -107,6 +107,15 @@ def greedy_step(ctx, logits, state):
     return state
 
 
+@register(decoding.advance_tokens)
+def advance_tokens(ctx, token_ids, token_table, tokens):
+    """The reference, on the tensors themselves (the recorded reference would write into
+    copies)."""
+    arrays = token_ids.storage, token_table.storage, tokens.storage
+    ctx.record_host("advance_tokens", lambda: decoding.advance_tokens.reference(*arrays))
+    return token_table
+
+
 @register(decoding.sample_step)
 def sample_step(ctx, logits, state, sampler):
     """Temperature 0 as greedy_step's kernel; sampling as the reference, which draws the

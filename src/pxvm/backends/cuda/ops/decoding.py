@@ -31,3 +31,11 @@ def greedy_step(ctx, logits, state):
 @decoding.sample_step.kernel("cuda")
 def sample_step(ctx, logits, state, sampler):
     return _argmax_step(ctx, logits, state, sampler)
+
+
+@decoding.advance_tokens.kernel("cuda")
+def advance_tokens(ctx, token_ids, token_table, tokens):
+    n = token_ids.size
+    ctx.launch(ptx_decoding.advance_tokens, (), [token_ids, token_table, tokens, n],
+               -(-n // ptx_decoding.THREADS), block=ptx_decoding.THREADS)
+    return token_table

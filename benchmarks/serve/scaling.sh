@@ -18,6 +18,10 @@
 #                        fits is skipped, and said so, and every step is cut off at it
 #                        (then 60 s more at most to stop the last cluster; default 420)
 #   --load-timeout 240   seconds for N replicas to load and answer /health (default 240)
+#   --ingress proxy      proxy: Serve's HTTP proxy (a Python actor) forwards every streamed
+#                        token, as `pxvm serve --replicas` does by default; haproxy: Ray's
+#                        HAProxy ingress (RAY_SERVE_ENABLE_HA_PROXY=1, experimental in Ray
+#                        2.60) sends requests straight to the replicas' own HTTP servers
 #   --backend auto       pxvm's backend in each replica (default auto: CUDA on a GPU)
 #   --max-batch 128      sequences each replica decodes together (default 128)
 #   --kit FILE           the Ray kit to unpack into --site first (default
@@ -36,11 +40,11 @@
 # its pip --target install replaces the folders the kit adds to (opentelemetry).
 set -u -o pipefail
 
-usage() { sed -n '2,/^$/s/^# \{0,1\}//p' "$0" >&2; exit 1; }
+usage() { sed -n '2,/^set /{/^#/s/^# \{0,1\}//p}' "$0" >&2; exit 1; }
 [ $# -ge 1 ] || usage
 MODEL=$1; shift
 REPLICAS="1 2"; STREAMS=64,256; INPUT_LEN=128; OUTPUT_LEN=128; SECONDS_PER_LEVEL=20
-PER_PROCESS=32; BUDGET=420; LOAD_TIMEOUT=240; BACKEND=auto; MAX_BATCH=128
+PER_PROCESS=32; BUDGET=420; LOAD_TIMEOUT=240; BACKEND=auto; MAX_BATCH=128; INGRESS=proxy
 KIT=.ray312/ray-kit-cp312.tar.xz; SITE=/tmp/site; DIR=${OUT:-/tmp/scaling}
 while [ $# -gt 0 ]; do
     [ $# -ge 2 ] || { echo "error: $1 needs a value" >&2; usage; }
@@ -48,7 +52,7 @@ while [ $# -gt 0 ]; do
         --replicas) REPLICAS=$2 ;; --streams) STREAMS=$2 ;; --input-len) INPUT_LEN=$2 ;;
         --output-len) OUTPUT_LEN=$2 ;; --seconds) SECONDS_PER_LEVEL=$2 ;;
         --per-process) PER_PROCESS=$2 ;; --budget) BUDGET=$2 ;;
-        --load-timeout) LOAD_TIMEOUT=$2 ;; --backend) BACKEND=$2 ;;
+        --load-timeout) LOAD_TIMEOUT=$2 ;; --backend) BACKEND=$2 ;; --ingress) INGRESS=$2 ;;
         --max-batch) MAX_BATCH=$2 ;; --kit) KIT=$2 ;; --site) SITE=$2 ;; --out) DIR=$2 ;;
         *) echo "error: unknown option $1" >&2; usage ;;
     esac
@@ -58,6 +62,10 @@ done
 for n in $REPLICAS $PER_PROCESS $BUDGET $LOAD_TIMEOUT $SECONDS_PER_LEVEL; do
     [[ $n =~ ^[1-9][0-9]*$ ]] || { echo "error: $n is not a whole number > 0" >&2; exit 1; }
 done
+case $INGRESS in
+    proxy) ;; haproxy) export RAY_SERVE_ENABLE_HA_PROXY=1 ;;
+    *) echo "error: --ingress is proxy or haproxy, not $INGRESS" >&2; exit 1 ;;
+esac
 [[ $STREAMS =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] || {
     echo "error: --streams takes numbers like 64,256, not $STREAMS" >&2; exit 1; }
 START=$(date +%s)
@@ -69,7 +77,10 @@ if [ "$KIT" != none ]; then
     mkdir -p "$SITE" && tar xJf "$KIT" -C "$SITE" || exit 1
     case ":${PYTHONPATH:-}:" in *:"$SITE":*) ;; *) export PYTHONPATH=$SITE:$PWD/src${PYTHONPATH:+:$PYTHONPATH} ;; esac
 fi
-export PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0
+# Ray's memory monitor kills workers past 95% of MemTotal, which on the lent machines
+# reads a fraction of their memory until it is used (KINDS.md): N replicas loading a
+# 5 GB model each could be killed for memory the machine has
+export PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0 RAY_memory_monitor_refresh_ms=0
 python3 -c 'import ray.serve, openai' || { echo "error: Ray Serve or openai does not import" >&2; exit 1; }
 
 LEVELS=$(tr ',' ' ' <<< "$STREAMS" | wc -w)
@@ -163,9 +174,9 @@ for n in $REPLICAS; do
 done
 
 wait  # the last CPU sample
-python3 - "$WORK" "$DIR" <<'EOF' | tee "$DIR/scaling.md"
+INGRESS=$INGRESS python3 - "$WORK" "$DIR" <<'EOF' | tee "$DIR/scaling.md"
 """The levels of every bench-N-S.json as one table and one scaling.json."""
-import json, sys
+import json, os, sys
 from pathlib import Path
 
 work, out = Path(sys.argv[1]), Path(sys.argv[2])
@@ -174,7 +185,8 @@ for path in work.glob("bench-*-*.json"):
     replicas = int(path.stem.split("-")[1])
     data = json.loads(path.read_text())
     for level in data["levels"]:
-        rows.append({"replicas": replicas, "settings": data["settings"],
+        rows.append({"replicas": replicas, "ingress": os.environ["INGRESS"],
+                     "settings": data["settings"],
                      "client_processes": data["server"].get("client_processes"), **level})
 rows.sort(key=lambda r: (r["concurrency"], r["replicas"]))
 one = {r["concurrency"]: r["output_tokens_per_s"] for r in rows if r["replicas"] == 1}
@@ -192,5 +204,6 @@ for r in rows:
 if rows:
     s = rows[0]["settings"]
     print(f"\n{s['input_len']} prompt tokens, {s['output_len']} output tokens (ignore_eos), "
-          f"requests started for {s['max_seconds']:g} s per level")
+          f"requests started for {s['max_seconds']:g} s per level; ingress: "
+          f"{os.environ['INGRESS']}")
 EOF

@@ -11,7 +11,7 @@ replica takes one (Ray sets CUDA_VISIBLE_DEVICES for it); elsewhere one CPU each
 Health: a replica joins the routing only once its model has loaded (the constructor
 loads it), and Ray's health check (`check_health`) restarts one whose engine thread has
 stopped; a replica that dies is replaced by Ray while the others keep serving. Every
-replica publishes its health and metrics each second to a small named actor (the
+replica whose engine runs publishes its metrics each second to a small named actor (the
 board); /health through the ingress counts the replicas heard from in the last few
 seconds, and /metrics gives every replica's metrics labelled replica="<id>" (each answer
 names the replica that served it in the X-Pxvm-Replica header). Ray's own view is
@@ -97,6 +97,8 @@ class PxvmReplica:
 
     def _reports(self) -> None:
         while not self.stopped.wait(REPORT_SECONDS):
+            if not self.service.engine.alive:  # silent: counted as down once stale
+                continue
             try:
                 self._report()
             except Exception:  # noqa: BLE001 - the board is gone: the cluster is stopping

@@ -1,7 +1,8 @@
 """`pxvm serve --replicas`: pxvm's server as two Ray Serve replicas on a local Ray cluster
 (loopback, two CPUs, the tiny model on numpy) behind one endpoint, driven by the official
-`openai` client: the same greedy text as one process gives, streamed and whole; a replica
-killed mid-load fails only the requests it held, and Ray replaces it."""
+`openai` client: the same greedy text as one process gives, streamed and whole; /health
+and /metrics through the endpoint count every replica; a replica killed mid-load fails
+only the requests it held, and Ray replaces it."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from collections import Counter
 from pathlib import Path
 
 import httpx
-
 import pytest
 
 ray = pytest.importorskip("ray")

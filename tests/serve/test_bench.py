@@ -27,6 +27,19 @@ def test_a_level_counts_every_request_and_its_tokens_after_a_warmup(server):  # 
     assert level.tpot_ms["p50"] is not None
 
 
+def test_a_level_spread_over_client_processes_counts_every_request(server):  # noqa: F811
+    tokenizer = Tokenizer(server.service.engine.model.metadata)
+    settings = bench.Settings([3], requests=7, input_len=10, output_len=4)
+    before = server.service.engine.stats().generated_tokens_total
+    (level,) = bench.run(settings, tokenizer, server.url + "/v1", "tiny", processes=2)
+    assert (level.concurrency, level.requests, level.failed) == (3, 7, 0)
+    assert level.output_tokens == 7 * 4
+    warmup = 3 * min(bench.WARMUP_TOKENS, 4)
+    assert server.service.engine.stats().generated_tokens_total - before == 7 * 4 + warmup
+    assert 0 < level.ttft_ms["p50"] <= level.ttft_ms["p99"]
+    assert level.output_tokens_per_s == pytest.approx(28 / level.duration_s)
+
+
 def test_random_prompts_have_the_length_asked_and_no_control_tokens(server):  # noqa: F811
     tokenizer = Tokenizer(server.service.engine.model.metadata)
     prompts = bench.random_prompts(tokenizer, 4, 33, np.random.default_rng(0))

@@ -1,14 +1,17 @@
 """`pxvm serve --replicas`: pxvm's server as two Ray Serve replicas on a local Ray cluster
 (loopback, two CPUs, the tiny model on numpy) behind one endpoint, driven by the official
-`openai` client: the same greedy text as one process gives, streamed and whole; a replica
-killed mid-load fails only the requests it held, and Ray replaces it."""
+`openai` client: the same greedy text as one process gives, streamed and whole; /health
+and /metrics through the endpoint count every replica; a replica killed mid-load fails
+only the requests it held, and Ray replaces it."""
 
 from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
+import httpx
 import pytest
 
 ray = pytest.importorskip("ray")
@@ -17,6 +20,7 @@ serve = pytest.importorskip("ray.serve")
 import yaml  # noqa: E402 - one of Ray's own dependencies
 
 from openai import OpenAI  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 from serving import live_server, long_model  # noqa: E402,F401 - fixtures
 
 from pxvm.serve import cluster  # noqa: E402
@@ -70,6 +74,49 @@ def test_streamed_and_whole_chat_through_the_ingress_give_one_process_text(
         streamed = "".join(c.choices[0].delta.content or "" for c in chunks)
         assert streamed == expected[name].message.content, name
         assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_health_through_the_ingress_counts_every_replica(endpoint):
+    answer = httpx.get(endpoint + "/health", timeout=TIMEOUT)
+    assert answer.status_code == 200
+    assert answer.json()["replicas_up"] == 2
+    assert set(answer.json()["replicas"]) == set(_replica_actors())
+
+
+def _generated_tokens(url: str) -> dict[str, float]:
+    """pxvm_generation_tokens_total of each replica, from /metrics through the ingress."""
+    text = httpx.get(url + "/metrics", timeout=TIMEOUT).text
+    return {s.labels["replica"]: s.value for family in text_string_to_metric_families(text)
+            if family.name == "pxvm_generation_tokens" for s in family.samples
+            if s.name == "pxvm_generation_tokens_total"}
+
+
+def _settled_tokens(url: str) -> dict[str, float]:
+    """_generated_tokens once every replica has reported what it did before (two readings
+    a report apart agree)."""
+    def settled():
+        first = _generated_tokens(url)
+        time.sleep(1.5 * cluster.REPORT_SECONDS)
+        return first if first == _generated_tokens(url) else None
+    return _wait(settled, 10, "settled metrics")
+
+
+def test_metrics_through_the_ingress_count_every_replicas_tokens(endpoint):
+    before = _settled_tokens(endpoint)
+    assert set(before) == set(_replica_actors())
+    client = _client(endpoint)
+    served = Counter()
+    for _ in range(6):
+        answer = client.chat.completions.with_raw_response.create(max_tokens=5, **GREEDY)
+        served[answer.headers[cluster.REPLICA_HEADER]] += 5
+    # each replica's own count, as the client saw it served (a report is at most a second
+    # old; the answering replica's is current)
+    seen = {}
+
+    def counted():
+        seen.update({r: v - before[r] for r, v in _generated_tokens(endpoint).items()})
+        return seen == {r: served[r] for r in before}
+    _wait(counted, 10, f"every replica's tokens in /metrics ({seen} for {served})")
 
 
 class _Stream(threading.Thread):

@@ -28,7 +28,9 @@ SERVE_HELP = (
     "against N.\n\n"
     "Without --url, pxvm's own server runs the --model in this process; with --url (on "
     "this machine only), another server, e.g. llama-server, serves it and --model gives "
-    "the tokenizer the prompts are drawn from.\n\n"
+    "the tokenizer the prompts are drawn from. --processes shares each level's streams "
+    "among several client processes, where one cannot parse the tokens as fast as the "
+    "server sends them.\n\n"
     "Example: pxvm bench serve --model m.gguf --concurrency 1,16,64 --json s.json --plot s.png")
 
 
@@ -68,6 +70,10 @@ def serve_bench(
                                        "second), at most N at once (default: all at once)."),
     max_seconds: float = typer.Option(300.0, "--max-seconds", min=1.0, max=3600.0,
                                       help="No request of a level starts after this."),
+    processes: int = typer.Option(1, "--processes", min=1, max=64, help="Client processes "
+                                  "sharing each level's streams (one Python process parses "
+                                  "a few thousand streamed tokens a second at most; e.g. one "
+                                  "per 32 streams past a few thousand tokens/s)."),
     api_key: str = typer.Option("none", "--api-key", envvar="PXVM_API_KEY",
                                 show_envvar=False, help="Bearer key for --url servers."),
     json_path: Path = typer.Option(None, "--json", help="Write the levels to this file."),
@@ -104,6 +110,7 @@ def serve_bench(
     else:
         base, model_id = bench.check_loopback(url), model.name
         about = {"server": url}
+    about["client_processes"] = processes
     table = Table(title=f"pxvm bench serve: {model.name}, {input_len} in / {output_len} out")
     for column in ("N", "requests", "failed", "output tok/s", "TTFT p50", "TTFT p99",
                    "TPOT p50", "TPOT p99", "ITL p50", "ITL p99"):
@@ -114,7 +121,8 @@ def serve_bench(
             level_settings = bench.Settings(**{**vars(settings), "concurrency": [n],
                                                "requests": requests or 4 * n})
             err.print(f"N = {n}: {level_settings.requests} requests", style="dim")
-            results += bench.run(level_settings, tokenizer, base, model_id, api_key)
+            results += bench.run(level_settings, tokenizer, base, model_id, api_key,
+                                 processes=processes)
     finally:
         if server is not None:
             server.stop()

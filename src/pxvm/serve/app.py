@@ -73,9 +73,12 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
 
 
 def create_app(service: Service | None, page=None, *, api_key: str | None = None,
-               loopback_only: bool = True) -> FastAPI:
+               loopback_only: bool = True, replicas=None) -> FastAPI:
     """The app: the OpenAI API for `service`'s model (when given) and the browser `page`
-    (a pxvm.serve.page.Page, when given) for every path the API does not route."""
+    (a pxvm.serve.page.Page, when given) for every path the API does not route.
+    `replicas`, where this app is one replica of several (pxvm.serve.cluster), answers
+    /health and /metrics for them all: its async health() gives the JSON of a ready
+    replica's /health, its async metrics() the Prometheus text."""
     app = FastAPI(title="pxvm", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.exception_handler(RequestValidationError)
@@ -95,7 +98,7 @@ def create_app(service: Service | None, page=None, *, api_key: str | None = None
         return error_response(500, "internal error (logged by the server)", "server_error")
 
     if service is not None:
-        _add_api(app, service)
+        _add_api(app, service, replicas)
     if page is not None:
         async def fallback(scope, receive, send):  # /v1/ paths the API lacks: its own 404
             if scope["path"].startswith("/v1"):
@@ -106,11 +109,11 @@ def create_app(service: Service | None, page=None, *, api_key: str | None = None
     return app
 
 
-def _add_api(app: FastAPI, service: Service) -> None:
+def _add_api(app: FastAPI, service: Service, replicas=None) -> None:
     @app.get("/health")
     async def health():
         if service.ready:
-            return {"status": "ok"}
+            return {"status": "ok"} if replicas is None else await replicas.health()
         if service.load_error:
             return error_response(503, f"the model failed to load: {service.load_error}",
                                   "service_unavailable")
@@ -119,7 +122,8 @@ def _add_api(app: FastAPI, service: Service) -> None:
 
     @app.get("/metrics")
     async def metrics():
-        return Response(service.metrics.render(),
+        text = service.metrics.render() if replicas is None else await replicas.metrics()
+        return Response(text,
                         media_type="text/plain; version=0.0.4; charset=utf-8")
 
     @app.get("/v1/models")

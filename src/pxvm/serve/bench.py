@@ -123,8 +123,9 @@ async def _one(client, model: str, prompt: list[int], output_len: int) -> Reques
     return RequestTiming(ttft if ttft is not None else latency, latency, gaps, tokens)
 
 
-async def run_level(base_url: str, model: str, prompts: list[list[int]], concurrency: int,
-                    settings: Settings, api_key: str = "none") -> Level:
+async def _timings(base_url: str, model: str, prompts: list[list[int]], concurrency: int,
+                   settings: Settings, api_key: str) -> list[RequestTiming]:
+    """Every prompt's request, at most `concurrency` at once; none starts past max_seconds."""
     from openai import AsyncOpenAI
 
     import httpx
@@ -134,8 +135,7 @@ async def run_level(base_url: str, model: str, prompts: list[list[int]], concurr
                          http_client=httpx.AsyncClient(limits=limits, timeout=600))
     rng = np.random.default_rng(settings.seed + concurrency)
     slots = asyncio.Semaphore(concurrency)
-    start = time.perf_counter()
-    deadline = start + settings.max_seconds
+    deadline = time.perf_counter() + settings.max_seconds
 
     async def limited(prompt):
         async with slots:
@@ -151,8 +151,11 @@ async def run_level(base_url: str, model: str, prompts: list[list[int]], concurr
         if settings.request_rate:
             await asyncio.sleep(rng.exponential(1.0 / settings.request_rate))
     timings = [t for t in await asyncio.gather(*tasks) if t is not None]
-    duration = time.perf_counter() - start
     await client.close()
+    return timings
+
+
+def summarise(concurrency: int, timings: list[RequestTiming], duration: float) -> Level:
     done = [t for t in timings if t.error is None]
     output = sum(t.output_tokens for t in done)
     tpot = [(t.latency - t.ttft) / (t.output_tokens - 1) for t in done if t.output_tokens > 1]
@@ -166,15 +169,76 @@ async def run_level(base_url: str, model: str, prompts: list[list[int]], concurr
                  errors=sorted({t.error for t in timings if t.error})[:5])
 
 
+async def run_level(base_url: str, model: str, prompts: list[list[int]], concurrency: int,
+                    settings: Settings, api_key: str = "none") -> Level:
+    start = time.perf_counter()
+    timings = await _timings(base_url, model, prompts, concurrency, settings, api_key)
+    return summarise(concurrency, timings, time.perf_counter() - start)
+
+
+def _client_process(barrier, results, base_url, model, prompts, concurrency, settings,
+                    api_key) -> None:
+    """One client process of a spread level: its share of the streams, started with the
+    others (the barrier), its timings and the monotonic clock's span back to the parent."""
+    try:
+        barrier.wait(timeout=120)
+        start = time.monotonic()
+        timings = asyncio.run(_timings(base_url, model, prompts, concurrency, settings,
+                                       api_key))
+        results.put((start, time.monotonic(), timings))
+    except Exception as exc:  # noqa: BLE001 - the parent reports it as the level's error
+        results.put(f"a client process failed: {type(exc).__name__}: {exc}")
+
+
+def run_level_spread(base_url: str, model: str, prompts: list[list[int]], concurrency: int,
+                     settings: Settings, api_key: str, processes: int) -> Level:
+    """A level whose `concurrency` streams are shared among `processes` client processes
+    (one Python process parses a few thousand streamed chunks a second at most): each
+    takes every processes-th prompt; the level spans the first start to the last end."""
+    import multiprocessing
+    import queue
+
+    processes = max(1, min(processes, concurrency, len(prompts)))
+    context = multiprocessing.get_context("spawn")  # no forked event loops or threads
+    barrier, results = context.Barrier(processes), context.Queue()
+    shares = [concurrency // processes + (i < concurrency % processes)
+              for i in range(processes)]
+    workers = [context.Process(target=_client_process, daemon=True, args=(
+        barrier, results, base_url, model, prompts[i::processes], shares[i], settings,
+        api_key)) for i in range(processes)]
+    for worker in workers:
+        worker.start()
+    answers = []
+    # each process ends by its requests' deadline: it starts none past max_seconds
+    wait = 120 + settings.max_seconds + 600
+    try:
+        for _ in workers:
+            answers.append(results.get(timeout=wait))
+    except queue.Empty:
+        raise BenchError(f"a client process gave no result within {wait:.0f} s") from None
+    finally:
+        for worker in workers:
+            worker.join(5)
+            if worker.is_alive():
+                worker.kill()
+    failures = [a for a in answers if isinstance(a, str)]
+    if failures:
+        raise BenchError(failures[0])
+    timings = [t for _, _, part in answers for t in part]
+    span = max(end for _, end, _ in answers) - min(start for start, _, _ in answers)
+    return summarise(concurrency, timings, span)
+
+
 #: Tokens each warm-up request asks for.
 WARMUP_TOKENS = 8
 
 
 def run(settings: Settings, tokenizer: Tokenizer, base_url: str, model: str,
-        api_key: str = "none", on_level=None) -> list[Level]:
-    """Every level in turn against the server at `base_url` (its /v1 root), each after N
-    unmeasured requests of WARMUP_TOKENS tokens at once: a server's first batch of a size
-    may compile or record its work (CUDA graphs), as vLLM's benchmark warms up too."""
+        api_key: str = "none", on_level=None, processes: int = 1) -> list[Level]:
+    """Every level in turn against the server at `base_url` (its /v1 root), each level's
+    clients in `processes` processes (1: in this one), each level after N unmeasured
+    requests of WARMUP_TOKENS tokens at once: a server's first batch of a size may compile
+    or record its work (CUDA graphs), as vLLM's benchmark warms up too."""
     rng = np.random.default_rng(settings.seed)
     levels = []
     for n in settings.concurrency:
@@ -184,7 +248,11 @@ def run(settings: Settings, tokenizer: Tokenizer, base_url: str, model: str,
         asyncio.run(run_level(base_url, model, random_prompts(
             tokenizer, n, settings.input_len, rng), n, warmup, api_key))
         prompts = random_prompts(tokenizer, settings.requests, settings.input_len, rng)
-        level = asyncio.run(run_level(base_url, model, prompts, n, settings, api_key))
+        if processes > 1:
+            level = run_level_spread(base_url, model, prompts, n, settings, api_key,
+                                     processes)
+        else:
+            level = asyncio.run(run_level(base_url, model, prompts, n, settings, api_key))
         levels.append(level)
         if on_level is not None:
             on_level(level)

@@ -10,10 +10,12 @@ replica takes one (Ray sets CUDA_VISIBLE_DEVICES for it); elsewhere one CPU each
 
 Health: a replica joins the routing only once its model has loaded (the constructor
 loads it), and Ray's health check (`check_health`) restarts one whose engine thread has
-stopped; a replica that dies is replaced by Ray while the others keep serving. /health
-and /metrics through the ingress are the answering replica's own (each answer names it
-in the X-Pxvm-Replica header); the state of every replica is Ray's (`serve status`), and
-Ray's own per-replica request metrics are on its metrics port.
+stopped; a replica that dies is replaced by Ray while the others keep serving. Every
+replica whose engine runs publishes its metrics each second to a small named actor (the
+board); /health through the ingress counts the replicas heard from in the last few
+seconds, and /metrics gives every replica's metrics labelled replica="<id>" (each answer
+names the replica that served it in the X-Pxvm-Replica header). Ray's own view is
+`serve status`, and its per-replica request metrics are on its metrics port.
 
 Ray is imported by the functions that need it (an optional extra: importing this module
 needs no Ray, `available` says whether it is there)."""
@@ -23,10 +25,13 @@ from __future__ import annotations
 import importlib.util
 import os
 import socket
+import threading
+import time
 from typing import TYPE_CHECKING
 
 from ..core.errors import PxvmError
 from .app import create_app
+from .metrics import merge_labelled
 from .server import model_service
 
 if TYPE_CHECKING:
@@ -38,6 +43,11 @@ APP = "pxvm"
 DEPLOYMENT = "PxvmReplica"
 #: response header naming the replica that answered
 REPLICA_HEADER = "x-pxvm-replica"
+#: the board's actor name and namespace (one per Ray cluster and application)
+BOARD, BOARD_NAMESPACE = f"{APP}-replicas", "pxvm"
+#: seconds between a replica's reports to the board, and after which a replica not
+#: heard from counts as down (Ray's own health check takes longer to notice)
+REPORT_SECONDS, STALE_SECONDS = 1.0, 5.0
 
 
 class ClusterError(PxvmError):
@@ -65,18 +75,85 @@ class PxvmReplica:
         self.api_key, self.loopback_only = api_key, loopback_only
         from ray import serve
         self.replica = serve.get_replica_context().replica_id.unique_id
+        self.board = _board()
+        self.stopped = threading.Event()
+        self._report(wait=True)  # counted by /health before Serve routes here
+        threading.Thread(target=self._reports, name="pxvm-board", daemon=True).start()
 
     def __serve_build_asgi_app__(self):
-        app = create_app(self.service, api_key=self.api_key, loopback_only=self.loopback_only)
+        app = create_app(self.service, api_key=self.api_key, loopback_only=self.loopback_only,
+                         replicas=_Replicas(self))
         return _NamedReplica(app, self.replica)
 
     def check_health(self) -> None:
         if not self.service.engine.alive:
             raise ClusterError("the engine's thread has stopped")
 
+    def _report(self, wait: bool = False) -> None:
+        import ray
+        ref = self.board.report.remote(self.replica, self.service.metrics.render())
+        if wait:
+            ray.get(ref, timeout=30)
+
+    def _reports(self) -> None:
+        while not self.stopped.wait(REPORT_SECONDS):
+            if not self.service.engine.alive:  # silent: counted as down once stale
+                continue
+            try:
+                self._report()
+            except Exception:  # noqa: BLE001 - the board is gone: the cluster is stopping
+                return
+
     def __del__(self):
+        self.stopped.set()
         # ends every open request ("cancelled"), so streams end with [DONE], not a cut
         self.service.close()
+
+
+class _Board:
+    """Every replica's last report: its metrics text, and when it came (a Ray actor)."""
+
+    def __init__(self):
+        self.reports: dict[str, tuple[float, bytes]] = {}
+
+    def report(self, replica: str, metrics: bytes) -> None:
+        self.reports[replica] = (time.monotonic(), metrics)
+
+    def current(self) -> dict[str, bytes]:
+        """The reports of the replicas heard from within STALE_SECONDS."""
+        now = time.monotonic()
+        self.reports = {r: (t, m) for r, (t, m) in self.reports.items()
+                        if now - t < STALE_SECONDS}
+        return {r: m for r, (_, m) in self.reports.items()}
+
+
+def _board():
+    """The cluster's board, made by the first replica that asks (detached: it outlives
+    any one replica; stop() ends it)."""
+    import ray
+    return ray.remote(num_cpus=0)(_Board).options(
+        name=BOARD, namespace=BOARD_NAMESPACE, lifetime="detached", get_if_exists=True,
+        max_restarts=-1).remote()
+
+
+class _Replicas:
+    """/health and /metrics for every replica, answered by any of them from the board
+    (with its own metrics as they are now)."""
+
+    def __init__(self, replica: PxvmReplica):
+        self.replica = replica
+
+    async def _current(self) -> dict[str, bytes]:
+        reports = await self.replica.board.current.remote()
+        reports[self.replica.replica] = self.replica.service.metrics.render()
+        return reports
+
+    async def health(self) -> dict:
+        up = sorted(await self._current())
+        return {"status": "ok", "replicas_up": len(up), "replicas": up}
+
+    async def metrics(self) -> bytes:
+        return merge_labelled(await self._current())
 
 
 class _NamedReplica:
@@ -140,6 +217,9 @@ def start(model: str, replicas: int, host: str, port: int, **options) -> str:
             ray.init(logging_level="warning")
         except ConnectionError as exc:
             raise ClusterError(f"cannot join the Ray cluster: {exc}") from None
+        except Exception as exc:  # noqa: BLE001 - Ray's own start-up failures are plain
+            raise ClusterError(f"Ray did not start (its logs are under /tmp/ray): {exc}") \
+                from None
     gpus = int(ray.cluster_resources().get("GPU", 0))
     if gpus and replicas > gpus:
         raise ClusterError(f"--replicas {replicas} asks for one GPU each, but the Ray "
@@ -184,5 +264,9 @@ def stop() -> None:
         return
     try:
         serve.delete(APP)
+        try:
+            ray.kill(ray.get_actor(BOARD, namespace=BOARD_NAMESPACE))
+        except ValueError:  # no replica made it
+            pass
     finally:
         ray.shutdown()

@@ -49,3 +49,34 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def merge_labelled(texts: dict[str, bytes], label: str = "replica") -> bytes:
+    """Several servers' /metrics as one exposition: every sample of the text under key K
+    gets the label `label`="K" (a family's HELP and TYPE once). Prometheus sums them with
+    `sum without (replica)`."""
+    from prometheus_client.parser import text_string_to_metric_families
+    from prometheus_client.samples import Sample
+
+    families: dict[str, object] = {}
+    for key, text in sorted(texts.items()):
+        for family in text_string_to_metric_families(text.decode("utf-8")):
+            merged = families.setdefault(family.name, _empty_like(family))
+            merged.samples += [Sample(s.name, {**s.labels, label: key}, s.value, s.timestamp,
+                                      s.exemplar) for s in family.samples]
+    registry = CollectorRegistry()
+    registry.register(_Fixed(list(families.values())))
+    return generate_latest(registry)
+
+
+def _empty_like(family):
+    from prometheus_client.metrics_core import Metric
+    return Metric(family.name, family.documentation, family.type, family.unit)
+
+
+class _Fixed:
+    def __init__(self, families):
+        self.families = families
+
+    def collect(self):
+        return self.families

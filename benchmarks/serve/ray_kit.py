@@ -42,8 +42,10 @@ DEPENDENCIES = [
     # ray itself: jsonschema (Serve's config schema) and its closure
     "jsonschema==4.26.0", "jsonschema-specifications==2025.9.1", "referencing==0.37.0",
     "rpds-py==2026.9.1",
-    # ray[serve]: the dashboard agent's and Serve's imports
-    "aiohttp-cors==0.8.1", "colorful==0.5.8", "mmh3==5.3.1", "grpcio-reflection==1.85.1",
+    # ray[serve]: the dashboard agent's and Serve's imports; grpcio-reflection's generated
+    # code demands its own grpcio or later: the GPU machine has grpcio 1.84.0 (protobuf
+    # 7.36.2), seen there on 2026-11-29
+    "aiohttp-cors==0.8.1", "colorful==0.5.8", "mmh3==5.3.1", "grpcio-reflection==1.84.0",
     # ray's metrics agent (opencensus's exporters' google-api-core is never imported);
     # google.rpc of 1.63, whose generated code, as Ray's own, runs on any protobuf >= 3.20
     # (later ones demand the protobuf they were generated with: the machine's is unknown)

@@ -126,6 +126,11 @@ class _Sequence:
     def generated(self) -> list[int]:
         return self.tokens[self.prompt_tokens:]
 
+    @property
+    def generated_count(self) -> int:
+        """len(generated), without copying them (asked every token)."""
+        return len(self.tokens) - self.prompt_tokens
+
 
 @dataclass
 class _Chunk:
@@ -372,7 +377,7 @@ class Engine:
             return None
         for chunk, blocks in zip(chunks, written):
             seq = chunk.seq
-            if (seq.finished or len(seq.generated) + 1 >= seq.request.max_tokens
+            if (seq.finished or seq.generated_count + 1 >= seq.request.max_tokens
                     or (chunk.start + 1) // self.block_size >= blocks):
                 return None
         return [_Chunk(c.seq, c.start + 1, 1) for c in chunks]
@@ -510,7 +515,7 @@ class Engine:
         seq.tokens.append(token)
         self._generated_total += 1
         self._events.append((seq, event))
-        if len(seq.generated) >= request.max_tokens:
+        if seq.generated_count >= request.max_tokens:
             self._finish(seq, "length")
 
     def _finish(self, seq: _Sequence, reason: str, error: str | None = None) -> None:
@@ -526,7 +531,7 @@ class Engine:
         seq.blocks = []
         del self._by_id[seq.id]
         self._events.append((seq, FinishEvent(reason, seq.prompt_tokens, seq.cached_tokens or 0,
-                                              len(seq.generated), error)))
+                                              seq.generated_count, error)))
 
     def _cancel_all(self) -> None:
         for seq in [*self.running, *self.waiting]:

@@ -66,6 +66,17 @@ class Service:
         self.created = int(time.time())
         self.loaded = threading.Event()
         self.metrics = ServerMetrics(lambda: self.engine.stats() if self.ready else None)
+        self._inboxes: dict[asyncio.AbstractEventLoop, _Inbox] = {}
+        self._inboxes_lock = threading.Lock()
+
+    def inbox(self, loop: asyncio.AbstractEventLoop) -> "_Inbox":
+        """The engine's events' way into `loop` (one for all its runs)."""
+        with self._inboxes_lock:
+            for closed in [other for other in self._inboxes if other.is_closed()]:
+                del self._inboxes[closed]
+            if loop not in self._inboxes:
+                self._inboxes[loop] = _Inbox(loop)
+            return self._inboxes[loop]
 
     @property
     def ready(self) -> bool:
@@ -169,11 +180,10 @@ class Run:
             raise
 
     def _hop(self, index: int):
+        inbox = self.service.inbox(self.loop)
+
         def on_event(event):  # in the engine's thread
-            try:
-                self.loop.call_soon_threadsafe(self.queue.put_nowait, (index, event))
-            except RuntimeError:  # the loop has closed: nobody waits for it
-                pass
+            inbox.put(self.queue, (index, event))
         return on_event
 
     def cancel(self) -> None:
@@ -219,6 +229,33 @@ class Run:
         return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
                 "total_tokens": prompt_tokens + completion,
                 "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+class _Inbox:
+    """Events from the engine's thread to one event loop's queues: kept under a lock, and
+    the loop woken once for all that arrive before it runs (a wake-up for each token of
+    each stream would cost a system call and a pass of the loop each)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.lock = threading.Lock()
+        self.items: list[tuple[asyncio.Queue, object]] = []
+
+    def put(self, queue: asyncio.Queue, item) -> None:
+        with self.lock:
+            wake = not self.items
+            self.items.append((queue, item))
+        if wake:
+            try:
+                self.loop.call_soon_threadsafe(self._deliver)
+            except RuntimeError:  # the loop has closed: nobody waits for these
+                pass
+
+    def _deliver(self) -> None:  # in the loop's thread
+        with self.lock:
+            items, self.items = self.items, []
+        for queue, item in items:
+            queue.put_nowait(item)
 
 
 def default_model_id(path: str) -> str:

@@ -376,6 +376,16 @@ def test_every_family_generates_batched_as_the_single_sequence_model(family, eng
 
 def test_many_requests_with_cancels_under_preemption_finish_once_and_leak_no_block(
         model, engines, rng):
+    _cancels_under_preemption(model, engines, rng, PENALIZED)
+
+
+def test_greedy_requests_chained_with_cancels_under_preemption_finish_once_and_leak_no_block(
+        untied_model, engines, rng):
+    # the same with the steps chained on the device (plain greedy)
+    _cancels_under_preemption(untied_model, engines, rng, SamplingParams())
+
+
+def _cancels_under_preemption(model, engines, rng, params):
     # 30 requests through 16 blocks of 4 (64 positions; a request takes up to 44), 6 at
     # a time, a third of them cancelled from another thread while they wait or run
     lengths = rng.integers(1, 25, 30).tolist()
@@ -383,7 +393,7 @@ def test_many_requests_with_cancels_under_preemption_finish_once_and_leak_no_blo
     prompts = _prompts(rng, lengths)
     engine = engines(model, block_size=4, kv_blocks=16, max_batch=6)
     got = Collector()
-    ids = [engine.submit(Request(p, n, PENALIZED), got.callback(i))
+    ids = [engine.submit(Request(p, n, params), got.callback(i))
            for i, (p, n) in enumerate(zip(prompts, max_tokens))]
     engine.start()
     for i in rng.permutation(30)[:10]:
@@ -394,7 +404,7 @@ def test_many_requests_with_cancels_under_preemption_finish_once_and_leak_no_blo
         finish = got.finish(i)
         assert finish.completion_tokens == len(got.tokens(i))
         if finish.reason == "length":
-            expected = single_sequence(model, prompts[i], max_tokens[i])[0]
+            expected = single_sequence(model, prompts[i], max_tokens[i], params)[0]
             assert got.tokens(i) == expected, f"request {i}"
         else:
             assert finish.reason == "cancelled"

@@ -28,6 +28,7 @@ height, byte length, tile count) bounded before anything is allocated.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -403,7 +404,7 @@ class _PlainPng(AbstractContextManager):
             return None
         _, body, at = chunks[-2]
         rows = _stored_rows(np.frombuffer(data, np.uint8, len(body), at + 8), width, height)
-        if rows is None or any(block[:, :, 0].any() for block in rows):  # a filter other than None
+        if rows is None:  # another layout, or a row of a filter other than None
             return None
         # the pixels' CRC is left to the part's SHA-256, which reads every byte anyway
         # (checking both cost a fifth more) or was found right for this very file (see
@@ -417,13 +418,13 @@ class _PlainPng(AbstractContextManager):
 
     def decode(self, out: np.ndarray) -> None:
         """The first len(out) bytes of pixels into `out` (less than a row short of all)."""
-        (blocks, per_block, line), last = self._rows[0].shape, self._rows[1][0]
-        row, first = line - 1, blocks * per_block
+        (blocks, per_block, row), last = self._rows[0].shape, self._rows[1][0]
+        first = blocks * per_block
         whole, tail = divmod(len(out), row)
-        out[:first * row].reshape(blocks, per_block, row)[...] = self._rows[0][:, :, 1:]
-        out[first * row:whole * row].reshape(whole - first, row)[...] = last[:whole - first, 1:]
+        out[:first * row].reshape(blocks, per_block, row)[...] = self._rows[0]
+        out[first * row:whole * row].reshape(whole - first, row)[...] = last[:whole - first]
         if tail:
-            out[whole * row:] = last[whole - first, 1:1 + tail]
+            out[whole * row:] = last[whole - first, :tail]
 
     def close(self) -> None:
         self._rows = []  # the mapping goes with its last view
@@ -473,27 +474,46 @@ def _name_damaged_tile(folder: Path, part: Part) -> None:
 
 
 def _stored_rows(stream: np.ndarray, width: int, height: int) -> list[np.ndarray] | None:
-    """The scanlines of a zlib stream laid out as `_zlib_stored` writes it, as views
-    (blocks, rows, 1 + 4 * width): the blocks before the last, then the last; None for a
-    stream laid out otherwise."""
+    """The scanlines' pixels of a zlib stream laid out as `_zlib_stored` writes it, each
+    row of filter type 0, as views (blocks, rows, 4 * width): the blocks before the last,
+    then the last; None for a stream laid out otherwise."""
     line = 1 + 4 * width
     if not 1 <= line <= STORED_BLOCK_BYTES or height < 1:
         return None
     per_block = STORED_BLOCK_BYTES // line
     before, rest = divmod(height - 1, per_block)  # the last block holds rest + 1 rows
-    at, views = len(ZLIB_HEADER), []
-    if len(stream) != at + (5 + per_block * line) * before + 5 + (rest + 1) * line + 4 or bytes(
-            stream[:at]) != ZLIB_HEADER:
+    if len(stream) != (len(ZLIB_HEADER) + (5 + per_block * line) * before + 5
+                       + (rest + 1) * line + 4):
         return None
-    for blocks, rows, last in ((before, per_block, 0), (1, rest + 1, 1)):
+    at, expected = _framing(width, height)
+    if not np.array_equal(stream[at], expected):
+        return None
+    at, views = len(ZLIB_HEADER), []
+    for blocks, rows in ((before, per_block), (1, rest + 1)):
         size = rows * line
         group = stream[at:at + blocks * (5 + size)].reshape(blocks, 5 + size)
-        if (group[:, :5] != np.frombuffer(struct.pack("<BHH", last, size, 0xFFFF ^ size),
-                                          np.uint8)).any():
-            return None
-        views.append(group[:, 5:].reshape(blocks, rows, line))
+        views.append(group[:, 5:].reshape(blocks, rows, line)[:, :, 1:])
         at += blocks * (5 + size)
     return views
+
+
+@functools.lru_cache(maxsize=256)
+def _framing(width: int, height: int) -> tuple[np.ndarray, np.ndarray]:
+    """Where `_zlib_stored`'s stream of `height` rows of `width` pixels has bytes other
+    than pixels (the zlib header, each stored block's header, each row's filter byte:
+    None), and what they are: checked in one comparison."""
+    line = 1 + 4 * width
+    per_block = STORED_BLOCK_BYTES // line
+    at, positions, values = len(ZLIB_HEADER), [np.arange(len(ZLIB_HEADER))], [ZLIB_HEADER]
+    for first in range(0, height, per_block):
+        rows = min(per_block, height - first)
+        size = rows * line
+        header = struct.pack("<BHH", first + per_block >= height, size, 0xFFFF ^ size)
+        positions += [at + np.arange(5), at + 5 + line * np.arange(rows)]
+        values += [header, bytes(rows)]
+        at += 5 + size
+    return (np.concatenate(positions),
+            np.frombuffer(b"".join(values), np.uint8))
 
 
 def read_tiles(folder: Path, part: Part, out: np.ndarray | None = None,

@@ -1,7 +1,9 @@
 """The browser page's language model against pxvm's native WebGPU on the same adapter:
 prefill and decode tokens/s of a GGUF model (default SmolLM2) in headless Chromium
 (static/llm.html, its worker running the plans pxvm records) and through wgpu in this
-process, alternately, `--rounds` times; prints a markdown table of the medians.
+process, alternately, `--rounds` times; prints a markdown table of the medians, then each
+round's (the VM's other work moves both sides' speeds between rounds, so the ratios of
+one round, measured close together, say more than either side's speed).
 
 Without a GPU both run on SwiftShader: Chromium's own (its WebGPU through Dawn on
 SwiftShader's Vulkan), and native wgpu on the same SwiftShader build through its Vulkan
@@ -95,6 +97,14 @@ def main():
     for name, n, k in rows:
         a, b = rate(n, page_times, k), rate(n, native_times, k)
         print(f"| {name} ({n} tokens) | {a:.2f} | {b:.2f} | {a / b:.2f}x |")
+    print("\n| round | prefill page / native tokens/s | ratio | decode page / native tokens/s | ratio |")
+    print("|---|---|---|---|---|")
+    for i, (page_t, native_t) in enumerate(zip(page_times, native_times), 1):
+        cells = []
+        for n, k in ((len(ids), 0), (args.tokens - 1, 1)):
+            a, b = n / page_t[k], n / native_t[k]
+            cells += [f"{a:.2f} / {b:.2f}", f"{a / b:.2f}x"]
+        print(f"| {i} | {' | '.join(cells)} |")
 
 
 if __name__ == "__main__":

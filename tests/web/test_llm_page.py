@@ -200,3 +200,45 @@ def test_page_answers_like_pxvm_with_the_default_smollm2(browser, server):
         docs = REPO / "docs" / "images" / "llm-page.png"
         shutil.copyfile(shot, docs)
     page.close()
+
+
+def _worker(page):
+    """The page's model worker (Playwright reaches its global scope, which no page can)."""
+    if not page.workers:
+        page.wait_for_event("worker", timeout=10_000)
+    return page.workers[0]
+
+
+def test_lost_device_is_reported_and_later_work_fails_at_once(browser, server, tmp_path):
+    spec, seed = FAMILIES["llama"]
+    path = tmp_path / "lost.gguf"
+    write_tiny_gguf(path, spec, np.random.default_rng(seed))
+    page, errors = open_page(browser, server)
+    state, text = drop_file(page, path)
+    assert state == "ready", text
+    _worker(page).evaluate("() => self.pxvmTestDevice().destroy()")
+    page.wait_for_selector("#llm-status[data-state=lost]", timeout=10_000)
+    text = page.inner_text("#llm-status")
+    assert "GPU device was lost" in text and "reload the page" in text, text
+    assert page.is_disabled("#llm-input") and page.is_disabled("#llm-server")
+    # work asked for afterwards fails with the same message instead of waiting on the GPU
+    failed = page.evaluate("""([ids, n]) => window.pxvmLlm.generate(ids, n)
+        .then(() => "generated", (e) => e.message)""", [PROMPT, 4])
+    assert "GPU device was lost" in failed, failed
+    assert page.inner_text("#llm-status") == text
+    assert not errors, errors
+    page.close()
+
+
+def test_uncaptured_gpu_error_is_reported(browser, server):
+    page, errors = open_page(browser, server)
+    # MAP_READ with MAP_WRITE is invalid: a validation error outside any error scope,
+    # delivered once the device next answers
+    _worker(page).evaluate("""() => { const device = self.pxvmTestDevice();
+        device.createBuffer({ size: 4, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.MAP_WRITE });
+        return device.queue.onSubmittedWorkDone(); }""")
+    page.wait_for_selector("#llm-status[data-state=error]", timeout=10_000)
+    text = page.inner_text("#llm-status")
+    assert "GPUValidationError" in text and "reload the page" in text, text
+    assert not errors, errors
+    page.close()

@@ -20,7 +20,8 @@ function ask(type, payload = {}, onEvent = () => {}) {
 
 worker.onmessage = (event) => {
   const msg = event.data;
-  if (msg.type === "lost") return fail(msg.message);
+  if (msg.type === "lost") return lose(msg.message);
+  if (msg.type === "gpu-error") return status(msg.message, "error");
   const entry = pending.get(msg.id);
   if (!entry) return undefined;
   if (msg.type === "done") { pending.delete(msg.id); entry.resolve(msg); }
@@ -32,6 +33,7 @@ worker.onerror = (e) => fail(`the model's worker failed: ${e.message}`);
 
 function status(text, state) {
   const box = $("#llm-status");
+  if (box.dataset.state === "lost") return;  // what follows a loss says less
   box.textContent = text;
   box.dataset.state = state;
 }
@@ -40,6 +42,14 @@ function fail(message) {
   status(message, "error");
   for (const [, entry] of pending) entry.reject(new Error(message));
   pending.clear();
+}
+
+// The device is gone: say so and what to do, and offer nothing that would need it.
+function lose(message) {
+  fail(message);
+  $("#llm-status").dataset.state = "lost";
+  setChat(false);
+  for (const control of document.querySelectorAll("#llm-server, #llm-file, #llm-url-load")) control.disabled = true;
 }
 
 function progress(msg) {

@@ -6,7 +6,9 @@
 // constants, parameter blocks and workgroup counts all come from the plan.
 //
 // Messages in: {id, type: "open" | "load" | "generate" | "chat", ...}; out: {id, type:
-// "done" | "error", ...} and, while working, {id, type: "progress" | "text" | "lost"}.
+// "done" | "error", ...} and, while working, {id, type: "progress" | "text"}; at any time
+// {type: "lost"} (the device is gone: nothing runs until the page is reloaded) and {type:
+// "gpu-error"} (the first GPU error no error scope caught).
 
 import { Gpu } from "./gpu.js";
 import { GGUFError, readHeader, vectorTensors } from "./gguf.js";
@@ -23,8 +25,9 @@ let device = null;
 let gpu = null;
 let features = [];
 let software = false;
-let lost = null;
+let lost = null;  // why the device was lost, once it was
 let model = null;
+let lostWatch = Promise.resolve();
 
 const post = (msg) => self.postMessage(msg);
 
@@ -34,9 +37,25 @@ self.onmessage = async (event) => {
     const result = await HANDLERS[msg.type](msg);
     post({ id: msg.id, type: "done", ...result });
   } catch (e) {
-    post({ id: msg.id, type: "error", message: lost ? `the GPU device was lost (${lost}): ${e.message}` : e.message });
+    // a loss fails the work in flight (mapAsync rejects with a DOMException) before
+    // device.lost settles: a moment for it, so the error says what happened
+    if (device && !lost && e instanceof DOMException) {
+      await Promise.race([lostWatch, new Promise((r) => { setTimeout(r, 200); })]);
+    }
+    post({ id: msg.id, type: "error", message: lost ? lostMessage() : e.message });
   }
 };
+
+function lostMessage() {
+  return `the GPU device was lost (${lost}): the browser's GPU process was reset or the GPU ` +
+    "stopped answering, and the model's weights on it are gone; reload the page to start again";
+}
+
+// Before any work: a lost device would fail it with a less clear message.
+function usable() {
+  if (lost) throw new Error(lostMessage());
+  if (!device) throw new Error("no WebGPU device: open it first");
+}
 
 const HANDLERS = {
   open: async (msg) => { session = msg.session; return openDevice(msg.declineSubgroups); },
@@ -60,10 +79,17 @@ async function openDevice(declineSubgroups) {
   features = adapter.features.has("subgroups") && !declineSubgroups ? ["subgroups"] : [];
   device = await adapter.requestDevice({ requiredLimits, requiredFeatures: features });
   lost = null;
-  device.lost.then((info) => {
-    lost = `${info.reason}: ${info.message}`;
-    post({ type: "lost", message: `the GPU device was lost (${lost}); reload the page` });
+  lostWatch = device.lost.then((info) => {
+    lost = `${info.reason}${info.message ? `: ${info.message}` : ""}`;
+    post({ type: "lost", message: lostMessage() });
   });
+  let reported = false;
+  device.onuncapturederror = (event) => {
+    if (reported || lost) return;  // the first only: later ones mostly follow from it
+    reported = true;
+    post({ type: "gpu-error", message: `a GPU error no check expected (${event.error.constructor.name}: ` +
+      `${event.error.message.trim()}); answers from now on may be wrong: reload the page` });
+  };
   gpu = new Gpu(device);
   const info = adapter.info || {};
   // a CPU rasteriser: the plan takes the kernels' variants with fewer barriers, as pxvm's
@@ -131,7 +157,7 @@ async function download(id, url, version) {
 
 // ---- loading -------------------------------------------------------------------------------
 async function loadModel(msg) {
-  if (!device) throw new Error("no WebGPU device: open it first");
+  usable();
   dropModel();
   const source = await fileSource(msg);
   const header = await readHeader(source.read, source.size, source.name).catch((e) => {
@@ -395,6 +421,7 @@ async function decode(token, position, n, each) {
 // Greedy tokens after the prompt `ids` (from position 0), as pxvm's generate draws them:
 // the first from the prompt's logits, the rest from decoding steps; with the prompt's logits.
 async function generate(msg) {
+  usable();
   if (!model) throw new Error("no model loaded");
   const t0 = performance.now();
   const logits = await prompt(msg.ids, 0);
@@ -411,6 +438,7 @@ async function generate(msg) {
 // A chat turn: the messages rendered and encoded by the server (the file's template and
 // tokenizer), the answer streamed as "text" messages with tokens/s, until a stop token.
 async function chat(msg) {
+  usable();
   if (!model) throw new Error("no model loaded");
   const p = model.plan;
   const { ids } = await api(`/api/llm/encode?model=${p.model}`, { messages: msg.messages });
@@ -441,3 +469,8 @@ async function chat(msg) {
   return { text, tokens: answer, promptTokens: ids.length, prefillTokensPerSecond: prefill,
     decodeTokensPerSecond: answer.length > 1 ? (answer.length - 1) / seconds : 0 };
 }
+
+// For tests: the device, to lose it (destroy()) or make an error no scope catches. Only a
+// debugger or browser automation reaches a worker's global scope; the page's scripts talk
+// to the worker through HANDLERS alone, so no page can call this.
+self.pxvmTestDevice = () => device;

@@ -81,6 +81,23 @@ def single_sequence(model, prompt, n, params=PENALIZED):
     return tokens, all_logits
 
 
+#: A step whose two best logits differ by less than this, relative to its largest, is a
+#: near tie: the batched products (a GEMM on the CPU backend) and the single sequence's
+#: (matrix-vector kernels) round differently, so either token is right there, and the
+#: greedy sequences part (seen: 7e-5 on the CPU backend). Greedy comparisons stop there.
+NEAR_TIE = 1e-3
+
+
+def until_near_tie(logits) -> int:
+    """How many of a single sequence's greedy tokens (chosen from `logits`, a step's
+    each) come before its first near tie."""
+    for i, step in enumerate(logits):
+        second, first = np.sort(np.asarray(step, np.float64))[-2:]
+        if first - second <= NEAR_TIE * np.abs(step).max():
+            return i
+    return len(logits)
+
+
 def log_softmax(z):
     z = np.asarray(z, np.float64) - np.max(z)
     return z - np.log(np.exp(z).sum())
@@ -406,8 +423,9 @@ def _cancels_under_preemption(model, engines, rng, params):
         finish = got.finish(i)
         assert finish.completion_tokens == len(got.tokens(i))
         if finish.reason == "length":
-            expected = single_sequence(model, prompts[i], max_tokens[i], params)[0]
-            assert got.tokens(i) == expected, f"request {i}"
+            expected, logits = single_sequence(model, prompts[i], max_tokens[i], params)
+            n = until_near_tie(logits) if params == SamplingParams() else len(expected)
+            assert got.tokens(i)[:n] == expected[:n], f"request {i}"
         else:
             assert finish.reason == "cancelled"
     stats = engine.stats()
@@ -459,8 +477,8 @@ def test_greedy_steps_chained_on_the_device_equal_single_sequences_joining_and_l
     prompts = _prompts(rng, [5, 17, 2, 9, 3])
     lengths = [19, 11, 23, 7, 14]
     greedy = SamplingParams()
-    expected = [single_sequence(model, p, n, greedy)[0] for p, n in zip(prompts, lengths)]
-    stop = expected[2][15]
+    expected = [single_sequence(model, p, n, greedy) for p, n in zip(prompts, lengths)]
+    stop = expected[2][0][15]
     engine = engines(model, block_size=4, kv_blocks=64, max_batch=4)
     assert engine.steps.chains
     got = Collector()
@@ -480,8 +498,14 @@ def test_greedy_steps_chained_on_the_device_equal_single_sequences_joining_and_l
                   got.callback(2))
     engine.start()
     got.wait()
-    for i, tokens in enumerate(expected):
-        sent = tokens[:tokens.index(stop)] if i == 2 else tokens
-        assert got.tokens(i) == sent, f"request {i}"
-        assert got.finish(i).reason == ("stop" if i == 2 else "length")
+    compared = 0
+    for i, (tokens, logits) in enumerate(expected):
+        n = until_near_tie(logits)
+        if i == 2 and n > tokens.index(stop):  # the stop token comes before any near tie
+            n = tokens.index(stop)
+            assert got.tokens(i) == tokens[:n] and got.finish(i).reason == "stop"
+        assert got.tokens(i)[:n] == tokens[:n], f"request {i}"
+        assert i == 2 or got.finish(i).reason == "length"
+        compared += n
+    assert compared >= 20  # most tokens are compared, whatever the near ties
     assert engine.stats().kv_blocks_used == 0

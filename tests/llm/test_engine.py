@@ -67,6 +67,15 @@ class Collector:
         return last
 
 
+def join_later(engine, got, requests, index, after):
+    """A `then` for Collector.callback: requests[index] submitted (as key `index`) from the
+    engine's thread, mid-run, once the watched request has had `after` events."""
+    def then(events):
+        if len(events) == after:
+            engine.submit(requests[index], got.callback(index))
+    return then
+
+
 def single_sequence(model, prompt, n, params=PENALIZED):
     """The tokens the Model alone chooses (fed one at a time through its own cache), with
     each step's logits."""
@@ -133,19 +142,10 @@ def test_batched_greedy_equals_single_sequence_for_sequences_joining_and_leaving
     engine = engines(model, block_size=4, kv_blocks=64, max_batch=4)
     got = Collector()
 
-    def join_later(index, after):  # submitted from the engine thread, mid-run
-        def then(events):
-            if len(events) == after:
-                engine.submit(Request(prompts[index], lengths[index], PENALIZED),
-                              got.callback(index))
-        return then
-
-    engine.submit(Request(prompts[0], lengths[0], PENALIZED),
-                  got.callback(0, then=join_later(3, after=2)))
-    engine.submit(Request(prompts[1], lengths[1], PENALIZED),
-                  got.callback(1, then=join_later(4, after=3)))
-    engine.submit(Request(prompts[2], lengths[2], PENALIZED),
-                  got.callback(2, then=join_later(5, after=7)))
+    requests = [Request(p, n, PENALIZED) for p, n in zip(prompts, lengths)]
+    engine.submit(requests[0], got.callback(0, then=join_later(engine, got, requests, 3, 2)))
+    engine.submit(requests[1], got.callback(1, then=join_later(engine, got, requests, 4, 3)))
+    engine.submit(requests[2], got.callback(2, then=join_later(engine, got, requests, 5, 7)))
     engine.start()
     got.wait()
     for i, tokens in enumerate(expected):
@@ -485,19 +485,11 @@ def test_greedy_steps_chained_on_the_device_equal_single_sequences_joining_and_l
     assert engine.steps.chains
     got = Collector()
 
-    def join_later(index, after):
-        def then(events):
-            if len(events) == after:
-                engine.submit(Request(prompts[index], lengths[index], greedy),
-                              got.callback(index))
-        return then
-
-    engine.submit(Request(prompts[0], lengths[0], greedy),
-                  got.callback(0, then=join_later(3, after=5)))
-    engine.submit(Request(prompts[1], lengths[1], greedy),
-                  got.callback(1, then=join_later(4, after=9)))
-    engine.submit(Request(prompts[2], lengths[2], greedy, stop_token_ids=frozenset({stop})),
-                  got.callback(2))
+    requests = [Request(p, n, greedy) for p, n in zip(prompts, lengths)]
+    requests[2] = Request(prompts[2], lengths[2], greedy, stop_token_ids=frozenset({stop}))
+    engine.submit(requests[0], got.callback(0, then=join_later(engine, got, requests, 3, 5)))
+    engine.submit(requests[1], got.callback(1, then=join_later(engine, got, requests, 4, 9)))
+    engine.submit(requests[2], got.callback(2))
     engine.start()
     got.wait()
     compared = 0

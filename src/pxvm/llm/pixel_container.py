@@ -258,7 +258,12 @@ def pack(model: str | os.PathLike, folder: str | os.PathLike,
 
 def _signatures(folder: Path, part: Part) -> dict[str, list[int]]:
     paths = (part.tile_path(folder, tile) for tile in range(part.tiles()))
-    return {str(path.relative_to(folder)): signature(path.stat()) for path in paths}
+    return {_image_name(folder, path): signature(path.stat()) for path in paths}
+
+
+def _image_name(folder: Path, path: Path) -> str:
+    """An image's name in the container's record of checked images (pixel_checks)."""
+    return str(path.relative_to(folder))
 
 
 def _layout(header: GGUFHeader) -> list[tuple[int, TensorInfo | int]]:
@@ -528,7 +533,7 @@ def read_tiles(folder: Path, part: Part, out: np.ndarray | None = None,
     for tile in range(tiles):
         path = part.tile_path(folder, tile)
         image, meta = _open_image(path)
-        images[str(path.relative_to(folder))] = getattr(image, "signature", None)
+        images[_image_name(folder, path)] = getattr(image, "signature", None)
         with image:
             _check_tile(path, meta, part, tile, tiles, at)
             if expected_sha is not None and meta.get("sha256") != expected_sha:

@@ -19,12 +19,14 @@ import pxvm
 from pxvm.batch import Batch
 from pxvm.backends.cuda.ptx import quant_blocks
 from pxvm.backends.cuda.ptx import quantized as ptx_quantized
+from pxvm.backends.cuda.ptx import wgmma_quant as ptx_wgmma_quant
 from pxvm.ops import quant_types
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "llm"))
 from gguf_blocks import FORMATS, dequantize, quantize, random_blocks  # noqa: E402
 
 from pxvm.backends.cuda import backend as cuda_backend_module  # noqa: E402
+from pxvm.backends.cuda.ops import matmul as cuda_matmul  # noqa: E402
 from pxvm.backends.cuda.ops import quantized as quantized_module  # noqa: E402
 
 
@@ -370,10 +372,11 @@ def test_a_batch_takes_tensor_cores_where_its_large_float16_weight_is_kept(
         cuda_device, rng, monkeypatch, keep_free, min_values, tensor_cores, m):
     # A batch's rows (several sequences decoding) read a kept float16 weight once on
     # tensor cores; where it would not be kept, or the weight is small (read from L2
-    # after the first row), the matrix-vector kernel, once a row.
+    # after the first row), the matrix-vector kernel, once a row. (Q6_K: a type the
+    # tensor-core kernel on quantized weights does not decode.)
     monkeypatch.setattr(cuda_backend_module, "KEEP_FREE", keep_free)
     monkeypatch.setattr(quantized_module, "BATCH_MIN_VALUES", min_values)
-    qtype, n = "Q4_K", 40
+    qtype, n = "Q6_K", 40
     k = _k(qtype, 2)
     w = pxvm.tensor(_weight(rng, qtype, n, k), backend="cuda")
     x = rng.standard_normal((m, k)).astype(np.float32)
@@ -384,3 +387,29 @@ def test_a_batch_takes_tensor_cores_where_its_large_float16_weight_is_kept(
     assert any(name.startswith("matvec") for name in names) is not tensor_cores, names
     assert_close(batch.read(y), _expected(x, w.numpy(), qtype, k),
                  PROMPT_NMSE if tensor_cores else MATVEC_NMSE)
+
+
+@pytest.mark.parametrize("split", [True, False])
+@pytest.mark.parametrize("m", [quantized_module.BATCH_MIN_ROWS, 9, 33,
+                               quantized_module.QUANT_BATCH_MAX_ROWS])
+@pytest.mark.parametrize("qtype", ptx_wgmma_quant.TYPES)
+def test_a_batch_decodes_k_quant_weights_onto_tensor_cores_without_a_float16_copy(
+        cuda_device, rng, monkeypatch, qtype, m, split):
+    # Hopper's batches read W's quantized bytes, decoded in shared memory (float16 scales:
+    # about the float16 copy's rounding); 300 rows: two full blocks of 128 and a part.
+    if cuda_device.device.info.arch != "sm_90":
+        pytest.skip("wgmma is Hopper's (sm_90)")
+    monkeypatch.setattr(quantized_module, "BATCH_MIN_VALUES", 0)
+    if not split:
+        monkeypatch.setattr(cuda_matmul, "MAX_SPLITS", 1)
+    n, k = 300, _k(qtype, 3)
+    w = pxvm.tensor(_weight(rng, qtype, n, k), backend="cuda")
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    with Batch(cuda_device, profile=True) as batch:
+        y = pxvm.ops.matmul_quant(batch.upload(x), w, qtype=qtype, k=k)
+    batch.execute()
+    names = [name for name, _ in batch.profile]
+    assert any(name.startswith(f"matmul_{qtype.lower()}_wgmma") for name in names), names
+    assert not any(name.startswith("dequantize") for name in names), names
+    assert ("split_sum" in names) == split, names
+    assert_close(batch.read(y), _expected(x, w.numpy(), qtype, k), PROMPT_NMSE)

@@ -23,6 +23,7 @@ from pxvm.backends.cuda.ops import matmul as cuda_matmul
 from pxvm.backends.cuda.ops import quantized as quantized_module
 from pxvm.backends.cuda.ops import transformer as cuda_transformer
 from pxvm.backends.cuda.ptx import quantized as ptx_quantized
+from pxvm.backends.cuda.ptx import wgmma_quant as ptx_wgmma_quant
 from pxvm.llm.model import KVCacheTypeError, kv_cache_type
 from pxvm.ops import transformer
 from pxvm.ops.decoding import greedy_step, sample_step, sampled_logits
@@ -110,6 +111,28 @@ def test_prompt_products_on_ampere_tensor_cores_add_and_gate_apart(name, cuda_de
     args, params, expected = product_cases._case(name, rng, Q8_0, m=64, n=256, k=96)
     got = pxvm.ops.REGISTRY[name](*args, backend="cuda", **params).numpy()
     assert_close(got, expected, NMSE_F16)
+
+
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+@pytest.mark.parametrize("qtype", ptx_wgmma_quant.TYPES)
+@pytest.mark.parametrize("name", product_cases.FUSED)
+def test_a_batchs_fused_products_decode_k_quants_onto_tensor_cores_norm_add_and_gate_in_place(
+        name, qtype, activation, cuda_device, rng, monkeypatch):
+    # 9 rows, 200 outputs: a GLU's blocks hold 64 outputs (gate and up rows alternating
+    # by 8), the others' 128; the last block of each part full.
+    if cuda_device.device.info.arch != "sm_90":
+        pytest.skip("wgmma is Hopper's (sm_90)")
+    if name != "rmsnorm_glu_quant" and activation != "silu":
+        pytest.skip("the activation is the GLU's only")
+    monkeypatch.setattr(quantized_module, "BATCH_MIN_VALUES", 0)
+    args, params, expected = product_cases._case(name, rng, qtype, m=9, n=200, k=768,
+                                                 activation=activation)
+    with Batch(cuda_device, profile=True) as batch:
+        y = pxvm.ops.REGISTRY[name](*[batch.upload(a) for a in args], **params)
+    batch.execute()
+    names = [launch for launch, _ in batch.profile]
+    assert any(launch.startswith(f"matmul_{qtype.lower()}_wgmma") for launch in names), names
+    assert_close(batch.read(y), expected, NMSE_F16)
 
 
 @pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])

@@ -5,7 +5,10 @@ Below PROMPT_MIN_ROWS rows of x (decoding's) a product is one launch of the
 matrix-vector kernel (`matvec`: the quantized weight read once per row of x, the norm
 before it and the residual's add or a GLU after it in the same launch); from there (a
 prompt's) W is dequantized into float16 (kept with W while a budget allows) and
-multiplied on tensor cores (matmul.py's f16_product), llama.cpp's way for prompts.
+multiplied on tensor cores (matmul.py's f16_product), llama.cpp's way for prompts. On
+Hopper, a batch's rows or a short prompt's (BATCH_MIN_ROWS .. QUANT_BATCH_MAX_ROWS) by a
+large Q4_K or Q5_K weight take ptx/wgmma_quant.py instead: W's blocks decoded into
+shared memory for the tensor cores, read once, with no float16 copy.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from ..ptx import dequantize as ptx_dequantize
 from ..ptx import quant_blocks
 from ..ptx import quantized as ptx_quantized
 from ..ptx import wgmma as ptx_wgmma
-from .matmul import f16_glu, f16_product, glu_takes, wgmma_shape
+from ..ptx import wgmma_quant as ptx_wgmma_quant
+from .matmul import f16_glu, f16_product, glu_takes, k_splits, wgmma_shape
 
 #: From this many rows of x, a product dequantizes W into float16 and multiplies on tensor
 #: cores; below it the matrix-vector kernel reads the quantized weight once per row of x.
@@ -34,6 +38,10 @@ PROMPT_MIN_ROWS = 32
 #: tensor cores, 4,521 without, on the H200).
 BATCH_MIN_ROWS = 4
 BATCH_MIN_VALUES = 1 << 22
+#: Up to this many rows, such products of the K-quant types ptx_wgmma_quant decodes read
+#: the quantized weight itself on Hopper, decoded into shared memory on the way
+#: (quant_batch_takes): no float16 copy is made or read.
+QUANT_BATCH_MAX_ROWS = ptx_wgmma_quant.COLUMNS[-1]
 #: (outputs a block, rows a group) and weight prefetch of the matrix-vector kernel by GGML
 #: type: the fastest over W 4096 x 4096, 11008 x 4096 and 4096 x 11008 on the H100
 #: (docs/benchmarks-log.md); `pxvm tune --backend cuda` measures them per device (matvec_tuned).
@@ -152,11 +160,57 @@ def f16_kept(ctx, w, qtype, k) -> bool:
             or backend.keeps_optional(w.shape[0] * k * 2))
 
 
+def quant_batch_takes(ctx, m: int, k: int, w, qtype: str) -> bool:
+    """Whether a product of x (m, k) with W runs on tensor cores with W decoded into
+    shared memory as it is read (ptx_wgmma_quant): a batch's rows or a short prompt's
+    (BATCH_MIN_ROWS .. QUANT_BATCH_MAX_ROWS) by a large weight of a type it decodes, on
+    Hopper."""
+    return (ctx.device.info.arch == "sm_90" and qtype in ptx_wgmma_quant.TYPES
+            and BATCH_MIN_ROWS <= m <= QUANT_BATCH_MAX_ROWS and k % 256 == 0
+            and w.shape[0] * k >= BATCH_MIN_VALUES)
+
+
+def quant_batch_product(ctx, x, w, qtype, k, residual=None, activation: str | None = None):
+    """x @ W^T [+ residual] (act(x W_gate^T) * (x W_up^T) with `activation`) by
+    ptx_wgmma_quant (quant_batch_takes), x converted to float16 here unless it is; K
+    split into ranges where the grid has few blocks (not for a GLU, whose epilogue needs
+    whole sums)."""
+    if x.dtype != np.float16:
+        x = to_f16(ctx, x)
+    m, n = x.shape[0], w.shape[0]
+    outputs = n // 2 if activation else n
+    columns = next(c for c in ptx_wgmma_quant.COLUMNS if c >= m)
+    rows = ptx_wgmma_quant.ROWS // 2 if activation else ptx_wgmma_quant.ROWS
+    grid = (-(-outputs // rows), -(-m // columns))
+    shared = ptx_wgmma_quant.shared_bytes(qtype, columns)
+    ahead = ptx_wgmma_quant.AHEAD
+    splits = 1 if activation else k_splits(ctx, grid[0] * grid[1], k)
+    out = ctx.empty((m, outputs), np.float32)
+    if splits == 1:
+        epilogue = activation or ("add" if residual is not None else "none")
+        ctx.launch(ptx_wgmma_quant.matmul_quant_wgmma, (qtype, columns, ahead, epilogue),
+                   [x, w, out, m, n, k, *([residual] if residual is not None else [])],
+                   (*grid, 1), block=ptx_wgmma_quant.THREADS, shared_bytes=shared)
+        return out
+    workspace = ctx.empty((splits, m, n), np.float32)
+    ctx.launch(ptx_wgmma_quant.matmul_quant_wgmma, (qtype, columns, ahead, "none", True),
+               [x, w, workspace, m, n, k], (*grid, splits), block=ptx_wgmma_quant.THREADS,
+               shared_bytes=shared)
+    added = residual is not None
+    ctx.launch(ptx_wgmma.split_sum, (added,),
+               [workspace, out, m * n, splits, *([residual] if added else [])],
+               ctx.stride_grid(m * n))
+    return out
+
+
 def prompt_takes(ctx, m: int, k: int, w, qtype: str) -> bool:
     """Whether a product of x (m, k) with W runs as a prompt's, on tensor cores: a
-    prompt's rows, or a batch's where W is large and its float16 form kept (f16_kept)."""
+    prompt's rows, or a batch's where W's type is decoded on the way (quant_batch_takes)
+    or W is large and its float16 form kept (f16_kept)."""
     if k % 8:
         return False
+    if quant_batch_takes(ctx, m, k, w, qtype):
+        return True
     if m >= PROMPT_MIN_ROWS:
         return True
     return (m >= BATCH_MIN_ROWS and w.shape[0] * k >= BATCH_MIN_VALUES
@@ -164,8 +218,11 @@ def prompt_takes(ctx, m: int, k: int, w, qtype: str) -> bool:
 
 
 def prompt_product(ctx, x, w, qtype, k, residual=None):
-    """x @ W^T [+ residual] as W dequantized to float16 times x in float16 (converted
-    here unless it is already) on tensor cores (prompt_takes)."""
+    """x @ W^T [+ residual] on tensor cores (prompt_takes): by quant_batch_product where
+    it takes, else as W dequantized to float16 times x in float16 (converted here unless
+    it is already)."""
+    if quant_batch_takes(ctx, x.shape[0], k, w, qtype):
+        return quant_batch_product(ctx, x, w, qtype, k, residual=residual)
     if x.dtype != np.float16:
         x = to_f16(ctx, x)
     return f16_product(ctx, x, _f16_weight(ctx, w, qtype, k), residual=residual)
@@ -173,8 +230,11 @@ def prompt_product(ctx, x, w, qtype, k, residual=None):
 
 def prompt_glu(ctx, x, w, qtype, k, activation: str):
     """act(x W_gate^T) * (x W_up^T) for W = [W_gate; W_up] as one tensor-core launch
-    where the GPU has the GLU kernel (glu_takes), else None (the caller multiplies, then
-    applies the GLU)."""
+    where the GPU has the GLU kernel (quant_batch_takes, glu_takes), else None (the
+    caller multiplies, then applies the GLU)."""
+    if (activation in ptx_wgmma_quant.EPILOGUES
+            and quant_batch_takes(ctx, x.shape[0], k, w, qtype)):
+        return quant_batch_product(ctx, x, w, qtype, k, activation=activation)
     if not glu_takes(ctx, w.shape[0], activation):
         return None
     if x.dtype != np.float16:

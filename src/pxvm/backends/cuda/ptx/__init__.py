@@ -7,13 +7,13 @@ from __future__ import annotations
 from typing import Callable
 
 from . import (attention, decoding, dequantize, elementwise, matmul, quantized, reductions,
-               rows, tensor_core, transformer, wgmma)
+               rows, tensor_core, transformer, wgmma, wgmma_quant)
 from .builder import ARCHS, Kernel, PtxError, module
 
 FAMILIES = {"elementwise": elementwise, "rows": rows, "matmul": matmul,
             "tensor_core": tensor_core, "quantized": quantized, "reductions": reductions,
-            "wgmma": wgmma, "attention": attention, "dequantize": dequantize,
-            "transformer": transformer, "decoding": decoding}
+            "wgmma": wgmma, "wgmma_quant": wgmma_quant, "attention": attention,
+            "dequantize": dequantize, "transformer": transformer, "decoding": decoding}
 
 
 def kernels() -> dict[str, tuple[Callable[..., Kernel], tuple]]:

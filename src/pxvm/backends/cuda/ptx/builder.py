@@ -36,7 +36,7 @@ _WAIT_LINES = ["    griddepcontrol.wait;", "    griddepcontrol.launch_dependents
 
 # the register class a value of each type lives in, and its names' prefix (PTX's usual)
 _CLASS = {"pred": "pred", "b16": "b16", "f16": "b16", "u16": "b16", "s16": "b16",
-          "b32": "b32", "u32": "b32",
+          "b32": "b32", "u32": "b32", "f16x2": "b32",
           "s32": "b32", "f32": "f32", "b64": "b64", "u64": "b64", "s64": "b64",
           "f64": "f64"}
 _CLASS_PREFIX = {"pred": "p", "b16": "h", "b32": "r", "f32": "f", "b64": "rd", "f64": "fd"}

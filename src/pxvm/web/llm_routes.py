@@ -27,6 +27,7 @@ from ..core.errors import PxvmError, shortened
 from ..llm.gguf_model import default_model_path
 from ..llm.gguf_scan import ModelFileError
 from .llm_plans import MAX_FILE_BYTES, MODELS_KEPT, BrowserModel, BrowserModelError
+from .httpd import query_integer, query_text
 from .server import error_answer, json_answer, parse_features
 
 #: The most token ids a decode request may carry, and the most messages' characters.
@@ -66,11 +67,11 @@ class BrowserModels:
                                  "version": f"{stat.st_size}-{int(stat.st_mtime)}"}}
 
     def load(self, body: bytes, query: dict) -> dict:
-        size = _integer(query, "size", 1, MAX_FILE_BYTES)
-        binding = _integer(query, "max_binding", MIN_BINDING, 1 << 40)
+        size = query_integer(query, "size", 1, MAX_FILE_BYTES)
+        binding = query_integer(query, "max_binding", MIN_BINDING, 1 << 40)
         features = parse_features(query)
-        name = shortened(_text(query, "name") or "the model", 80)
-        software = "software" in query and _integer(query, "software", 0, 1) == 1
+        name = shortened(query_text(query, "name", "") or "the model", 80)
+        software = query_integer(query, "software", 0, 1, default=0) == 1
         key = hashlib.sha256(body + f"|{size}|{binding}|{features}|{software}".encode()
                              ).hexdigest()[:24]
         with self._lock:
@@ -87,28 +88,13 @@ class BrowserModels:
         return {"model": key, **model.plan()}
 
     def get(self, query: dict) -> BrowserModel:
-        key = _text(query, "model")
+        key = query_text(query, "model", "")
         with self._lock:
             model = self._models.get(key)
         if model is None:
             raise KeyError("no such model loaded (the server keeps the last "
                            f"{MODELS_KEPT}); load it again")
         return model
-
-
-def _text(query: dict, name: str) -> str:
-    values = query.get(name, [""])
-    if len(values) > 1 or len(values[-1]) > 200:
-        raise BrowserModelError(f"{name} must be given once, at most 200 characters")
-    return values[-1]
-
-
-def _integer(query: dict, name: str, low: int, high: int) -> int:
-    text = _text(query, name)
-    if not (text.isascii() and text.isdigit()) or not low <= int(text) <= high:
-        raise BrowserModelError(f"{name} must be an integer in {low}..{high}, not "
-                                f"{shortened(text, 40)!r}")
-    return int(text)
 
 
 def _body_json(body: bytes) -> dict:
@@ -152,8 +138,8 @@ def llm_post(rest: list[str], query: dict, body: bytes, models: BrowserModels):
             return json_answer(models.load(body, query))
         model = models.get(query)
         if rest == ["prompt"]:
-            return json_answer(model.prompt_plan(_integer(query, "tokens", 1, 1 << 20),
-                                           _integer(query, "position", 0, 1 << 30)))
+            return json_answer(model.prompt_plan(query_integer(query, "tokens", 1, 1 << 20),
+                                                 query_integer(query, "position", 0, 1 << 30)))
         if rest == ["encode"]:
             return json_answer({"ids": model.encode_chat(_messages(_body_json(body).get("messages")))})
         if rest == ["decode"]:

@@ -37,6 +37,7 @@ from ..vm import ProgramError, load_pxi
 from ..vm.io import ImageTooLarge, read_png_header
 from . import cases, plans
 from .cases import BENCHMARKS
+from .httpd import query_integer, query_text
 from .weights import WeightTiles
 from .uploads import PLAN_STATUS, UPLOAD_MAX_PIXELS, PlanRunner
 
@@ -134,22 +135,13 @@ def _file(files: dict, name: str) -> tuple[int, bytes, str]:
 
 
 def parse_seed(query: dict) -> int:
-    values = query.get("seed", ["0"])
-    text = values[-1]
-    if len(values) > 1 or not (text.isascii() and text.isdigit()) or len(text) > 10 \
-            or int(text) > MAX_SEED:
-        raise BadRequest(f"seed must be one integer in 0..{MAX_SEED}, got "
-                         f"{shortened(', '.join(values))!r}")
-    return int(text)
+    return query_integer(query, "seed", 0, MAX_SEED, default=0)
 
 
 def parse_features(query: dict) -> tuple[str, ...]:
     """The plan features `features=a,b` asks for (plans.BROWSER_FEATURES)."""
-    values = query.get("features", [""])
-    if len(values) > 1 or len(values[-1]) > 200:
-        raise BadRequest("features must be one comma-separated list")
     try:
-        return plans.plan_features([v for v in values[-1].split(",") if v])
+        return plans.plan_features([v for v in query_text(query, "features", "").split(",") if v])
     except ValueError as exc:
         raise BadRequest(shortened(str(exc))) from exc
 

@@ -21,9 +21,7 @@ from ..core.errors import PxvmError
 from ..llm.gguf_model import default_model_path
 from ..llm.weight_view import (LIMIT_RMS, TILE, Matrix, ModelSource, colour_map, colours, has_values,
                                tensor_stats, tile_means, zoom_levels)
-
-#: Digits of a tile coordinate at most (a tensor of 2^63 rows has fewer tiles).
-MAX_DIGITS = 19
+from .httpd import query_integer, query_text
 
 
 class WeightRequestError(PxvmError):
@@ -67,7 +65,7 @@ class WeightTiles:
         return cached
 
     def tensor(self, query: dict) -> Matrix:
-        name = _one(query, "tensor")
+        name = query_text(query, "tensor")
         source = self.source()
         if name not in source.header.tensors:
             raise KeyError(f"no tensor {name!r}; /api/weights lists them")
@@ -81,26 +79,12 @@ class WeightTiles:
         """The PNG of tile (x, y) at level z of the query's tensor."""
         m = self.tensor(query)
         levels = zoom_levels(m)
-        z = _integer(query, "z", levels - 1)
+        z = query_integer(query, "z", 0, levels - 1)
         span = TILE << z
-        x = _integer(query, "x", -(-m.k // span) - 1)
-        y = _integer(query, "y", -(-m.rows // span) - 1)
+        x = query_integer(query, "x", 0, -(-m.k // span) - 1)
+        y = query_integer(query, "y", 0, -(-m.rows // span) - 1)
         limit = self.stats(m)["limit"]
         pixels = colours(tile_means(self.source(), m, z, x, y), limit, colour_map())
         out = io.BytesIO()
         Image.fromarray(pixels, "RGB").save(out, "PNG", compress_level=1)
         return out.getvalue()
-
-
-def _one(query: dict, key: str) -> str:
-    values = query.get(key, [])
-    if len(values) != 1 or not values[0] or len(values[0]) > 256:
-        raise WeightRequestError(f"{key} must be given once")
-    return values[0]
-
-
-def _integer(query: dict, key: str, most: int) -> int:
-    text = _one(query, key)
-    if not (text.isascii() and text.isdigit()) or len(text) > MAX_DIGITS or int(text) > most:
-        raise WeightRequestError(f"{key} must be an integer in 0..{most}, got {text[:20]!r}")
-    return int(text)

@@ -202,9 +202,10 @@ def attention_paged(ctx, qkv, k_pool, v_pool, token_table, block_table, n_heads=
     n_blocks, block_size, hkv, d = k_pool.shape
     sequences, max_blocks = block_table.shape
     rows = [n_blocks * block_size, block_table, block_size, max_blocks, sequences]
+    # a decoding step (a token a sequence): attend appends each token itself
     return _attend(ctx, qkv, k_pool, v_pool, token_table, rows, max_blocks * block_size,
                    n_heads, theta, style, scale, freq_factors, attn_factor, softcap, window,
-                   "paged", half=False, appends=False)
+                   "paged", half=False, appends=qkv.shape[0] == sequences)
 
 
 def _flash_takes(ctx, k_cache, max_keys, softcap, window, scale) -> bool:

@@ -18,7 +18,8 @@ pairs (c, c + D/2), else (2c, 2c + 1).
 Two kernels, launched in this order on one stream:
 - `append` (all but decoding): the new keys (rotated) and values into the caches, a
   thread an element; so `attend` reads every key from the cache, none racing with its
-  write. A single token's (decoding's) `attend` appends it itself (its `appends`).
+  write. Decoding's `attend` (a single token of each sequence) appends it itself (its
+  `appends`).
 - `attend`: block (range r, pack, token t) attends with PACK query heads of one KV head
   (grouped-query attention: the pack shares each key and value it reads; a group of more
   heads takes several packs) over keys r * range_len .. (those token t sees: up to its
@@ -315,13 +316,11 @@ def attend(neox: bool, addressing: str, half_cache: bool, vec: int, half: bool =
     """Grid (n_ranges, Hkv * packs, T), THREADS threads: token t's pack of query heads
     over range r's keys (module docstring); a key row read `vec` elements a load.
     `half`: the output in float16 (what a prompt's tensor-core output projection reads).
-    `appends` (one token: decoding, plain or ring): `append`'s work done here, one launch
+    `appends` (one token a sequence: decoding's): `append`'s work done here, one launch
     fewer: each block stages the new key (rotated) and value in shared memory, in the
     cache's type, and reads them there; the block of the key's range and of its KV
     head's first pack writes them to the caches (no block of the launch reads that row
-    from the cache)."""
-    if appends and addressing == "paged":
-        raise ValueError("attend appends a single token of a plain or ring cache")
+    from the cache: no other token of the launch is of its sequence)."""
     k = Kernel(f"{_name('cached_attend', neox, addressing, half_cache)}_v{vec}_p{pack}"
                f"{'_f16' if half else ''}{'_appends' if appends else ''}",
                [("qkv", "u64"), ("k_cache", "u64"), ("v_cache", "u64"), ("state", "u64"),
@@ -633,8 +632,7 @@ def variants():
                     for pack in PACKS:
                         yield attend, (neox, addressing, half_cache, vec, False, False, pack)
                         yield attend, (neox, addressing, half_cache, vec, True, False, pack)
-                        if addressing != "paged":
-                            yield attend, (neox, addressing, half_cache, vec, False, True, pack)
+                        yield attend, (neox, addressing, half_cache, vec, False, True, pack)
         for half_cache in (False, True):
             yield flash_inputs, (neox, half_cache)
 

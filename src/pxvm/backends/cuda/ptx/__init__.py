@@ -4,6 +4,7 @@ and the tests (which assemble every one with ptxas) see them all."""
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 from . import (attention, decoding, dequantize, elementwise, matmul, quantized, reductions,
@@ -18,6 +19,12 @@ FAMILIES = {"elementwise": elementwise, "rows": rows, "matmul": matmul,
 
 def kernels() -> dict[str, tuple[Callable[..., Kernel], tuple]]:
     """Every kernel the code can emit: its name -> (builder, arguments)."""
+    return dict(_catalogue())
+
+
+@functools.cache
+def _catalogue() -> dict[str, tuple[Callable[..., Kernel], tuple]]:
+    # names are known only by building each kernel (seconds for all): once a process
     out = {}
     for family in FAMILIES.values():
         for builder, args in family.variants():

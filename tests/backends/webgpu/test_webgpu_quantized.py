@@ -56,7 +56,7 @@ def test_matmul_quant_backends(qtype, m, rng, gpu_device, subgroups, dispatched)
 
 @pytest.mark.parametrize("features,lanes,variants,kernel", [
     (("subgroup",), 4, True, "matmul_quant_subgroups.wgsl"),
-    (("subgroup",), 1, True, "matmul_quant.wgsl"),    # nothing to sum
+    (("subgroup",), 1, True, "matmul_quant_columns.wgsl"),    # nothing to sum
     (("subgroup",), 4, False, "matmul_quant.wgsl"),
     ((), 4, True, "matmul_quant.wgsl"),                # a device without subgroups
 ])
@@ -159,12 +159,15 @@ def test_a_tuned_tile_shape_is_the_one_dispatched(rng, gpu_device, monkeypatch):
     # `pxvm tune`'s choice (forced here as the tuner does) wins over TILED_SHAPE.
     assert quantized.TILED_SHAPE != (32, 64)
     seen = record_dispatches(monkeypatch, lambda kernel, entry, constants, groups: (
-        entry, constants.get("TILE_M"), constants.get("TILE_N"), groups))
+        entry, constants.get("TILE_M"), constants.get("TILE_N"), constants.get("TILE_RUN"),
+        groups))
     x = rng.standard_normal((40, 96)).astype(np.float32)
     w = _weight("Q4_1", 70, 96, rng)
     with tuning.forcing(quantized.TILED_TUNED, (32, 64)):
         got = pxvm.ops.matmul_quant(x, w, qtype="Q4_1", k=96, backend="gpu").numpy()
-    assert seen == [("matmul_tiled", 32, 64, (2, 2, 1))]
+    # two tiles of 64 columns: a workgroup each on a GPU, one workgroup's run on a CPU driver
+    run = quantized.SOFTWARE_TILE_RUN if gpu_device.is_software else 1
+    assert seen == [("matmul_tiled", 32, 64, run, (2 if run == 1 else 1, 2, 1))]
     assert nmse(got, pxvm.ops.matmul_quant.reference(x, w, qtype="Q4_1", k=96)) <= NMSE_LONG / 50
 
 

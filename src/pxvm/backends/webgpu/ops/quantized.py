@@ -24,6 +24,9 @@ KERNEL = "matmul_quant.wgsl"
 #: matmul_quant.wgsl with the row product's lanes summed by subgroup shuffles, for
 #: products of more than one lane a column
 SUBGROUP_KERNEL = "matmul_quant_subgroups.wgsl"
+#: matmul_quant.wgsl for products of one lane a column that merge nothing: its `matmul`
+#: reaches no workgroup memory (the file says why that matters)
+COLUMNS_KERNEL = "matmul_quant_columns.wgsl"
 #: The longest attention output (heads x head size) that a product merges from attention's
 #: per-range results itself, in workgroup memory: MAX_MERGED (8 KiB: within the 16 KiB
 #: every device and browser grants; matmul_quant.wgsl's MERGED_VALUES by default, tests
@@ -40,7 +43,7 @@ def merged_values(ctx) -> int:
     return LONG_MERGED if granted >= LONG_MERGED_BYTES else MAX_MERGED
 
 
-@kernel_params(KERNEL, SUBGROUP_KERNEL)
+@kernel_params(KERNEL, SUBGROUP_KERNEL, COLUMNS_KERNEL)
 class MatmulQuantParams(KernelParams):
     M: u32
     N: u32
@@ -99,6 +102,14 @@ TILE_SHAPES = ((32, 32), (32, 64), (64, 32), (64, 64), (64, 128), (128, 64), (12
 #: smaller tiles would give a small model's products more workgroups.
 TILED_SHAPE = (64, 64)
 TILED_TUNED = "matmul_quant.webgpu.tiled_shape"
+
+
+#: Tiles a `matmul_tiled` workgroup multiplies one after another on CPU drivers (its
+#: TILE_RUN; 1 on GPUs, which want every workgroup they can get): a workgroup's start
+#: costs there, most under a browser's WebGPU, which zeroes its workgroup memory first
+#: (matmul_quant.wgsl). 4 made SmolLM2's prompt products faster on SwiftShader both
+#: natively and in the browser page (BENCHMARKS.md, issue 40).
+SOFTWARE_TILE_RUN = 4
 
 
 def tiled_shape(ctx) -> tuple[int, int]:
@@ -186,17 +197,22 @@ def product(ctx, x, w, n, qtype, k, *, gain=None, residual=None, eps=0.0, epilog
         return out
     if takes_tiled(m, merge):
         tile_m, tile_n = tiled_shape(ctx)
-        outputs = tile_n // 2 if epilogue >= 2 else tile_n  # columns of y a workgroup
+        outputs = tile_n // 2 if epilogue >= 2 else tile_n  # columns of y a tile
+        run = SOFTWARE_TILE_RUN if ctx.is_software else 1
         ctx.dispatch(KERNEL, "matmul_tiled", tensors, params,
-                     (-(-n // outputs), -(-m // tile_m), 1),
-                     {**constants, "TILE_M": tile_m, "TILE_N": tile_n})
+                     (-(-n // (outputs * run)), -(-m // tile_m), 1),
+                     {**constants, "TILE_M": tile_m, "TILE_N": tile_n, "TILE_RUN": run})
         return out
     lanes = tuning.forced(LANES_TUNED) or _lanes(ctx, m, n)
     rows_per_wg = 256 // lanes
     constants.update(LANES=lanes, ATTENTION_PARTS=int(merge is not None))
     if merge is not None:
-        constants.update(partials.constants(), MERGED_VALUES=merged_values(ctx))
-    kernel = subgroup_variant(ctx, KERNEL, SUBGROUP_KERNEL) if lanes > 1 else KERNEL
+        # workgroup memory for the K values merged, no more (a browser zeroes all of it)
+        constants.update(partials.constants(), MERGED_VALUES=k)
+    if lanes > 1:
+        kernel = subgroup_variant(ctx, KERNEL, SUBGROUP_KERNEL)
+    else:
+        kernel = KERNEL if merge is not None else COLUMNS_KERNEL
     ctx.dispatch(kernel, "matmul", tensors, params,
                  ((n + rows_per_wg - 1) // rows_per_wg, m, 1), constants)
     return out

@@ -54,20 +54,21 @@ def test_matmul_quant_backends(qtype, m, rng, gpu_device, subgroups, dispatched)
                 quantized.SUBGROUP_KERNEL if subgroups else quantized.KERNEL]
 
 
-@pytest.mark.parametrize("features,lanes,variants,kernel", [
-    (("subgroup",), 4, True, "matmul_quant_subgroups.wgsl"),
-    (("subgroup",), 1, True, "matmul_quant_columns.wgsl"),    # nothing to sum
-    (("subgroup",), 4, False, "matmul_quant.wgsl"),
-    ((), 4, True, "matmul_quant.wgsl"),                # a device without subgroups
+@pytest.mark.parametrize("features,lanes,variants,kernel,entry", [
+    (("subgroup",), 4, True, "matmul_quant_subgroups.wgsl", "matmul"),
+    (("subgroup",), 1, True, "matmul_quant_columns.wgsl", "matmul_columns"),  # nothing to sum
+    (("subgroup",), 4, False, "matmul_quant.wgsl", "matmul"),
+    ((), 4, True, "matmul_quant.wgsl", "matmul"),                # a device without subgroups
 ])
-def test_row_products_sum_by_subgroups_where_granted(features, lanes, variants, kernel, rng):
+def test_row_products_sum_by_subgroups_where_granted(features, lanes, variants, kernel, entry,
+                                                     rng):
     x = rng.standard_normal((1, 64)).astype(np.float32)
     w = _weight("Q8_0", 16, 64, rng)
     with tuning.forcing(webgpu_subgroups.TUNED, variants), \
             tuning.forcing(quantized.LANES_TUNED, lanes):
         [dispatch] = record_op(pxvm.ops.matmul_quant, [x, w], {"qtype": "Q8_0", "k": 64},
                                features)["dispatches"]
-    assert (dispatch["kernel"], dispatch["entry"]) == (kernel, "matmul")
+    assert (dispatch["kernel"], dispatch["entry"]) == (kernel, entry)
 
 
 # K at the boundaries of real models' rows: SmolLM2's 576 (Q8_0 only: K-quants need whole
@@ -177,8 +178,10 @@ def test_matmul_quant_takes_the_tiled_kernel_from_its_row_threshold(rng, gpu_dev
     rows = quantized.TILED_MIN_ROWS
     k = 96
     w = _weight("Q4_1", 40, k, rng)
-    for m, lanes, entry in ((rows - 1, None, "matmul"), (rows, None, "matmul_tiled"),
-                            (65, None, "matmul_tiled"), (65, 1, "matmul")):
+    # (one lane a column, as CPU drivers take, is the row kernel's `matmul_columns`)
+    row_entry = "matmul_columns" if gpu_device.is_software else "matmul"
+    for m, lanes, entry in ((rows - 1, None, row_entry), (rows, None, "matmul_tiled"),
+                            (65, None, "matmul_tiled"), (65, 1, "matmul_columns")):
         product_entries.clear()
         x = rng.standard_normal((m, k)).astype(np.float32)
         with tuning.forcing(quantized.LANES_TUNED, lanes):

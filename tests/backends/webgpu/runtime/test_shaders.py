@@ -43,8 +43,8 @@ def test_an_extending_file_replaces_its_bases_functions_of_the_same_name(name):
     # each function once (the variant's), every other function of the base kept
     assert sorted(FUNCTION.findall(text)) == sorted(
         set(FUNCTION.findall(_raw(base))) | set(FUNCTION.findall(own)))
-    # the base's entry points, layout and Params serve the variant
-    assert text.count("@compute") == _raw(base).count("@compute")
+    # the base's entry points (and any of the variant's own), layout and Params serve it
+    assert text.count("@compute") == _raw(base).count("@compute") + own.count("@compute")
     assert declared_bindings(name) == declared_bindings(base)
     assert struct_fields(name) == struct_fields(base)
 
@@ -81,14 +81,15 @@ def _reached_workgroup_variables(source: str, entry: str) -> set[str]:
             todo += [f for f in re.findall(r"\b(\w+)\(", bodies[name]) if f in bodies]
     variables = set(WORKGROUP_VARIABLE.findall(source))
     return {v for name in reached for v in variables
-            if re.search(rf"\b{v}\b", bodies[name])}
+            if re.search(rf"(?<![\w.]){v}\b", bodies[name])}  # not a struct member
 
 
 def test_the_one_lane_products_reach_no_workgroup_memory():
-    # (the base's `matmul` reaches its column sums' and attention merge's arrays)
+    # (the base's `matmul` reaches its column sums' and the attention merge's arrays)
     assert _reached_workgroup_variables(load_wgsl("matmul_quant.wgsl"), "matmul") >= {
         "partial", "merged"}
-    assert _reached_workgroup_variables(load_wgsl("matmul_quant_columns.wgsl"), "matmul") == set()
+    assert _reached_workgroup_variables(load_wgsl("matmul_quant_columns.wgsl"),
+                                        "matmul_columns") == set()
 
 
 def test_replacing_a_function_keeps_what_follows_it_and_skips_braces_in_comments():

@@ -24,9 +24,11 @@ KERNEL = "matmul_quant.wgsl"
 #: matmul_quant.wgsl with the row product's lanes summed by subgroup shuffles, for
 #: products of more than one lane a column
 SUBGROUP_KERNEL = "matmul_quant_subgroups.wgsl"
-#: matmul_quant.wgsl for products of one lane a column that merge nothing: its `matmul`
-#: reaches no workgroup memory (the file says why that matters)
+#: matmul_quant.wgsl for products of one lane a column that merge nothing: its
+#: `matmul_columns` reaches no workgroup memory and shares x's loads between columns (the
+#: file says why both matter), COLUMNS_PER_GROUP output columns a workgroup
 COLUMNS_KERNEL = "matmul_quant_columns.wgsl"
+COLUMNS_PER_GROUP = 256
 #: The longest attention output (heads x head size) that a product merges from attention's
 #: per-range results itself, in workgroup memory: MAX_MERGED (8 KiB: within the 16 KiB
 #: every device and browser grants; matmul_quant.wgsl's MERGED_VALUES by default, tests
@@ -204,15 +206,16 @@ def product(ctx, x, w, n, qtype, k, *, gain=None, residual=None, eps=0.0, epilog
                      {**constants, "TILE_M": tile_m, "TILE_N": tile_n, "TILE_RUN": run})
         return out
     lanes = tuning.forced(LANES_TUNED) or _lanes(ctx, m, n)
+    if lanes == 1 and merge is None:
+        ctx.dispatch(COLUMNS_KERNEL, "matmul_columns", tensors, params,
+                     (-(-n // COLUMNS_PER_GROUP), m, 1), {**constants, "LANES": 1})
+        return out
     rows_per_wg = 256 // lanes
     constants.update(LANES=lanes, ATTENTION_PARTS=int(merge is not None))
     if merge is not None:
         # workgroup memory for the K values merged, no more (a browser zeroes all of it)
         constants.update(partials.constants(), MERGED_VALUES=k)
-    if lanes > 1:
-        kernel = subgroup_variant(ctx, KERNEL, SUBGROUP_KERNEL)
-    else:
-        kernel = KERNEL if merge is not None else COLUMNS_KERNEL
+    kernel = subgroup_variant(ctx, KERNEL, SUBGROUP_KERNEL) if lanes > 1 else KERNEL
     ctx.dispatch(kernel, "matmul", tensors, params,
                  ((n + rows_per_wg - 1) // rows_per_wg, m, 1), constants)
     return out

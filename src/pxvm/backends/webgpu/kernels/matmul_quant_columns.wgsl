@@ -1,12 +1,12 @@
 // extends matmul_quant.wgsl
-// matmul_quant.wgsl's `matmul` with one thread a column (LANES 1) and x read from its
-// buffer, for CPU drivers (ops/quantized.py chooses it there; products that merge
-// attention's partial results, ATTENTION_PARTS, take matmul_quant.wgsl). Its `matmul`
-// reaches no workgroup memory: a WebGPU implementation that zeroes the workgroup
-// variables an entry point reaches (Dawn, in browsers) does it at each workgroup's start
-// and then waits at a barrier, and on a CPU driver a kernel with a barrier runs its
-// invocations as coroutines switched at each one, which this product otherwise never
-// needs (BENCHMARKS.md, issue 40).
+// matmul_quant.wgsl's products of one thread a column (LANES 1) reading x from its buffer,
+// for CPU drivers: `matmul_columns` below (ops/quantized.py chooses it there; products
+// that merge attention's partial results, ATTENTION_PARTS, take matmul_quant.wgsl's
+// `matmul`). It reaches no workgroup memory: a WebGPU implementation that zeroes the
+// workgroup variables an entry point reaches (Dawn, in browsers) does it as each
+// workgroup starts, and SwiftShader has every 4 invocations store all of it and then wait
+// as at a barrier, which makes a kernel without barriers run its invocations as
+// coroutines (BENCHMARKS.md, issue 40).
 
 fn x_at(m: u32, k: u32) -> f32 {
     return x[m * p.K + k];

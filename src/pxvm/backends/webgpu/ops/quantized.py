@@ -5,8 +5,11 @@ into its input) that transformer.py's ops record too.
 A product of a few rows runs `matvec` for Q4_K, Q6_K and Q8_0 rows of at least
 MATVEC_MIN_K values (a workgroup's threads split a row into 32-value tasks, each shared
 by several rows of W), else `matmul` (threads of a column splitting its blocks: `lanes`
-of them); from TILED_MIN_ROWS rows (a prompt's) `matmul_tiled` (a tile of rows of x by
-rows of W, each weight slice dequantized into workgroup memory once per tile).
+of them), or with one lane a column (CPU drivers) and nothing to merge
+matmul_quant_columns.wgsl's `matmul_columns` (a thread's four columns sharing x's loads,
+no workgroup memory); from TILED_MIN_ROWS rows (a prompt's) `matmul_tiled` (a tile of
+rows of x by rows of W, each weight slice dequantized into workgroup memory once per
+tile; on CPU drivers a run of SOFTWARE_TILE_RUN tiles a workgroup).
 """
 
 from __future__ import annotations

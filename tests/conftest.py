@@ -123,10 +123,11 @@ def dispatched(monkeypatch):
 
 @pytest.fixture
 def product_entries(monkeypatch):
-    """The entry points of the quantized products (matmul_quant.wgsl and its subgroup
-    variant) the test dispatches."""
+    """The entry points of the quantized products (matmul_quant.wgsl and its variants) the
+    test dispatches."""
     return record_dispatches(monkeypatch, lambda kernel, entry, *_: entry if kernel in (
-        "matmul_quant.wgsl", "matmul_quant_subgroups.wgsl") else None)
+        "matmul_quant.wgsl", "matmul_quant_subgroups.wgsl", "matmul_quant_columns.wgsl")
+        else None)
 
 
 @pytest.fixture(params=["subgroups", "no subgroups"])

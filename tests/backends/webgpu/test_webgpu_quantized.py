@@ -54,20 +54,21 @@ def test_matmul_quant_backends(qtype, m, rng, gpu_device, subgroups, dispatched)
                 quantized.SUBGROUP_KERNEL if subgroups else quantized.KERNEL]
 
 
-@pytest.mark.parametrize("features,lanes,variants,kernel", [
-    (("subgroup",), 4, True, "matmul_quant_subgroups.wgsl"),
-    (("subgroup",), 1, True, "matmul_quant.wgsl"),    # nothing to sum
-    (("subgroup",), 4, False, "matmul_quant.wgsl"),
-    ((), 4, True, "matmul_quant.wgsl"),                # a device without subgroups
+@pytest.mark.parametrize("features,lanes,variants,kernel,entry", [
+    (("subgroup",), 4, True, "matmul_quant_subgroups.wgsl", "matmul"),
+    (("subgroup",), 1, True, "matmul_quant_columns.wgsl", "matmul_columns"),  # nothing to sum
+    (("subgroup",), 4, False, "matmul_quant.wgsl", "matmul"),
+    ((), 4, True, "matmul_quant.wgsl", "matmul"),                # a device without subgroups
 ])
-def test_row_products_sum_by_subgroups_where_granted(features, lanes, variants, kernel, rng):
+def test_row_products_sum_by_subgroups_where_granted(features, lanes, variants, kernel, entry,
+                                                     rng):
     x = rng.standard_normal((1, 64)).astype(np.float32)
     w = _weight("Q8_0", 16, 64, rng)
     with tuning.forcing(webgpu_subgroups.TUNED, variants), \
             tuning.forcing(quantized.LANES_TUNED, lanes):
         [dispatch] = record_op(pxvm.ops.matmul_quant, [x, w], {"qtype": "Q8_0", "k": 64},
                                features)["dispatches"]
-    assert (dispatch["kernel"], dispatch["entry"]) == (kernel, "matmul")
+    assert (dispatch["kernel"], dispatch["entry"]) == (kernel, entry)
 
 
 # K at the boundaries of real models' rows: SmolLM2's 576 (Q8_0 only: K-quants need whole
@@ -159,12 +160,15 @@ def test_a_tuned_tile_shape_is_the_one_dispatched(rng, gpu_device, monkeypatch):
     # `pxvm tune`'s choice (forced here as the tuner does) wins over TILED_SHAPE.
     assert quantized.TILED_SHAPE != (32, 64)
     seen = record_dispatches(monkeypatch, lambda kernel, entry, constants, groups: (
-        entry, constants.get("TILE_M"), constants.get("TILE_N"), groups))
+        entry, constants.get("TILE_M"), constants.get("TILE_N"), constants.get("TILE_RUN"),
+        groups))
     x = rng.standard_normal((40, 96)).astype(np.float32)
     w = _weight("Q4_1", 70, 96, rng)
     with tuning.forcing(quantized.TILED_TUNED, (32, 64)):
         got = pxvm.ops.matmul_quant(x, w, qtype="Q4_1", k=96, backend="gpu").numpy()
-    assert seen == [("matmul_tiled", 32, 64, (2, 2, 1))]
+    # two tiles of 64 columns: a workgroup each on a GPU, one workgroup's run on a CPU driver
+    run = quantized.SOFTWARE_TILE_RUN if gpu_device.is_software else 1
+    assert seen == [("matmul_tiled", 32, 64, run, (2 if run == 1 else 1, 2, 1))]
     assert nmse(got, pxvm.ops.matmul_quant.reference(x, w, qtype="Q4_1", k=96)) <= NMSE_LONG / 50
 
 
@@ -174,8 +178,10 @@ def test_matmul_quant_takes_the_tiled_kernel_from_its_row_threshold(rng, gpu_dev
     rows = quantized.TILED_MIN_ROWS
     k = 96
     w = _weight("Q4_1", 40, k, rng)
-    for m, lanes, entry in ((rows - 1, None, "matmul"), (rows, None, "matmul_tiled"),
-                            (65, None, "matmul_tiled"), (65, 1, "matmul")):
+    # (one lane a column, as CPU drivers take, is the row kernel's `matmul_columns`)
+    row_entry = "matmul_columns" if gpu_device.is_software else "matmul"
+    for m, lanes, entry in ((rows - 1, None, row_entry), (rows, None, "matmul_tiled"),
+                            (65, None, "matmul_tiled"), (65, 1, "matmul_columns")):
         product_entries.clear()
         x = rng.standard_normal((m, k)).astype(np.float32)
         with tuning.forcing(quantized.LANES_TUNED, lanes):

@@ -1,10 +1,13 @@
-"""Kernel files as the runtime loads them: a file that extends another (a subgroup variant)
-replaces the base's functions of the same names, its enable directives first, and a
-device compiles it only where it has the features those directives name."""
+"""Kernel files as the runtime loads them: a file that extends another (a subgroup variant,
+the one-lane products) replaces the base's functions of the same names, its enable
+directives first, and a device compiles it only where it has the features those
+directives name."""
 
 from __future__ import annotations
 
 from importlib import resources
+
+import re
 
 import pytest
 
@@ -31,17 +34,62 @@ def test_an_extending_file_replaces_its_bases_functions_of_the_same_name(name):
     base = EXTENDS.match(raw).group(1)
     text = load_wgsl(name)
     own = raw[EXTENDS.match(raw).end():].replace("enable subgroups;\n", "")
-    assert "enable subgroups;" in raw   # browsers need it before any subgroup operation
-    assert text.startswith("enable subgroups;\n") and text.endswith(own)
+    if name.endswith("_subgroups.wgsl"):
+        assert "enable subgroups;" in raw   # browsers need it before any subgroup operation
+        assert text.startswith("enable subgroups;\n")
+    assert text.endswith(own)
     replaced = set(FUNCTION.findall(own)) & set(FUNCTION.findall(_raw(base)))
     assert replaced   # a variant that replaces nothing is a mistake
     # each function once (the variant's), every other function of the base kept
     assert sorted(FUNCTION.findall(text)) == sorted(
         set(FUNCTION.findall(_raw(base))) | set(FUNCTION.findall(own)))
-    # the base's entry points, layout and Params serve the variant
-    assert text.count("@compute") == _raw(base).count("@compute")
+    # the base's entry points (and any of the variant's own), layout and Params serve it
+    assert text.count("@compute") == _raw(base).count("@compute") + own.count("@compute")
     assert declared_bindings(name) == declared_bindings(base)
     assert struct_fields(name) == struct_fields(base)
+
+
+WORKGROUP_VARIABLE = re.compile(r"^var<workgroup> (\w+)", re.MULTILINE)
+
+
+def _function_bodies(source: str) -> dict[str, str]:
+    """Each function's text, from `fn name(` to the brace closing its body (comments
+    dropped first)."""
+    code = re.sub(r"//.*", "", source)
+    bodies = {}
+    for found in FUNCTION.finditer(code):
+        i = code.index("{", found.end())
+        depth = 0
+        while True:
+            depth += {"{": 1, "}": -1}.get(code[i], 0)
+            i += 1
+            if depth == 0:
+                break
+        bodies[found.group(1)] = code[found.start():i]
+    return bodies
+
+
+def _reached_workgroup_variables(source: str, entry: str) -> set[str]:
+    """The workgroup variables that `entry` and the functions it calls, directly or not,
+    name: what a browser's WebGPU zeroes as each of its workgroups starts."""
+    bodies = _function_bodies(source)
+    reached, todo = set(), [entry]
+    while todo:
+        name = todo.pop()
+        if name not in reached:
+            reached.add(name)
+            todo += [f for f in re.findall(r"\b(\w+)\(", bodies[name]) if f in bodies]
+    variables = set(WORKGROUP_VARIABLE.findall(source))
+    return {v for name in reached for v in variables
+            if re.search(rf"(?<![\w.]){v}\b", bodies[name])}  # not a struct member
+
+
+def test_the_one_lane_products_reach_no_workgroup_memory():
+    # (the base's `matmul` reaches its column sums' and the attention merge's arrays)
+    assert _reached_workgroup_variables(load_wgsl("matmul_quant.wgsl"), "matmul") >= {
+        "partial", "merged"}
+    assert _reached_workgroup_variables(load_wgsl("matmul_quant_columns.wgsl"),
+                                        "matmul_columns") == set()
 
 
 def test_replacing_a_function_keeps_what_follows_it_and_skips_braces_in_comments():

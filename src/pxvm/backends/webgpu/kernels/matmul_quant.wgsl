@@ -772,6 +772,13 @@ override TILE_N: u32 = 64u;   // rows of W a workgroup
 override TILE_X: u32 = min(TILE_N / 4u, 16u);
 override TILE_Y: u32 = min(TILE_M / 4u, 16u);
 override TILE_WG: u32 = TILE_X * TILE_Y;
+// Tiles of consecutive columns a workgroup multiplies one after another (ops/quantized.py:
+// more than 1 on CPU drivers). A browser's WebGPU zeroes the workgroup memory an entry
+// point reaches as each workgroup starts, and on a CPU driver (SwiftShader under Dawn)
+// every group of 4 invocations stores all of it: about a third of a 64 x 64 tile's time
+// at K = 576, which a run of tiles shares. (Declared with the other constants: naga
+// 29 panics on an override declared after the functions.)
+override TILE_RUN: u32 = 1u;
 const SLICE: u32 = 32u;       // K values a slice
 const NO_ROW: u32 = 0xffffffffu;
 
@@ -1137,14 +1144,44 @@ fn matmul_tiled(@builtin(workgroup_id) wid: vec3<u32>,
     tx = lid % TILE_X;
     ty = lid / TILE_X;
     m0 = wid.y * TILE_M;
-    o0 = wid.x * select(TILE_N, TILE_N / 2u, EPILOGUE >= 2u);
+    for (var t = 0u; t < TILE_RUN; t = t + 1u) {
+        let first = (wid.x * TILE_RUN + t) * select(TILE_N, TILE_N / 2u, EPILOGUE >= 2u);
+        if (first >= p.N) { break; }
+        o0 = first;
+        multiply_tile();
+    }
+}
+
+// The tile at rows m0.. and output columns o0.. of y.
+fn multiply_tile() {
+    clear_tile();
     fetch(0u);
     for (var k0 = 0u; k0 < p.K; k0 = k0 + SLICE) {
-        workgroupBarrier();   // the previous slice's multiply is done with the tiles
+        workgroupBarrier();   // the previous slice's multiply (tile's finish) is done with the tiles
         stash();
         workgroupBarrier();
         if (k0 + SLICE < p.K) { fetch(k0 + SLICE); }
         multiply();
     }
     finish();
+}
+
+fn clear_tile() {
+    x_squares = vec4<f32>(0.0);
+    acc00 = vec4<f32>(0.0);
+    acc10 = vec4<f32>(0.0);
+    acc20 = vec4<f32>(0.0);
+    acc30 = vec4<f32>(0.0);
+    acc40 = vec4<f32>(0.0);
+    acc50 = vec4<f32>(0.0);
+    acc60 = vec4<f32>(0.0);
+    acc70 = vec4<f32>(0.0);
+    acc01 = vec4<f32>(0.0);
+    acc11 = vec4<f32>(0.0);
+    acc21 = vec4<f32>(0.0);
+    acc31 = vec4<f32>(0.0);
+    acc41 = vec4<f32>(0.0);
+    acc51 = vec4<f32>(0.0);
+    acc61 = vec4<f32>(0.0);
+    acc71 = vec4<f32>(0.0);
 }

@@ -5,8 +5,11 @@ into its input) that transformer.py's ops record too.
 A product of a few rows runs `matvec` for Q4_K, Q6_K and Q8_0 rows of at least
 MATVEC_MIN_K values (a workgroup's threads split a row into 32-value tasks, each shared
 by several rows of W), else `matmul` (threads of a column splitting its blocks: `lanes`
-of them); from TILED_MIN_ROWS rows (a prompt's) `matmul_tiled` (a tile of rows of x by
-rows of W, each weight slice dequantized into workgroup memory once per tile).
+of them), or with one lane a column (CPU drivers) and nothing to merge
+matmul_quant_columns.wgsl's `matmul_columns` (a thread's four columns sharing x's loads,
+no workgroup memory); from TILED_MIN_ROWS rows (a prompt's) `matmul_tiled` (a tile of
+rows of x by rows of W, each weight slice dequantized into workgroup memory once per
+tile; on CPU drivers a run of SOFTWARE_TILE_RUN tiles a workgroup).
 """
 
 from __future__ import annotations
@@ -24,6 +27,11 @@ KERNEL = "matmul_quant.wgsl"
 #: matmul_quant.wgsl with the row product's lanes summed by subgroup shuffles, for
 #: products of more than one lane a column
 SUBGROUP_KERNEL = "matmul_quant_subgroups.wgsl"
+#: matmul_quant.wgsl for products of one lane a column that merge nothing: its
+#: `matmul_columns` reaches no workgroup memory and shares x's loads between columns (the
+#: file says why both matter), COLUMNS_PER_GROUP output columns a workgroup
+COLUMNS_KERNEL = "matmul_quant_columns.wgsl"
+COLUMNS_PER_GROUP = 256
 #: The longest attention output (heads x head size) that a product merges from attention's
 #: per-range results itself, in workgroup memory: MAX_MERGED (8 KiB: within the 16 KiB
 #: every device and browser grants; matmul_quant.wgsl's MERGED_VALUES by default, tests
@@ -40,7 +48,7 @@ def merged_values(ctx) -> int:
     return LONG_MERGED if granted >= LONG_MERGED_BYTES else MAX_MERGED
 
 
-@kernel_params(KERNEL, SUBGROUP_KERNEL)
+@kernel_params(KERNEL, SUBGROUP_KERNEL, COLUMNS_KERNEL)
 class MatmulQuantParams(KernelParams):
     M: u32
     N: u32
@@ -99,6 +107,14 @@ TILE_SHAPES = ((32, 32), (32, 64), (64, 32), (64, 64), (64, 128), (128, 64), (12
 #: smaller tiles would give a small model's products more workgroups.
 TILED_SHAPE = (64, 64)
 TILED_TUNED = "matmul_quant.webgpu.tiled_shape"
+
+
+#: Tiles a `matmul_tiled` workgroup multiplies one after another on CPU drivers (its
+#: TILE_RUN; 1 on GPUs, which want every workgroup they can get): a workgroup's start
+#: costs there, most under a browser's WebGPU, which zeroes its workgroup memory first
+#: (matmul_quant.wgsl). 4 made SmolLM2's prompt products faster on SwiftShader both
+#: natively and in the browser page (BENCHMARKS.md, issue 40).
+SOFTWARE_TILE_RUN = 4
 
 
 def tiled_shape(ctx) -> tuple[int, int]:
@@ -186,16 +202,22 @@ def product(ctx, x, w, n, qtype, k, *, gain=None, residual=None, eps=0.0, epilog
         return out
     if takes_tiled(m, merge):
         tile_m, tile_n = tiled_shape(ctx)
-        outputs = tile_n // 2 if epilogue >= 2 else tile_n  # columns of y a workgroup
+        outputs = tile_n // 2 if epilogue >= 2 else tile_n  # columns of y a tile
+        run = SOFTWARE_TILE_RUN if ctx.is_software else 1
         ctx.dispatch(KERNEL, "matmul_tiled", tensors, params,
-                     (-(-n // outputs), -(-m // tile_m), 1),
-                     {**constants, "TILE_M": tile_m, "TILE_N": tile_n})
+                     (-(-n // (outputs * run)), -(-m // tile_m), 1),
+                     {**constants, "TILE_M": tile_m, "TILE_N": tile_n, "TILE_RUN": run})
         return out
     lanes = tuning.forced(LANES_TUNED) or _lanes(ctx, m, n)
+    if lanes == 1 and merge is None:
+        ctx.dispatch(COLUMNS_KERNEL, "matmul_columns", tensors, params,
+                     (-(-n // COLUMNS_PER_GROUP), m, 1), {**constants, "LANES": 1})
+        return out
     rows_per_wg = 256 // lanes
     constants.update(LANES=lanes, ATTENTION_PARTS=int(merge is not None))
     if merge is not None:
-        constants.update(partials.constants(), MERGED_VALUES=merged_values(ctx))
+        # workgroup memory for the K values merged, no more (a browser zeroes all of it)
+        constants.update(partials.constants(), MERGED_VALUES=k)
     kernel = subgroup_variant(ctx, KERNEL, SUBGROUP_KERNEL) if lanes > 1 else KERNEL
     ctx.dispatch(kernel, "matmul", tensors, params,
                  ((n + rows_per_wg - 1) // rows_per_wg, m, 1), constants)

@@ -25,7 +25,8 @@ KERNELS = __package__.rsplit(".", 1)[0] + ".kernels"
 #: block table is such data, which its kernel checks before following any entry.
 UNCHECKED_KERNELS = frozenset({
     "matmul_blocked.wgsl", "matmul_f16_half.wgsl", "matmul_quant.wgsl",
-    "matmul_quant_subgroups.wgsl", "attention_cached.wgsl", "attention_cached_subgroups.wgsl",
+    "matmul_quant_subgroups.wgsl", "matmul_quant_columns.wgsl", "attention_cached.wgsl",
+    "attention_cached_subgroups.wgsl",
     "attention_prompt.wgsl", "attention_paged.wgsl", "attention_paged_subgroups.wgsl",
 })
 

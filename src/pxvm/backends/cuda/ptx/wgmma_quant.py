@@ -41,7 +41,8 @@ THREADS = 256               # a unit of a step a thread: ROWS rows x 2 units
 DEPTH = 64                  # K values a step
 ROW_BYTES = DEPTH * 2       # a float16 slice row: one 128-byte swizzle row
 SLICE_BYTES = ROWS * ROW_BYTES
-#: the types it decodes: quant_blocks.K4's (a step's values are two of a row's units)
+#: the types it decodes: those whose 64 values of a step are 32 bytes of one super-block's
+#: quants, in sub-blocks 2c and 2c + 1 (Q5_K with its fifth bits)
 TYPES = ("Q4_K", "Q5_K")
 #: rows of x a block takes (wgmma's N): the op picks the smallest holding the batch
 COLUMNS = (8, 16, 32, 64, 128)

@@ -10,9 +10,13 @@
 # then with a second process keeping one core busy (`python3 -c "while True: pass"`,
 # running through both programs' measurements). Prints each measurement and the ratios.
 # To compare AVX2 code on a machine with AVX-512, give pxvm's kernels the same target as
-# llama.cpp's: NUMBA_CPU_NAME=haswell (numba compiles for it instead of the host).
+# llama.cpp's: NUMBA_CPU_NAME=haswell and NUMBA_CPU_FEATURES=$AVX2_FEATURES below (numba
+# keeps the host's features, AVX-512 among them, where only the name is given).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+# Haswell's: what llama.cpp's -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON build assumes
+AVX2_FEATURES="+avx,+avx2,+fma,+f16c,+bmi,+bmi2,+popcnt,+sse4.2,+lzcnt,+movbe"
+export AVX2_FEATURES
 BUILD="${1:-../llamacpp}"
 ROUNDS="${2:-2}"
 shift $(( $# < 2 ? $# : 2 ))

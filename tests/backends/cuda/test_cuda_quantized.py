@@ -67,6 +67,18 @@ def _product(x, w, qtype, k):
     return got
 
 
+def _profiled_product(cuda_device, rng, qtype: str, n: int, k: int, m: int):
+    """matmul_quant of fresh x (m, k) by a fresh W of n rows in a profiled batch: (the
+    product, its float64 expectation, the launches' names)."""
+    w = pxvm.tensor(_weight(rng, qtype, n, k), backend="cuda")
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    with Batch(cuda_device, profile=True) as batch:
+        y = pxvm.ops.matmul_quant(batch.upload(x), w, qtype=qtype, k=k)
+    batch.execute()
+    return (batch.read(y), _expected(x, w.numpy(), qtype, k),
+            [name for name, _ in batch.profile])
+
+
 def test_the_kernels_block_table_agrees_with_quant_types():
     # the kernels keep their own table, of the fields they read
     assert sorted(quant_blocks.FORMATS) == sorted(quant_types.QUANT_TYPES)
@@ -376,17 +388,10 @@ def test_a_batch_takes_tensor_cores_where_its_large_float16_weight_is_kept(
     # tensor-core kernel on quantized weights does not decode.)
     monkeypatch.setattr(cuda_backend_module, "KEEP_FREE", keep_free)
     monkeypatch.setattr(quantized_module, "BATCH_MIN_VALUES", min_values)
-    qtype, n = "Q6_K", 40
-    k = _k(qtype, 2)
-    w = pxvm.tensor(_weight(rng, qtype, n, k), backend="cuda")
-    x = rng.standard_normal((m, k)).astype(np.float32)
-    with Batch(cuda_device, profile=True) as batch:
-        y = pxvm.ops.matmul_quant(batch.upload(x), w, qtype=qtype, k=k)
-    batch.execute()
-    names = [name for name, _ in batch.profile]
+    qtype = "Q6_K"
+    got, expected, names = _profiled_product(cuda_device, rng, qtype, 40, _k(qtype, 2), m)
     assert any(name.startswith("matvec") for name in names) is not tensor_cores, names
-    assert_close(batch.read(y), _expected(x, w.numpy(), qtype, k),
-                 PROMPT_NMSE if tensor_cores else MATVEC_NMSE)
+    assert_close(got, expected, PROMPT_NMSE if tensor_cores else MATVEC_NMSE)
 
 
 @pytest.mark.parametrize("split", [True, False])
@@ -402,14 +407,8 @@ def test_a_batch_decodes_k_quant_weights_onto_tensor_cores_without_a_float16_cop
     monkeypatch.setattr(quantized_module, "BATCH_MIN_VALUES", 0)
     if not split:
         monkeypatch.setattr(cuda_matmul, "MAX_SPLITS", 1)
-    n, k = 300, _k(qtype, 3)
-    w = pxvm.tensor(_weight(rng, qtype, n, k), backend="cuda")
-    x = rng.standard_normal((m, k)).astype(np.float32)
-    with Batch(cuda_device, profile=True) as batch:
-        y = pxvm.ops.matmul_quant(batch.upload(x), w, qtype=qtype, k=k)
-    batch.execute()
-    names = [name for name, _ in batch.profile]
+    got, expected, names = _profiled_product(cuda_device, rng, qtype, 300, _k(qtype, 3), m)
     assert any(name.startswith(f"matmul_{qtype.lower()}_wgmma") for name in names), names
     assert not any(name.startswith("dequantize") for name in names), names
     assert ("split_sum" in names) == split, names
-    assert_close(batch.read(y), _expected(x, w.numpy(), qtype, k), PROMPT_NMSE)
+    assert_close(got, expected, PROMPT_NMSE)

@@ -113,17 +113,16 @@ def test_prompt_products_on_ampere_tensor_cores_add_and_gate_apart(name, cuda_de
     assert_close(got, expected, NMSE_F16)
 
 
-@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
 @pytest.mark.parametrize("qtype", ptx_wgmma_quant.TYPES)
-@pytest.mark.parametrize("name", product_cases.FUSED)
+@pytest.mark.parametrize("name,activation", [
+    ("rmsnorm_matmul_quant", "silu"), ("matmul_quant_add", "silu"),
+    ("rmsnorm_glu_quant", "silu"), ("rmsnorm_glu_quant", "gelu_tanh")])  # (the GLU's only)
 def test_a_batchs_fused_products_decode_k_quants_onto_tensor_cores_norm_add_and_gate_in_place(
-        name, qtype, activation, cuda_device, rng, monkeypatch):
+        name, activation, qtype, cuda_device, rng, monkeypatch):
     # 9 rows, 200 outputs: a GLU's blocks hold 64 outputs (gate and up rows alternating
-    # by 8), the others' 128; the last block of each part full.
+    # by 8), the others' 128; the last block of each partly filled.
     if cuda_device.device.info.arch != "sm_90":
         pytest.skip("wgmma is Hopper's (sm_90)")
-    if name != "rmsnorm_glu_quant" and activation != "silu":
-        pytest.skip("the activation is the GLU's only")
     monkeypatch.setattr(quantized_module, "BATCH_MIN_VALUES", 0)
     args, params, expected = product_cases._case(name, rng, qtype, m=9, n=200, k=768,
                                                  activation=activation)

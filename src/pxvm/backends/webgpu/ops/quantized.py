@@ -138,7 +138,7 @@ MATVEC_TUNED = "matmul_quant.webgpu.matvec_shape"
 MATVEC_SHAPES = tuple((t, r) for t in (32, 64, 128, 256) for r in (1, 2, 4, 8))
 #: Rows of W a `matvec` workgroup takes where untuned (half for a GLU's, which reads an
 #: up row with each): from a sweep of 1 to 8 on the H200 at Llama 3's shapes, whose
-#: timings the GPU's clocks blurred; Q4_K's 8 then decoded 2-4% slower than 4 in fresh
+#: timings the GPU's clocks blurred; Q4_K's 8 then decoded 2-5% slower than 4 in fresh
 #: processes alternating (docs/benchmarks-log.md); `pxvm tune` measures them.
 MATVEC_ROWS = {"Q4_K": 4, "Q6_K": 8, "Q8_0": 8}
 

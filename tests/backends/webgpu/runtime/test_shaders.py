@@ -14,7 +14,7 @@ import pytest
 from pxvm.core.errors import ShaderCompileError
 from pxvm.backends.webgpu.runtime import device as device_module
 from pxvm.backends.webgpu.runtime.shaders import (EXTENDS, FUNCTION, KERNELS, declared_bindings, enables,
-                                         kernel_files, load_wgsl, struct_fields)
+                                         function_span, kernel_files, load_wgsl, struct_fields)
 
 
 def _raw(name: str) -> str:
@@ -56,17 +56,7 @@ def _function_bodies(source: str) -> dict[str, str]:
     """Each function's text, from `fn name(` to the brace closing its body (comments
     dropped first)."""
     code = re.sub(r"//.*", "", source)
-    bodies = {}
-    for found in FUNCTION.finditer(code):
-        i = code.index("{", found.end())
-        depth = 0
-        while True:
-            depth += {"{": 1, "}": -1}.get(code[i], 0)
-            i += 1
-            if depth == 0:
-                break
-        bodies[found.group(1)] = code[found.start():i]
-    return bodies
+    return {name: code[slice(*function_span(code, name))] for name in FUNCTION.findall(code)}
 
 
 def _reached_workgroup_variables(source: str, entry: str) -> set[str]:

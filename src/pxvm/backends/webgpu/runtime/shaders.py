@@ -61,12 +61,12 @@ def load_wgsl(filename: str) -> str:
     return "".join(dict.fromkeys(directives)) + "".join(ENABLE.sub("", part) for part in parts)
 
 
-def _without_function(text: str, name: str) -> str:
-    """`text` without the declaration of function `name` (unchanged if it has none): from
-    `fn name(` to the brace closing its body, braces in comments skipped."""
+def function_span(text: str, name: str) -> tuple[int, int] | None:
+    """Where function `name` is declared in `text`: from `fn name(` to just past the brace
+    closing its body, braces in comments skipped; None where it is not."""
     found = re.search(rf"^fn {name}\(", text, re.MULTILINE)
     if found is None:
-        return text
+        return None
     depth, i = 0, text.index("{", found.end())
     while True:
         if text.startswith("//", i):
@@ -76,8 +76,16 @@ def _without_function(text: str, name: str) -> str:
         elif text[i] == "}":
             depth -= 1
             if depth == 0:
-                return text[:found.start()] + text[i + 1:].removeprefix("\n")
+                return found.start(), i + 1
         i += 1
+
+
+def _without_function(text: str, name: str) -> str:
+    """`text` without the declaration of function `name` (unchanged if it has none)."""
+    span = function_span(text, name)
+    if span is None:
+        return text
+    return text[:span[0]] + text[span[1]:].removeprefix("\n")
 
 
 def enables(source: str) -> list[str]:

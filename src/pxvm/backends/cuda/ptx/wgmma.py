@@ -45,6 +45,13 @@ def shared_bytes(block_n: int, stages: int) -> int:
     return stages * (ROWS + block_n) * ROW_BYTES + 1024
 
 
+def swizzle_base(k: Kernel) -> Reg:
+    """The first 1024-byte boundary of the kernel's dynamic shared memory (named
+    "slices"): the 128-byte swizzle repeats every 1024 bytes, so slices start on one."""
+    dynamic = k.op("mov.u32", k.shared("slices", "b8", None, 1024))
+    return k.op("and.b32", k.op("add.u32", dynamic, 1023), ~1023 & 0xFFFFFFFF)
+
+
 def _descriptor(k: Kernel, address: Reg) -> Reg:
     """wgmma's shared-memory matrix descriptor of a K-major slice at `address`: start
     address / 16 (bits 0-13), leading byte offset 16 / 16 (bits 16-29; unused by the
@@ -102,9 +109,7 @@ def matmul_f16_wgmma(block_n: int = 128, stages: int = 4, in_flight: int = 0,
                [("a", "u64"), ("b", "u64"), ("c", "u64"), ("M", "u32"), ("N", "u32"),
                 ("K", "u32"), *([("r", "u64")] if residual else [])], arch=ARCH)
     a, b, c, M, N, K, *r = k.params()
-    dynamic = k.op("mov.u32", k.shared("slices", "b8", None, 1024))
-    # the 128-byte swizzle repeats every 1024 bytes: the slices start on such a boundary
-    buffers = k.op("and.b32", k.op("add.u32", dynamic, 1023), ~1023 & 0xFFFFFFFF)
+    buffers = swizzle_base(k)
     tid = k.special("%tid.x")
     group = k.op("shr.u32", tid, 7)  # this thread's warpgroup
     row0 = k.op("mul.lo.u32", k.special("%ctaid.y"), ROWS)

@@ -33,7 +33,7 @@ from __future__ import annotations
 from .builder import Kernel, Reg, f32
 from .elementwise import _unary_math
 from .quant_blocks import FORMATS
-from .wgmma import _descriptor
+from .wgmma import _descriptor, swizzle_base
 
 ARCH = "sm_90a"
 ROWS = 128                  # W rows a block: 64 a warpgroup
@@ -238,8 +238,7 @@ def matmul_quant_wgmma(qtype: str, columns: int = 64, ahead: int = AHEAD,
                [("x", "u64"), ("w", "u64"), ("y", "u64"), ("M", "u32"), ("N", "u32"),
                 ("K", "u32"), *([("r", "u64")] if residual else [])], arch=ARCH)
     x, w, y, M, N, K, *rest = k.params()
-    dynamic = k.op("mov.u32", k.shared("slices", "b8", None, 1024))
-    buffers = k.op("and.b32", k.op("add.u32", dynamic, 1023), ~1023 & 0xFFFFFFFF)
+    buffers = swizzle_base(k)
     slices = [k.op("add.u32", buffers, stages * sbytes + i * SLICE_BYTES) for i in range(2)]
     tid = k.special("%tid.x")
     group = k.op("shr.u32", tid, 7)
